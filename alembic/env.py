@@ -1,0 +1,10 @@
+"""Alembic environment of agentkeep: every decision lives in agentkeep.migrate.
+
+Run from the repository (``alembic upgrade head``) or from code
+(``agentkeep.migrate(url)``, ``agentkeep upgrade``), which passes its own
+connection in ``config.attributes["connection"]``.
+"""
+
+from agentkeep.migrate import run_env
+
+run_env()

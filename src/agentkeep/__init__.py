@@ -1,0 +1,1 @@
+"""agentkeep: durable state for agent runtimes."""

@@ -1,0 +1,308 @@
+"""Engines, dialect differences, the aggregate write lock and transient-error retry.
+
+This is the only module that knows dialect settings. Repositories never branch
+on the dialect name; what differs between SQLite and Postgres is behind the
+functions here.
+
+SQLite (reference/technical.md §1.2, the one recipe that works): the driver's
+own transaction handling is switched off in the ``connect`` hook
+(``autocommit = LEGACY_TRANSACTION_CONTROL`` where it exists, then
+``isolation_level = None``) and a ``begin`` hook emits ``BEGIN <mode>`` from
+the execution option ``sqlite_begin``. Write units run on
+``engine.execution_options(sqlite_begin="IMMEDIATE")`` so the write lock is
+taken before the first read; read units get a deferred ``BEGIN`` (one WAL
+snapshot). The engine is never given ``isolation_level`` (that would re-enable
+the driver's implicit BEGIN).
+
+Postgres (psycopg 3): READ COMMITTED set explicitly (fenced UPDATEs rely on a
+blocked writer re-checking its predicate), ``pool_pre_ping``, ``lock_timeout``
+equal to the SQLite busy timeout. The aggregate write lock is
+``pg_advisory_xact_lock(namespace, hash(key))`` taken before the first read of
+a write operation (spec/README.md decision 1); on SQLite ``BEGIN IMMEDIATE``
+already is that lock and :func:`lock_aggregate` does nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Final, TypeVar
+
+from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import create_engine as sa_create_engine
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import StaticPool
+
+from agentkeep.errors import DatabaseError, StoreBusy
+
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_MS",
+    "LockNamespace",
+    "create_engine",
+    "is_memory_sqlite",
+    "is_postgres",
+    "is_transient",
+    "lock_aggregate",
+    "retry_transient",
+    "savepoint",
+    "translate_db_error",
+    "write_engine",
+]
+
+T = TypeVar("T")
+
+#: Default wait for a lock: SQLite ``busy_timeout`` and Postgres ``lock_timeout``.
+DEFAULT_BUSY_TIMEOUT_MS: Final = 30_000
+
+_BEGIN_MODES: Final = frozenset({"DEFERRED", "IMMEDIATE", "EXCLUSIVE"})
+_SYNCHRONOUS: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+# RETURNING needs 3.35; ON CONFLICT upsert 3.24.
+_MIN_SQLITE: Final = (3, 35, 0)
+
+
+class LockNamespace:
+    """The first key of ``pg_advisory_xact_lock(int4, int4)``, one per aggregate kind.
+
+    Constants are arbitrary but fixed forever: changing one would let an old
+    and a new process hold "the same" lock at once.
+    """
+
+    MIGRATION: Final = 0x61_6B_00_01
+    RUN: Final = 0x61_6B_00_10
+    SESSION: Final = 0x61_6B_00_20
+    RUNTIME: Final = 0x61_6B_00_30
+    MOB: Final = 0x61_6B_00_31
+    OAUTH: Final = 0x61_6B_00_32
+
+
+def is_postgres(bind: Engine | Connection) -> bool:
+    """True if ``bind`` talks to Postgres."""
+    return bind.dialect.name == "postgresql"
+
+
+def is_memory_sqlite(url: str) -> bool:
+    """True for an in-memory SQLite URL (``sqlite://``, ``sqlite:///:memory:``)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return False
+    db = u.database or ""
+    return db in ("", ":memory:") or "mode=memory" in str(u.query.get("mode", ""))
+
+
+def create_engine(
+    url: str,
+    *,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    synchronous: str = "NORMAL",
+    **engine_kwargs: Any,
+) -> Engine:
+    """Build an engine configured for agentkeep's units of work.
+
+    Args:
+        url: a SQLAlchemy URL (``sqlite:///path.db``, ``sqlite://`` for memory,
+            ``postgresql+psycopg://user@host/db``). ``postgresql://`` is taken as psycopg 3.
+        busy_timeout_ms: how long a writer waits for a lock before
+            :class:`~agentkeep.errors.StoreBusy` (SQLite ``busy_timeout``,
+            Postgres ``lock_timeout``).
+        synchronous: SQLite ``PRAGMA synchronous`` (``NORMAL`` or ``FULL``).
+            With WAL, NORMAL survives an application crash but may lose the
+            last commits on power loss; choose FULL when that matters.
+        **engine_kwargs: passed to :func:`sqlalchemy.create_engine`.
+
+    Returns:
+        The engine. Use :func:`write_engine` for write units.
+
+    Raises:
+        InvalidInput: for an unsupported backend or option.
+    """
+    from agentkeep.errors import InvalidInput
+
+    if busy_timeout_ms < 0:
+        raise InvalidInput("busy_timeout_ms", "must be >= 0")
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        sync = synchronous.upper()
+        if sync not in _SYNCHRONOUS:
+            raise InvalidInput("synchronous", f"{synchronous!r} is not one of {sorted(_SYNCHRONOUS)}")
+        return _create_sqlite_engine(url, busy_timeout_ms, sync, engine_kwargs)
+    if backend == "postgresql":
+        if u.drivername == "postgresql":
+            u = u.set(drivername="postgresql+psycopg")
+        return _create_postgres_engine(u.render_as_string(hide_password=False), busy_timeout_ms, engine_kwargs)
+    raise InvalidInput("url", f"unsupported backend {backend!r}: use sqlite or postgresql")
+
+
+def _create_sqlite_engine(
+    url: str, busy_timeout_ms: int, synchronous: str, engine_kwargs: dict[str, Any]
+) -> Engine:
+    if sqlite3.sqlite_version_info < _MIN_SQLITE:
+        raise DatabaseError(
+            f"SQLite {sqlite3.sqlite_version} is too old: agentkeep needs >= "
+            + ".".join(map(str, _MIN_SQLITE))
+        )
+    memory = is_memory_sqlite(url)
+    connect_args = dict(engine_kwargs.pop("connect_args", {}))
+    connect_args.setdefault("check_same_thread", False)
+    connect_args.setdefault("timeout", busy_timeout_ms / 1000)
+    if memory:
+        # One shared connection: the in-memory database lives in it. Callers
+        # serialise units of work on it (Store holds a mutex).
+        engine_kwargs.setdefault("poolclass", StaticPool)
+    engine = sa_create_engine(url, connect_args=connect_args, **engine_kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        if hasattr(sqlite3, "LEGACY_TRANSACTION_CONTROL"):  # Python >= 3.12
+            dbapi_conn.autocommit = sqlite3.LEGACY_TRANSACTION_CONTROL
+        dbapi_conn.isolation_level = None  # the driver never emits BEGIN
+        cur = dbapi_conn.cursor()
+        try:  # PRAGMAs run outside a transaction, which holds here
+            if not memory:
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA synchronous={synchronous}")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        if mode not in _BEGIN_MODES:
+            raise ValueError(f"sqlite_begin={mode!r}")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def _create_postgres_engine(url: str, busy_timeout_ms: int, engine_kwargs: dict[str, Any]) -> Engine:
+    connect_args = dict(engine_kwargs.pop("connect_args", {}))
+    options = connect_args.get("options", "")
+    connect_args["options"] = f"{options} -c lock_timeout={int(busy_timeout_ms)}".strip()
+    engine_kwargs.setdefault("pool_pre_ping", True)
+    # READ COMMITTED explicitly: a role default of REPEATABLE READ would turn
+    # fenced UPDATEs into serialization failures instead of re-checks.
+    engine_kwargs.setdefault("isolation_level", "READ COMMITTED")
+    return sa_create_engine(url, connect_args=connect_args, **engine_kwargs)
+
+
+def write_engine(engine: Engine) -> Engine:
+    """The same engine (shared pool) whose transactions begin as writers.
+
+    On SQLite its ``BEGIN`` is ``BEGIN IMMEDIATE``: the database write lock is
+    taken before the first read, so a read-modify-write never meets
+    ``SQLITE_BUSY_SNAPSHOT``. On Postgres the option is ignored.
+    """
+    return engine.execution_options(sqlite_begin="IMMEDIATE")
+
+
+# --------------------------------------------------------------------------
+# The aggregate write lock
+
+_LOCK_SQL: Final = text("SELECT pg_advisory_xact_lock(:ns, :key)")
+
+
+def _key_hash(key: str) -> int:
+    """A stable signed 32-bit hash of ``key`` (crc32, shifted into int4 range)."""
+    return zlib.crc32(key.encode("utf-8")) - 0x8000_0000
+
+
+def lock_aggregate(conn: Connection, namespace: int, key: str) -> None:
+    """Take the write lock of one aggregate for the rest of the transaction.
+
+    Every write operation calls this before its first read (spec/README.md
+    decision 1). On SQLite the write unit's ``BEGIN IMMEDIATE`` already holds
+    the database-wide write lock, so this does nothing. On Postgres it takes
+    ``pg_advisory_xact_lock(namespace, crc32(key))``: every read after it
+    reflects every committed writer of that aggregate, including rows that do
+    not exist yet. Two keys may hash alike; that only serialises them.
+
+    Args:
+        conn: the unit of work's connection, inside its transaction.
+        namespace: a :class:`LockNamespace` constant.
+        key: the aggregate id.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(_LOCK_SQL, {"ns": namespace, "key": _key_hash(key)})
+
+
+@contextmanager
+def savepoint(conn: Connection) -> Iterator[None]:
+    """Run a block that may roll back only its own work.
+
+    Rolls back to the savepoint when the block raises (and re-raises); the
+    enclosing unit of work stays usable. Never the outermost transaction: a
+    savepoint cannot be IMMEDIATE.
+    """
+    with conn.begin_nested():
+        yield
+
+
+# --------------------------------------------------------------------------
+# Errors: classification and retry
+
+_PG_TRANSIENT: Final = frozenset({"40001", "40P01", "55P03"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True if ``exc`` is a busy/serialisation error after which a retry may succeed.
+
+    SQLite: ``SQLITE_BUSY`` (and its extended codes, including
+    ``SQLITE_BUSY_SNAPSHOT``) and ``SQLITE_LOCKED``. Postgres: 40001
+    (serialization failure), 40P01 (deadlock), 55P03 (lock not available,
+    which includes ``lock_timeout``).
+    """
+    if isinstance(exc, StoreBusy):
+        return True
+    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    if isinstance(orig, sqlite3.OperationalError):
+        name = getattr(orig, "sqlite_errorname", "") or ""
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            return True
+        msg = str(orig)
+        return "database is locked" in msg or "database table is locked" in msg
+    sqlstate = getattr(orig, "sqlstate", None)
+    return sqlstate in _PG_TRANSIENT
+
+
+def translate_db_error(exc: sa_exc.DBAPIError) -> DatabaseError:
+    """Map a driver error to :class:`StoreBusy` or :class:`DatabaseError`."""
+    prefix = "postgres" if type(exc.orig).__module__.startswith("psycopg") else "sqlite"
+    msg = f"{prefix}: {exc.orig}"
+    return StoreBusy(msg) if is_transient(exc) else DatabaseError(msg)
+
+
+def retry_transient(
+    fn: Callable[[], T],
+    *,
+    attempts: int = 5,
+    base_delay_s: float = 0.005,
+    max_delay_s: float = 0.5,
+) -> T:
+    """Run ``fn`` (a whole unit of work), retrying it on transient errors.
+
+    The retry is bounded and jittered (full jitter, exponential cap). Only
+    errors classified by :func:`is_transient` are retried; everything else
+    propagates at once. ``fn`` must be a complete unit of work: a retried
+    attempt starts from a fresh transaction, nothing of the failed one remains.
+
+    Raises:
+        StoreBusy: when every attempt failed transiently.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except (StoreBusy, sa_exc.DBAPIError) as exc:
+            if attempt == attempts or not is_transient(exc):
+                if isinstance(exc, sa_exc.DBAPIError):
+                    raise translate_db_error(exc) from exc
+                raise
+            delay = min(max_delay_s, base_delay_s * (2 ** (attempt - 1)))
+            time.sleep(random.uniform(0, delay))
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,290 @@
+"""The typed error hierarchy of agentkeep.
+
+Every error the package raises derives from :class:`AgentkeepError`. Errors
+carry, as attributes, the ids a caller needs to act on them (the run id, the
+table and column of a corrupt value, the two revisions of a schema mismatch).
+
+Invariant kept by every store: an error raised from a write operation means
+that nothing of that operation was written (spec/README.md, decision 3).
+
+Layout:
+
+* generic families that any store raises: :class:`NotFound`,
+  :class:`Duplicate`, :class:`InvalidInput`, :class:`CorruptData`,
+  :class:`DatabaseError` (with the retryable :class:`StoreBusy`),
+  :class:`ConcurrentModification`;
+* schema errors raised when opening or migrating a database:
+  :class:`SchemaError` and its subclasses;
+* per-store errors, which also derive from their store's base
+  (:class:`RunStoreError` for the run store), so a caller can catch either
+  "any not-found" or "anything from the run store".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "AgentkeepError",
+    "AssigneeDescRequired",
+    "AssigneeGenerationAhead",
+    "AssigneeSlotRequired",
+    "ConcurrentModification",
+    "CorruptData",
+    "DatabaseError",
+    "Duplicate",
+    "IdParseError",
+    "InvalidInput",
+    "LegacySchemaMismatch",
+    "NotFound",
+    "RunCorrupt",
+    "RunDuplicate",
+    "RunNotFound",
+    "RunStoreError",
+    "SchemaBehind",
+    "SchemaError",
+    "SchemaNewer",
+    "StoreBusy",
+]
+
+
+class AgentkeepError(Exception):
+    """Base class of every error raised by agentkeep."""
+
+
+# --------------------------------------------------------------------------
+# Generic families
+
+
+class NotFound(AgentkeepError):
+    """The addressed entity does not exist.
+
+    Attributes:
+        kind: what was looked for (``"run"``, ``"session"``, ...).
+        key: the id that was not found.
+    """
+
+    def __init__(self, kind: str, key: str) -> None:
+        self.kind = kind
+        self.key = key
+        super().__init__(f"{kind} not found: {key}")
+
+
+class Duplicate(AgentkeepError):
+    """An entity with the same id already exists.
+
+    Attributes:
+        kind: the entity kind.
+        key: the duplicated id.
+    """
+
+    def __init__(self, kind: str, key: str) -> None:
+        self.kind = kind
+        self.key = key
+        super().__init__(f"{kind} already exists: {key}")
+
+
+class InvalidInput(AgentkeepError, ValueError):
+    """An argument was refused before anything was written.
+
+    Attributes:
+        field: the argument (or field of an argument) that was refused.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"invalid {field}: {message}")
+
+
+class IdParseError(InvalidInput):
+    """A prefixed id (``R-…``, ``T-…``, ``ST-…``) did not parse.
+
+    Attributes:
+        id_kind: ``"run"``, ``"task"``, ``"step"``, ...
+        expected: the required prefix.
+        got: the refused text.
+    """
+
+    def __init__(self, id_kind: str, expected: str, got: str) -> None:
+        self.id_kind = id_kind
+        self.expected = expected
+        self.got = got
+        AgentkeepError.__init__(
+            self, f"invalid {id_kind} id `{got}`: expected `{expected}` prefix"
+        )
+        self.field = f"{id_kind}_id"
+
+
+class CorruptData(AgentkeepError):
+    """A stored value could not be decoded. Never read as empty or absent.
+
+    Attributes:
+        table: the table holding the value.
+        key: the primary key of the row.
+        column: the column that failed to decode.
+        detail: what was wrong with it.
+        field: the domain field the column holds (``current`` for
+            ``current_json``); the message reads ``decode <field>: …``.
+    """
+
+    def __init__(
+        self, table: str, key: str, column: str, detail: str, *, field: str | None = None
+    ) -> None:
+        self.table = table
+        self.key = key
+        self.column = column
+        self.detail = detail
+        self.field = field or column
+        super().__init__(f"decode {self.field}: {table}.{column} of row {key!r}: {detail}")
+
+
+class DatabaseError(AgentkeepError):
+    """The database refused or failed a statement (driver error, lost connection)."""
+
+
+class StoreBusy(DatabaseError):
+    """A transient conflict: the unit of work may be retried as a whole.
+
+    Raised for SQLite ``SQLITE_BUSY`` (database is locked, after the busy
+    timeout) and Postgres serialization failure (40001), deadlock (40P01) and
+    lock-not-available (55P03). The one-call store methods already retry these
+    a bounded number of times before raising.
+    """
+
+
+class ConcurrentModification(DatabaseError):
+    """A row fence matched no row although the aggregate write lock was held.
+
+    This is a bug signal (a writer that bypassed the lock), never a normal
+    outcome; it is not retried.
+    """
+
+
+# --------------------------------------------------------------------------
+# Schema
+
+
+class SchemaError(AgentkeepError):
+    """The database schema cannot be used by this version of agentkeep."""
+
+
+class SchemaBehind(SchemaError):
+    """The database is behind the code's migration head.
+
+    Attributes:
+        current: the revisions stamped in the database (empty if un-versioned).
+        head: the revisions this code expects.
+    """
+
+    def __init__(self, current: Sequence[str], head: Sequence[str], hint: str) -> None:
+        self.current = tuple(current)
+        self.head = tuple(head)
+        cur = ", ".join(self.current) or "none (un-versioned)"
+        super().__init__(
+            f"database schema is at revision {cur}, code expects {', '.join(self.head)}: {hint}"
+        )
+
+
+class SchemaNewer(SchemaError):
+    """The database is stamped with a revision this code does not know.
+
+    Attributes:
+        current: the unknown revisions found in the database.
+        head: the newest revisions this code knows.
+    """
+
+    def __init__(self, current: Sequence[str], head: Sequence[str]) -> None:
+        self.current = tuple(current)
+        self.head = tuple(head)
+        super().__init__(
+            f"database revision {', '.join(self.current)} is unknown to this code "
+            f"(its head is {', '.join(self.head)}); it was probably written by a newer "
+            "agentkeep: upgrade the package, nothing was changed"
+        )
+
+
+class LegacySchemaMismatch(SchemaError):
+    """An un-versioned table matches none of the historical shapes.
+
+    Nothing was written: no table, no index, no version stamp.
+
+    Attributes:
+        table: the legacy table that was inspected.
+        closest: the name of the closest historical shape.
+        differences: one line per difference from that shape.
+    """
+
+    def __init__(self, table: str, closest: str, differences: Sequence[str]) -> None:
+        self.table = table
+        self.closest = closest
+        self.differences = tuple(differences)
+        body = "; ".join(self.differences)
+        super().__init__(
+            f"un-versioned table {table!r} matches no known shape (closest: {closest}): "
+            f"{body}. Nothing was modified."
+        )
+
+
+# --------------------------------------------------------------------------
+# Run store (spec runs §2.10)
+
+
+class RunStoreError(AgentkeepError):
+    """Base class of every error raised by the run store."""
+
+
+class RunNotFound(NotFound, RunStoreError):
+    """``run not found: {id}``."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__("run", run_id)
+
+
+class RunDuplicate(Duplicate, RunStoreError):
+    """``run already exists: {id}``."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__("run", run_id)
+
+
+class AssigneeSlotRequired(InvalidInput, RunStoreError):
+    """``assignee slot is required``: the slot name was the empty string."""
+
+    def __init__(self) -> None:
+        self.field = "slot"
+        AgentkeepError.__init__(self, "assignee slot is required")
+
+
+class AssigneeDescRequired(InvalidInput, RunStoreError):
+    """``assignee desc is required``: empty or White_Space-only desc (A9)."""
+
+    def __init__(self) -> None:
+        self.field = "desc"
+        AgentkeepError.__init__(self, "assignee desc is required")
+
+
+class AssigneeGenerationAhead(InvalidInput, RunStoreError):
+    """A seeded holder's generation exceeds the run's counter (A2).
+
+    Attributes:
+        slot: the first offending slot, in sorted order.
+        gen: its generation.
+        next_generation: the run's counter.
+    """
+
+    def __init__(self, slot: str, gen: int, next_generation: int) -> None:
+        self.slot = slot
+        self.gen = gen
+        self.next_generation = next_generation
+        self.field = "current"
+        AgentkeepError.__init__(
+            self,
+            "assignee generation is ahead of the run's counter: "
+            f"current['{slot}'].gen = {gen} > next_generation = {next_generation}",
+        )
+
+
+class RunCorrupt(CorruptData, RunStoreError):
+    """A column of a ``runs`` row failed to decode (``decode <column>: …``)."""
