@@ -30,6 +30,8 @@ __all__ = [
     "AssigneeGenerationAhead",
     "AssigneeSlotRequired",
     "ConcurrentModification",
+    "GenerationOverflow",
+    "ReadOnlyUnitOfWork",
     "CorruptData",
     "DatabaseError",
     "Duplicate",
@@ -160,6 +162,10 @@ class ConcurrentModification(DatabaseError):
     """
 
 
+class ReadOnlyUnitOfWork(AgentkeepError):
+    """A write operation was called inside ``store.read()``; use ``store.write()``."""
+
+
 # --------------------------------------------------------------------------
 # Schema
 
@@ -288,3 +294,19 @@ class AssigneeGenerationAhead(InvalidInput, RunStoreError):
 
 class RunCorrupt(CorruptData, RunStoreError):
     """A column of a ``runs`` row failed to decode (``decode <column>: …``)."""
+
+
+class GenerationOverflow(RunStoreError):
+    """The run's generation counter is at 2**63-1 and cannot advance (never wraps).
+
+    Attributes:
+        run_id: the run.
+        next_generation: its counter.
+    """
+
+    def __init__(self, run_id: str, next_generation: int) -> None:
+        self.run_id = run_id
+        self.next_generation = next_generation
+        super().__init__(
+            f"run {run_id}: next_generation {next_generation} cannot advance past 2**63-1"
+        )

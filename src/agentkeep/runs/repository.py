@@ -1,0 +1,536 @@
+"""The run store's operations (spec runs §3), one method per operation.
+
+:class:`RunRepository` is bound to one unit of work (``uow.runs``); the
+one-call forms (``store.runs.<op>``) run a method in its own unit of work.
+
+Fences and locks, the same for every write:
+
+1. Arguments are checked first; a refused call touches nothing.
+2. The aggregate write lock ``run:<id>`` is taken (:func:`agentkeep.db.lock_aggregate`:
+   the write unit's ``BEGIN IMMEDIATE`` on SQLite, an advisory lock on Postgres)
+   before the first read.
+3. ``now`` is sampled once, after the lock, from the injected clock
+   (``updated_at`` is whole Unix seconds).
+4. The write is an ``UPDATE … WHERE id = :id AND <fence>``: the status for
+   :meth:`try_transition`, the generation counter read under the lock for
+   :meth:`acquire_assignee` / :meth:`vacate_assignee`, the stored text for the
+   appends. Inside the lock a fence that matches nothing is a bug signal
+   (:class:`~agentkeep.errors.ConcurrentModification`), never retried here.
+
+Reads decode every column strictly; a corrupt value raises
+:class:`~agentkeep.errors.RunCorrupt` naming the row and column, and one
+undecodable row fails the whole list.
+
+Statements are module-level constants (built once, executed with parameter
+dicts), rows are read as tuples and turned into domain values directly: these
+are the hot paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+from sqlalchemy import Connection, TextClause, bindparam, select, text
+from sqlalchemy.sql import Select
+
+from agentkeep.clock import Clock
+from agentkeep.db import LockNamespace, lock_aggregate
+from agentkeep.errors import (
+    AssigneeDescRequired,
+    AssigneeSlotRequired,
+    ConcurrentModification,
+    GenerationOverflow,
+    InvalidInput,
+    ReadOnlyUnitOfWork,
+    RunCorrupt,
+    RunDuplicate,
+    RunNotFound,
+)
+from agentkeep.runs import codec
+from agentkeep.runs.codec import CodecError
+from agentkeep.runs.domain import (
+    Assignee,
+    DegradationEntry,
+    Released,
+    RunId,
+    RunListFilter,
+    RunRecord,
+    RunStatus,
+    Stale,
+    StepEntry,
+    TaskId,
+    VacateOutcome,
+    is_blank_desc,
+    validate_assignment_generations,
+)
+from agentkeep.runs.models import Run
+
+__all__ = ["RunRepository"]
+
+T = TypeVar("T")
+
+_MAX_I64: Final = 2**63 - 1
+_MAX_U64: Final = 2**64 - 1
+_TABLE: Final = "runs"
+
+_COLUMNS: Final = (
+    "id, task_id, status, step_entries_json, degradations_json, operator_sid, "
+    "current_json, next_generation, result_ref_json, input_json, created_at, updated_at"
+)
+_FIELD_COLUMN: Final = {
+    "status": "status",
+    "step_entries": "step_entries_json",
+    "degradations": "degradations_json",
+    "current": "current_json",
+    "result_ref": "result_ref_json",
+}
+
+_INSERT: Final = text(
+    "INSERT INTO runs (id, task_id, status, step_entries_json, degradations_json, "
+    "operator_sid, current_json, next_generation, result_ref_json, input_json, "
+    "created_at, updated_at) VALUES (:id, :task_id, :status, :steps, :degradations, "
+    ":operator_sid, :current, :gen, :result, :input, :created_at, :updated_at) "
+    "ON CONFLICT (id) DO NOTHING RETURNING id"
+)
+_GET: Final = text(f"SELECT {_COLUMNS} FROM runs WHERE id = :id")
+_LIST_BY_TASK: Final = text(
+    f"SELECT {_COLUMNS} FROM runs WHERE task_id = :task_id ORDER BY created_at ASC, seq ASC"
+)
+_LIST_RUNNING: Final = text(f"SELECT {_COLUMNS} FROM runs WHERE status = :status ORDER BY seq ASC")
+_GET_STEPS: Final = text("SELECT step_entries_json FROM runs WHERE id = :id")
+_GET_DEGRADATIONS: Final = text("SELECT degradations_json FROM runs WHERE id = :id")
+_SET_STEPS: Final = text(
+    "UPDATE runs SET step_entries_json = :new, updated_at = :now "
+    "WHERE id = :id AND step_entries_json = :old"
+)
+_SET_DEGRADATIONS: Final = text(
+    "UPDATE runs SET degradations_json = :new, updated_at = :now "
+    "WHERE id = :id AND degradations_json = :old"
+)
+_SET_STATUS: Final = text("UPDATE runs SET status = :status, updated_at = :now WHERE id = :id")
+_TRANSITION: Final = text(
+    "UPDATE runs SET status = :to, updated_at = :now WHERE id = :id AND status = :from_"
+)
+_GET_SLOTS: Final = text("SELECT current_json, next_generation FROM runs WHERE id = :id")
+_SET_SLOTS: Final = text(
+    "UPDATE runs SET current_json = :current, next_generation = :new_gen, updated_at = :now "
+    "WHERE id = :id AND next_generation = :old_gen"
+)
+_SET_RESULT: Final = text("UPDATE runs SET result_ref_json = :v, updated_at = :now WHERE id = :id")
+_SET_INPUT: Final = text("UPDATE runs SET input_json = :v, updated_at = :now WHERE id = :id")
+_DELETE: Final = text("DELETE FROM runs WHERE id = :id")
+
+_RUNNING: Final = codec.encode_status(RunStatus.RUNNING)
+
+_T = Run.__table__
+_LIST_COLUMNS: Final = [
+    _T.c[name] for name in (c.strip() for c in _COLUMNS.split(","))
+]
+_LIST_CACHE: dict[tuple[bool, bool, bool, bool], Select[Any]] = {}
+
+
+def _list_statement(task: bool, status: bool, limit: bool, offset: bool) -> Select[Any]:
+    """The ``list`` query for one combination of filters (built once, then cached).
+
+    Clauses are added only when given: Postgres rejects a negative LIMIT and
+    cannot type an untyped NULL parameter, so no ``(:p IS NULL OR …)`` trick.
+    """
+    key = (task, status, limit, offset)
+    stmt = _LIST_CACHE.get(key)
+    if stmt is None:
+        stmt = select(*_LIST_COLUMNS)
+        if task:
+            stmt = stmt.where(_T.c.task_id == bindparam("task_id"))
+        if status:
+            stmt = stmt.where(_T.c.status == bindparam("status"))
+        stmt = stmt.order_by(_T.c.created_at.desc(), _T.c.seq.desc())
+        if limit:
+            stmt = stmt.limit(bindparam("limit", type_=_T.c.seq.type))
+        if offset:
+            stmt = stmt.offset(bindparam("offset", type_=_T.c.seq.type))
+        _LIST_CACHE[key] = stmt
+    return stmt
+
+
+class RunRepository:
+    """Run store operations inside one unit of work.
+
+    Args:
+        conn: the unit of work's connection (in its transaction).
+        clock: the time source; ``updated_at = clock.now_ms() // 1000``.
+        writable: False inside ``store.read()``: write methods then raise
+            :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
+    """
+
+    def __init__(self, conn: Connection, clock: Clock, *, writable: bool) -> None:
+        self._conn = conn
+        self._clock = clock
+        self._writable = writable
+
+    # ------------------------------------------------------------------ helpers
+
+    def _begin_write(self, run_id: str) -> int:
+        """Take the ``run:<id>`` lock; return ``now`` in Unix seconds, sampled after it."""
+        if not self._writable:
+            raise ReadOnlyUnitOfWork("run store writes need store.write(), not store.read()")
+        lock_aggregate(self._conn, LockNamespace.RUN, run_id)
+        return self._clock.now_ms() // 1000
+
+    def _decode(self, run_id: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except CodecError as exc:
+            column = _FIELD_COLUMN.get(exc.field, exc.field)
+            raise RunCorrupt(_TABLE, run_id, column, exc.detail, field=exc.field) from exc
+
+    def _row_to_record(self, row: Sequence[Any]) -> RunRecord:
+        raw_id = row[0]
+        key = raw_id if isinstance(raw_id, str) else repr(raw_id)
+        try:
+            status = codec.decode_status(row[2])
+            steps = codec.decode_step_entries(row[3])
+            degradations = codec.decode_degradations(row[4])
+            current = codec.decode_current(row[6])
+            result = codec.decode_result_ref(row[8])
+            run_id = codec.decode_id(raw_id, RunId, "id")
+            task_id = codec.decode_id(row[1], TaskId, "task_id")
+            gen = codec.decode_u63(row[7], "next_generation")
+            created_at = codec.decode_u63(row[10], "created_at")
+            updated_at = codec.decode_u63(row[11], "updated_at")
+            operator_sid = codec.decode_text_or_none(row[5], "operator_sid")
+            input_json = codec.decode_text_or_none(row[9], "input_json")
+        except CodecError as exc:
+            column = _FIELD_COLUMN.get(exc.field, exc.field)
+            raise RunCorrupt(_TABLE, key, column, exc.detail, field=exc.field) from exc
+        return RunRecord.model_construct(
+            id=run_id,
+            task_id=task_id,
+            status=status,
+            step_entries=steps,
+            degradations=degradations,
+            operator_sid=operator_sid,
+            current=current,
+            next_generation=gen,
+            result_ref=result,
+            input_json=input_json,
+            created_at=created_at,
+            updated_at=updated_at,
+        )
+
+    # ------------------------------------------------------------------ create / read
+
+    def create(self, record: RunRecord) -> None:
+        """Insert a new run with the caller's values, verbatim (spec §3.3).
+
+        The A2 check comes first: a holder whose ``gen`` exceeds
+        ``next_generation`` is refused before any database access, so a
+        duplicate id carrying a bad generation raises
+        :class:`~agentkeep.errors.AssigneeGenerationAhead`, not ``Duplicate``.
+        ``created_at``/``updated_at`` are stored as given (no clock read).
+
+        Raises:
+            AssigneeGenerationAhead: a seeded holder is ahead of the counter.
+            InvalidInput: a value the store cannot hold (NUL in text, integer
+                above 2**63-1, a result that is not JSON).
+            RunDuplicate: a run with this id exists; nothing was written.
+        """
+        validate_assignment_generations(record.current, record.next_generation)
+        params = {
+            "id": codec.check_text(record.id, "id"),
+            "task_id": codec.check_text(record.task_id, "task_id"),
+            "status": codec.encode_status(record.status),
+            "steps": codec.encode_step_entries(record.step_entries),
+            "degradations": codec.encode_degradations(record.degradations),
+            "operator_sid": _opt_text(record.operator_sid, "operator_sid"),
+            "current": codec.encode_current(record.current),
+            "gen": codec.check_u63(record.next_generation, "next_generation"),
+            "result": _encode_result(record.result_ref),
+            "input": _opt_text(record.input_json, "input_json"),
+            "created_at": codec.check_u63(record.created_at, "created_at"),
+            "updated_at": codec.check_u63(record.updated_at, "updated_at"),
+        }
+        self._begin_write(record.id)
+        if self._conn.execute(_INSERT, params).first() is None:
+            raise RunDuplicate(record.id)
+
+    def get(self, run_id: str) -> RunRecord:
+        """Return the run (spec §3.4).
+
+        Raises:
+            RunNotFound: no such run.
+            RunCorrupt: a stored column does not decode.
+        """
+        run_id = _rid(run_id)
+        row = self._conn.execute(_GET, {"id": run_id}).first()
+        if row is None:
+            raise RunNotFound(run_id)
+        return self._row_to_record(row)
+
+    def list_by_task(self, task_id: str) -> list[RunRecord]:
+        """Runs of one task, oldest ``created_at`` first, ties in insertion order (§3.5).
+
+        An unknown task gives ``[]``.
+        """
+        task_id = task_id if type(task_id) is TaskId else TaskId(task_id)
+        rows = self._conn.execute(_LIST_BY_TASK, {"task_id": task_id}).all()
+        return [self._row_to_record(r) for r in rows]
+
+    def list_running(self) -> list[RunRecord]:
+        """Every run whose status is ``running``, in insertion order (§3.14)."""
+        rows = self._conn.execute(_LIST_RUNNING, {"status": _RUNNING}).all()
+        return [self._row_to_record(r) for r in rows]
+
+    def list(self, flt: RunListFilter | None = None) -> list[RunRecord]:
+        """Runs matching ``flt``, newest ``created_at`` first, ties newest insertion first.
+
+        ``limit=None`` means no cap, ``offset=None`` means 0 (§3.15). Plain
+        offset pagination: pages are not stable under concurrent inserts.
+        """
+        flt = flt or RunListFilter()
+        params: dict[str, Any] = {}
+        if flt.task_id is not None:
+            params["task_id"] = str(flt.task_id)
+        if flt.status is not None:
+            params["status"] = codec.encode_status(flt.status)
+        if flt.limit is not None:
+            params["limit"] = flt.limit
+        if flt.offset is not None:
+            params["offset"] = flt.offset
+        stmt = _list_statement(
+            flt.task_id is not None, flt.status is not None, flt.limit is not None,
+            flt.offset is not None,
+        )
+        return [self._row_to_record(r) for r in self._conn.execute(stmt, params).all()]
+
+    # ------------------------------------------------------------------ appends
+
+    def append_step_entry(self, run_id: str, entry: StepEntry) -> None:
+        """Append one step entry (spec §3.6); earlier entries are kept as stored.
+
+        Raises:
+            RunNotFound: no such run.
+            RunCorrupt: the stored array does not decode; it is left unchanged.
+        """
+        run_id = _rid(run_id)
+        if not isinstance(entry, StepEntry):
+            raise InvalidInput("entry", "must be a StepEntry")
+        self._append(run_id, codec.encode_step_entry(entry), _GET_STEPS, _SET_STEPS,
+                     codec.decode_step_entries, "step_entries")
+
+    def append_degradation(self, run_id: str, entry: DegradationEntry) -> None:
+        """Append one degradation entry (spec §3.7); same rules as :meth:`append_step_entry`."""
+        run_id = _rid(run_id)
+        if not isinstance(entry, DegradationEntry):
+            raise InvalidInput("entry", "must be a DegradationEntry")
+        self._append(run_id, codec.encode_degradation(entry), _GET_DEGRADATIONS,
+                     _SET_DEGRADATIONS, codec.decode_degradations, "degradations")
+
+    def _append(
+        self,
+        run_id: str,
+        item_json: str,
+        read: TextClause,
+        write: TextClause,
+        decode: Callable[[object], object],
+        field: str,
+    ) -> None:
+        now = self._begin_write(run_id)
+        row = self._conn.execute(read, {"id": run_id}).first()
+        if row is None:
+            raise RunNotFound(run_id)
+        old = row[0]
+        self._decode(run_id, lambda: decode(old))
+        new = codec.append_json_array(old, item_json)
+        result = self._conn.execute(write, {"id": run_id, "new": new, "now": now, "old": old})
+        if result.rowcount != 1:
+            raise ConcurrentModification(f"run {run_id}: {field} changed under the write lock")
+
+    # ------------------------------------------------------------------ status
+
+    def update_status(self, run_id: str, status: RunStatus) -> None:
+        """Set the status unconditionally and bump ``updated_at`` (spec §3.8).
+
+        Also repairs a corrupt status column (the old value is not read).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        run_id = _rid(run_id)
+        encoded = codec.encode_status(RunStatus(status))
+        now = self._begin_write(run_id)
+        if self._conn.execute(_SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount != 1:
+            raise RunNotFound(run_id)
+
+    def try_transition(self, run_id: str, from_: RunStatus, to: RunStatus) -> bool:
+        """Compare-and-set the status: ``from_`` → ``to`` (spec §3.9).
+
+        The fence is ``status = <from_>`` on the row. Returns True when this
+        call won (status flipped, ``updated_at`` bumped; ``from_ == to`` on a
+        matching row also wins). Returns False, writing nothing, when the run
+        is absent or its status is not ``from_``; never an error for those.
+        Of concurrent callers with the same ``from_``, exactly one wins.
+        """
+        run_id = _rid(run_id)
+        params = {
+            "id": run_id,
+            "from_": codec.encode_status(RunStatus(from_)),
+            "to": codec.encode_status(RunStatus(to)),
+        }
+        params["now"] = self._begin_write(run_id)
+        return self._conn.execute(_TRANSITION, params).rowcount == 1
+
+    # ------------------------------------------------------------------ assignment slots
+
+    def acquire_assignee(
+        self, run_id: str, slot: str, op: str, desc: str
+    ) -> tuple[int, Assignee | None]:
+        """Take ``slot`` for ``op``, displacing any holder (spec §3.10, A4/A8/Q3).
+
+        The run-wide counter G advances by one, unconditionally (the same op
+        re-acquiring still advances it); the new holder carries the new G.
+        Fence: ``next_generation = <G read under the lock>``.
+
+        Returns:
+            ``(new_generation, previous)``: ``previous`` is the displaced holder
+            exactly as stored, or None if the slot was vacant.
+
+        Raises:
+            AssigneeSlotRequired: ``slot == ""`` (checked first).
+            AssigneeDescRequired: ``desc`` empty or Unicode White_Space only.
+            RunNotFound: no such run.
+            RunCorrupt: ``current_json`` does not decode; nothing is written
+                and no generation is burned.
+            GenerationOverflow: G is already 2**63-1.
+        """
+        run_id = _rid(run_id)
+        if not isinstance(slot, str) or slot == "":
+            raise AssigneeSlotRequired()
+        if not isinstance(desc, str) or is_blank_desc(desc):
+            raise AssigneeDescRequired()
+        if not isinstance(op, str):
+            raise InvalidInput("op", "must be a string")
+        now = self._begin_write(run_id)
+        current, gen = self._read_slots(run_id)
+        if gen >= _MAX_I64:
+            raise GenerationOverflow(run_id, gen)
+        new_gen = gen + 1
+        previous = current.get(slot)
+        current[slot] = Assignee.model_construct(op=op, desc=desc, gen=new_gen)
+        self._write_slots(run_id, current, gen, new_gen, now)
+        return new_gen, previous
+
+    def vacate_assignee(self, run_id: str, slot: str, expected_gen: int) -> VacateOutcome:
+        """Release ``slot`` only if its holder still carries ``expected_gen`` (spec §3.11).
+
+        The comparison happens under the write lock, so a stale reader (a
+        liveness sweep that read an older holder) can never remove a newer one.
+
+        Returns:
+            :class:`Released` with the new G and the removed holder; or
+            :class:`Stale` with the present holder (None if vacant) — then
+            nothing was written: no removal, no G bump, no ``updated_at`` change.
+
+        Raises:
+            AssigneeSlotRequired: ``slot == ""``.
+            InvalidInput: ``expected_gen`` is not an integer in 0..2**64-1.
+            RunNotFound: no such run.
+            RunCorrupt: ``current_json`` does not decode.
+            GenerationOverflow: G is already 2**63-1.
+        """
+        run_id = _rid(run_id)
+        if not isinstance(slot, str) or slot == "":
+            raise AssigneeSlotRequired()
+        if type(expected_gen) is not int or not 0 <= expected_gen <= _MAX_U64:
+            raise InvalidInput("expected_gen", "must be an integer in 0..2**64-1")
+        now = self._begin_write(run_id)
+        current, gen = self._read_slots(run_id)
+        held = current.get(slot)
+        if held is None or held.gen != expected_gen:
+            return Stale(current=held)
+        if gen >= _MAX_I64:
+            raise GenerationOverflow(run_id, gen)
+        del current[slot]
+        self._write_slots(run_id, current, gen, gen + 1, now)
+        return Released(generation=gen + 1, released=held)
+
+    def _read_slots(self, run_id: str) -> tuple[dict[str, Assignee], int]:
+        row = self._conn.execute(_GET_SLOTS, {"id": run_id}).first()
+        if row is None:
+            raise RunNotFound(run_id)
+        return self._decode(
+            run_id,
+            lambda: (codec.decode_current(row[0]), codec.decode_u63(row[1], "next_generation")),
+        )
+
+    def _write_slots(
+        self, run_id: str, current: Mapping[str, Assignee], old_gen: int, new_gen: int, now: int
+    ) -> None:
+        params = {
+            "id": run_id,
+            "current": codec.encode_current(current),
+            "new_gen": new_gen,
+            "old_gen": old_gen,
+            "now": now,
+        }
+        if self._conn.execute(_SET_SLOTS, params).rowcount != 1:
+            raise ConcurrentModification(
+                f"run {run_id}: next_generation moved from {old_gen} under the write lock"
+            )
+
+    # ------------------------------------------------------------------ payloads and delete
+
+    def set_result(self, run_id: str, value: object) -> None:
+        """Overwrite the result with a JSON value (JSON null stores the text ``null``).
+
+        Raises:
+            InvalidInput: ``value`` is not JSON-encodable (or is NaN/Infinity).
+            RunNotFound: no such run.
+        """
+        run_id = _rid(run_id)
+        encoded = _encode_result(value)
+        if encoded is None:
+            raise InvalidInput("result_ref", "UNSET cannot be stored; pass a JSON value")
+        now = self._begin_write(run_id)
+        if self._conn.execute(_SET_RESULT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
+            raise RunNotFound(run_id)
+
+    def set_input_json(self, run_id: str, value: str) -> None:
+        """Replace the opaque launch-input snapshot, verbatim (not parsed as JSON).
+
+        Raises:
+            InvalidInput: ``value`` is not a string or contains NUL.
+            RunNotFound: no such run.
+        """
+        run_id = _rid(run_id)
+        encoded = codec.check_text(value, "input_json")
+        now = self._begin_write(run_id)
+        if self._conn.execute(_SET_INPUT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
+            raise RunNotFound(run_id)
+
+    def delete(self, run_id: str) -> None:
+        """Delete the run; its id may be created again (with a new ``seq``).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        run_id = _rid(run_id)
+        self._begin_write(run_id)
+        if self._conn.execute(_DELETE, {"id": run_id}).rowcount != 1:
+            raise RunNotFound(run_id)
+
+
+def _rid(run_id: str) -> str:
+    """Validate a run id argument (``R-`` prefix, no NUL); raises IdParseError/InvalidInput."""
+    return run_id if type(run_id) is RunId else RunId(run_id)
+
+
+def _opt_text(value: str | None, field: str) -> str | None:
+    return None if value is None else codec.check_text(value, field)
+
+
+def _encode_result(value: object) -> str | None:
+    try:
+        return codec.encode_result_ref(value)
+    except CodecError as exc:
+        raise InvalidInput("result_ref", exc.detail) from exc

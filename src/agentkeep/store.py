@@ -1,0 +1,190 @@
+"""The :class:`Store` facade: open a database, units of work, one-call operations.
+
+``Store.open(url)`` builds the engine (:mod:`agentkeep.db`), checks that the
+schema is at head (or migrates it with ``migrate=True``), and hands out units
+of work. Each store's operations are reachable two ways, with one
+implementation:
+
+* ``with store.write() as uow: uow.runs.acquire_assignee(...)`` — several
+  operations (and the host's own ORM rows) in one transaction;
+* ``store.runs.acquire_assignee(...)`` — one operation in its own unit,
+  retried as a whole on a transient busy/serialisation error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy import exc as sa_exc
+
+from agentkeep import db
+from agentkeep import migrate as _migrations
+from agentkeep.clock import Clock, SystemClock
+from agentkeep.errors import InvalidInput
+from agentkeep.runs.facade import RunCalls
+from agentkeep.unit_of_work import UnitOfWork
+
+__all__ = ["Store"]
+
+T = TypeVar("T")
+
+
+class Store:
+    """A handle on one agentkeep database.
+
+    Use :meth:`open` to create one; close it with :meth:`close` or a ``with``
+    block. Thread-safe: each unit of work takes its own pooled connection
+    (an in-memory SQLite database has one shared connection, and its units
+    are serialised by a mutex).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Clock | None = None,
+        retry_attempts: int = 5,
+        memory: bool = False,
+    ) -> None:
+        if retry_attempts < 1:
+            raise InvalidInput("retry_attempts", "must be >= 1")
+        self.engine = engine
+        self.clock: Clock = clock or SystemClock()
+        self._write_engine = db.write_engine(engine)
+        self._retry_attempts = retry_attempts
+        self._mutex: Callable[[], AbstractContextManager[Any]]
+        if memory:
+            lock = threading.RLock()
+            self._mutex = lambda: lock
+        else:
+            self._mutex = nullcontext
+        self.runs = RunCalls(self)
+
+    @classmethod
+    def open(
+        cls,
+        url: str = "sqlite:///agentkeep.db",
+        *,
+        migrate: bool = False,
+        clock: Clock | None = None,
+        busy_timeout_ms: int = db.DEFAULT_BUSY_TIMEOUT_MS,
+        synchronous: str = "NORMAL",
+        retry_attempts: int = 5,
+        **engine_kwargs: Any,
+    ) -> Store:
+        """Open the database at ``url``.
+
+        Args:
+            url: ``sqlite:///path.db`` (default ``sqlite:///agentkeep.db``),
+                ``sqlite://`` for in-memory, or ``postgresql+psycopg://…``.
+            migrate: upgrade a database behind head (adopting tables written
+                by the original stores) instead of failing. An in-memory
+                database is always migrated.
+            clock: time source (default: the system clock).
+            busy_timeout_ms: lock wait before :class:`~agentkeep.errors.StoreBusy`.
+            synchronous: SQLite ``PRAGMA synchronous`` (NORMAL or FULL).
+            retry_attempts: attempts of a one-call operation on transient errors.
+            **engine_kwargs: passed to :func:`sqlalchemy.create_engine`.
+
+        Raises:
+            SchemaBehind: the schema is behind head and ``migrate`` is false.
+            SchemaNewer: the database was written by a newer agentkeep.
+            LegacySchemaMismatch: (``migrate=True``) legacy tables of unknown shape.
+        """
+        memory = db.is_memory_sqlite(url)
+        engine = db.create_engine(
+            url, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous, **engine_kwargs
+        )
+        try:
+            _migrations.ensure_schema(engine, migrate=migrate or memory)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, clock=clock, retry_attempts=retry_attempts, memory=memory)
+
+    def migrate(self) -> tuple[str, ...]:
+        """Upgrade this database to head (adopting legacy tables); return the revisions."""
+        return _migrations.upgrade(self.engine)
+
+    # ------------------------------------------------------------------ units of work
+
+    @contextmanager
+    def write(self) -> Iterator[UnitOfWork]:
+        """A write unit of work: ``BEGIN IMMEDIATE`` on SQLite, READ COMMITTED on Postgres.
+
+        Commits when the block exits normally; rolls back when it raises.
+
+        Raises:
+            StoreBusy: the write lock could not be had within the busy timeout.
+            DatabaseError: any other driver failure.
+        """
+        with self._unit(self._write_engine, writable=True) as uow:
+            yield uow
+
+    @contextmanager
+    def read(self) -> Iterator[UnitOfWork]:
+        """A read unit of work: one consistent snapshot; write operations are refused."""
+        with self._unit(self.engine, writable=False) as uow:
+            yield uow
+
+    @contextmanager
+    def _unit(self, engine: Engine, *, writable: bool) -> Iterator[UnitOfWork]:
+        with self._mutex():
+            try:
+                conn = engine.connect()
+            except sa_exc.DBAPIError as exc:
+                raise db.translate_db_error(exc) from exc
+            try:
+                try:
+                    conn.begin()
+                except sa_exc.DBAPIError as exc:
+                    raise db.translate_db_error(exc) from exc
+                uow = UnitOfWork(conn, self.clock, writable=writable)
+                try:
+                    yield uow
+                    uow._flush()
+                    conn.commit()
+                except sa_exc.DBAPIError as exc:
+                    uow._discard()
+                    conn.rollback()
+                    raise db.translate_db_error(exc) from exc
+                except BaseException:
+                    uow._discard()
+                    conn.rollback()
+                    raise
+            finally:
+                conn.close()
+
+    def call_write(self, fn: Callable[[UnitOfWork], T]) -> T:
+        """Run ``fn`` in its own write unit, retrying the unit on transient errors."""
+
+        def attempt() -> T:
+            with self.write() as uow:
+                return fn(uow)
+
+        return db.retry_transient(attempt, attempts=self._retry_attempts)
+
+    def call_read(self, fn: Callable[[UnitOfWork], T]) -> T:
+        """Run ``fn`` in its own read unit, retrying it on transient errors."""
+
+        def attempt() -> T:
+            with self.read() as uow:
+                return fn(uow)
+
+        return db.retry_transient(attempt, attempts=self._retry_attempts)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
