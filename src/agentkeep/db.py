@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
     "LockNamespace",
     "create_engine",
+    "enable_wal",
     "is_memory_sqlite",
     "is_postgres",
     "is_transient",
@@ -163,8 +164,9 @@ def _create_sqlite_engine(
         dbapi_conn.isolation_level = None  # the driver never emits BEGIN
         cur = dbapi_conn.cursor()
         try:  # PRAGMAs run outside a transaction, which holds here
-            if not memory:
-                cur.execute("PRAGMA journal_mode=WAL")
+            # journal_mode is NOT set here: it is stored in the file, and a
+            # legacy file whose adoption is refused must stay byte-for-byte
+            # unchanged. enable_wal() switches it once the schema is accepted.
             cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA synchronous={synchronous}")
@@ -190,6 +192,31 @@ def _create_postgres_engine(url: str, busy_timeout_ms: int, engine_kwargs: dict[
     # fenced UPDATEs into serialization failures instead of re-checks.
     engine_kwargs.setdefault("isolation_level", "READ COMMITTED")
     return sa_create_engine(url, connect_args=connect_args, **engine_kwargs)
+
+
+def enable_wal(engine: Engine) -> None:
+    """Put a SQLite database file in WAL mode (persistent; a no-op elsewhere).
+
+    Called by :meth:`agentkeep.Store.open` and :func:`agentkeep.migrate.upgrade`
+    after the schema was accepted, never before: switching the journal mode
+    rewrites the file header. WAL lets readers run beside the single writer;
+    without it every ``BEGIN IMMEDIATE`` would queue the readers too.
+    """
+    if engine.dialect.name != "sqlite" or is_memory_sqlite(engine.url.render_as_string()):
+        return
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+                return
+            # Needs a moment with no other connection in a transaction; the
+            # busy timeout covers that wait.
+            cur.execute("PRAGMA journal_mode=WAL")
+        finally:
+            cur.close()
+    finally:
+        raw.close()
 
 
 def write_engine(engine: Engine) -> Engine:

@@ -241,7 +241,9 @@ def upgrade(url_or_engine: str | Engine, revision: str = "heads") -> tuple[str, 
     with _ALEMBIC_LOCK, _engine_for(url_or_engine) as engine:
         with _migration_transaction(engine) as conn:
             _upgrade_in(conn, revision)
-            return _current(conn)
+            revisions = _current(conn)
+        db.enable_wal(engine)
+        return revisions
 
 
 def _upgrade_in(conn: Connection, revision: str) -> None:
@@ -390,6 +392,7 @@ def run_env() -> None:
                 _refuse_unknown(_current(conn))
                 _adopt_unstamped_branches(conn)
             run(conn)
+        db.enable_wal(engine)
     finally:
         if owned:
             engine.dispose()

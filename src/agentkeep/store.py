@@ -101,6 +101,7 @@ class Store:
         )
         try:
             _migrations.ensure_schema(engine, migrate=migrate or memory)
+            db.enable_wal(engine)
         except BaseException:
             engine.dispose()
             raise

@@ -1,0 +1,888 @@
+"""Canonical JSON encoding and strict decoding of the ``runs`` columns.
+
+This module owns the text that goes into, and comes out of, the JSON columns
+of the ``runs`` table (spec runs §1.1, §2.12, §3.0.5, §3.0.6), plus the
+type checks for the plain columns a driver hands back and for the integers
+and strings an API caller hands in. There is no database code here; the
+repository passes raw column values in and gets domain values (or a
+:class:`CodecError`) out.
+
+Encoding (always canonical, because compare-and-set and filters compare
+``status`` text byte for byte):
+
+* compact separators, ``ensure_ascii=False``, no NaN/Infinity;
+* struct fields in declared order; ``StepEntry.step_ref``/``status`` are
+  written as ``null`` when None, every other optional field is omitted;
+* map keys (the ``current`` map, keys inside ``adapter_data`` and
+  ``result_ref``) sorted by code point, as Rust's ``BTreeMap`` does;
+* an empty ``current`` map is SQL NULL (``None``), never ``{}``;
+* a string holding a lone UTF-16 surrogate cannot be stored as UTF-8 and is
+  refused (:class:`CodecError`).
+
+Decoding follows serde_json, strictly:
+
+* NaN, Infinity, -Infinity and out-of-range floats are refused;
+* the container type must be exact (``current`` an object of Assignee
+  objects, the entry columns arrays of objects);
+* required keys must be present; unknown keys are ignored;
+* integers must be JSON integers (no ``true``, no ``1.0``) inside their Rust
+  range; strings must be strings;
+* a key repeated inside a struct object (an entry, an Assignee, a usage
+  object) is refused; a key repeated inside a free JSON value
+  (``adapter_data``, ``result_ref``) or in the ``current`` map keeps the last
+  value, as serde does;
+* lone UTF-16 surrogates (raw, or as a ``\\uD8xx`` escape) are refused;
+* a value that is not text where text is stored (a BLOB, an integer) is
+  refused; it is never read as empty or absent.
+
+Decisions beyond the spec, recorded here: an Assignee ``gen`` (and so every
+generation) above ``2**63-1`` is refused on decode, because the counter it must
+not exceed is a ``BIGINT``; a usage object whose derived total
+(``input + output``) overflows u64 is refused rather than wrapped.
+
+Appends keep earlier entries verbatim: :func:`append_json_array` splices the
+new element's text into the stored array text, so unknown keys written by
+other versions survive (spec/README.md, runs decision 3).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+from agentkeep.errors import InvalidInput
+from agentkeep.runs.domain import (
+    I64_MAX,
+    I64_MIN,
+    U32_MAX,
+    U64_MAX,
+    UNSET,
+    Assignee,
+    DegradationEntry,
+    PrefixedId,
+    RunStatus,
+    StepEntry,
+    StepId,
+    Usage,
+    json_value_problem,
+)
+
+__all__ = [
+    "CodecError",
+    "append_json_array",
+    "check_text",
+    "check_u63",
+    "decode_current",
+    "decode_degradations",
+    "decode_id",
+    "decode_result_ref",
+    "decode_status",
+    "decode_step_entries",
+    "decode_text_or_none",
+    "decode_u63",
+    "encode_current",
+    "encode_degradation",
+    "encode_degradations",
+    "encode_result_ref",
+    "encode_status",
+    "encode_step_entries",
+    "encode_step_entry",
+]
+
+
+class CodecError(ValueError):
+    """A column value could not be encoded or decoded.
+
+    The repository turns it into ``RunCorrupt`` (decode) or an encode error,
+    adding the table, row id and column.
+
+    Attributes:
+        field: the spec field name (``status``, ``step_entries``,
+            ``degradations``, ``current``, ``result_ref``, ``id``,
+            ``task_id``) or an integer/text column name (``next_generation``,
+            ``created_at``, ``updated_at``, ``operator_sid``, ``input_json``).
+        detail: what was wrong.
+    """
+
+    def __init__(self, field: str, detail: str) -> None:
+        self.field = field
+        self.detail = detail
+        super().__init__(f"{field}: {detail}")
+
+
+# --------------------------------------------------------------------------
+# JSON primitives
+
+_ENCODE = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
+).encode
+_ENCODE_SORTED = json.JSONEncoder(
+    ensure_ascii=False,
+    allow_nan=False,
+    separators=(",", ":"),
+    sort_keys=True,
+    check_circular=True,
+).encode
+
+_SURROGATE_CHAR = re.compile("[\ud800-\udfff]")
+_SURROGATE_ANY = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_JSON_WS: Final = " \t\n\r"
+_MISSING: Final = object()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+class _DupKeys(dict[str, Any]):
+    """A decoded JSON object that repeated a key; values are last-wins."""
+
+    __slots__ = ("dup",)
+    dup: str
+
+
+def _kind(value: object) -> str:
+    """Name a decoded JSON value's type the way serde's messages do."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return f"boolean `{'true' if value else 'false'}`"
+    if type(value) is int:
+        return f"integer `{value}`"
+    if type(value) is float:
+        return f"floating point `{value!r}`"
+    if type(value) is str:
+        return f"string {json.dumps(value, ensure_ascii=False)}"
+    if type(value) is list:
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _describe_raw(raw: object) -> str:
+    """Describe a non-text column value as a driver returned it."""
+    if raw is None:
+        return "NULL"
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return "a BLOB"
+    return f"a {type(raw).__name__} ({raw!r})"
+
+
+def _text(raw: object, field: str) -> str:
+    if type(raw) is str:
+        return raw
+    raise CodecError(field, f"expected text, got {_describe_raw(raw)}")
+
+
+def _contains_surrogate(value: object) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            if _SURROGATE_CHAR.search(item):
+                return True
+        elif type(item) is list:
+            stack.extend(item)
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if _SURROGATE_CHAR.search(key):
+                    return True
+                stack.append(sub)
+    return False
+
+
+def _loads(text: str, field: str, *, structs: bool) -> tuple[Any, bool]:
+    """Parse ``text`` strictly.
+
+    Returns the value and whether some object repeated a key (such objects
+    come back as :class:`_DupKeys`). Duplicate detection is only done when
+    ``structs`` is set, because only struct objects refuse them.
+    """
+    dup_seen = False
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            nonlocal dup_seen
+            dup_seen = True
+            seen: set[str] = set()
+            dup = ""
+            for key, _ in pairs:
+                if key in seen:
+                    dup = key
+                    break
+                seen.add(key)
+            marked = _DupKeys(obj)
+            marked.dup = dup
+            return marked
+        return obj
+
+    try:
+        value = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            object_pairs_hook=pairs_hook if structs else None,
+        )
+    except RecursionError:
+        raise CodecError(field, "JSON nested too deeply") from None
+    except ValueError as exc:
+        raise CodecError(field, f"invalid JSON: {exc}") from None
+    if ("\\u" in text or not text.isascii()) and _SURROGATE_ANY.search(text):
+        if _contains_surrogate(value):
+            raise CodecError(field, "a string contains a lone UTF-16 surrogate")
+    return value, dup_seen
+
+
+def _plain(value: Any) -> Any:
+    """Turn every :class:`_DupKeys` inside a free JSON value into a plain dict."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_plain(v) for v in value]
+    return value
+
+
+def _dumps(value: object, field: str, *, sort_keys: bool = False) -> str:
+    try:
+        text = (_ENCODE_SORTED if sort_keys else _ENCODE)(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CodecError(field, f"not encodable as JSON: {exc}") from None
+    if not text.isascii() and _SURROGATE_CHAR.search(text):
+        raise CodecError(field, "a string contains a lone UTF-16 surrogate")
+    return text
+
+
+# --------------------------------------------------------------------------
+# Fast construction of validated values
+#
+# Decoded values were checked field by field below, so they are built without
+# a second pydantic validation pass. ``model_construct`` is the supported way;
+# filling the instance slots directly does the same work at a fraction of the
+# cost and is verified against ``model_construct`` at import time.
+
+_M = TypeVar("_M", StepEntry, DegradationEntry, Assignee, Usage)
+_setattr = object.__setattr__
+_str_new = str.__new__
+
+
+def _direct(cls: type[_M], values: dict[str, Any]) -> _M:
+    obj = object.__new__(cls)
+    _setattr(obj, "__dict__", values)
+    _setattr(obj, "__pydantic_fields_set__", set(values.keys()))
+    _setattr(obj, "__pydantic_extra__", None)
+    _setattr(obj, "__pydantic_private__", None)
+    return obj
+
+
+def _via_construct(cls: type[_M], values: dict[str, Any]) -> _M:
+    return cls.model_construct(**values)
+
+
+def _pick_builder() -> Callable[[type[_M], dict[str, Any]], _M]:
+    sample: dict[str, Any] = {"op": "o", "desc": "d", "gen": 1}
+    try:
+        fast = _direct(Assignee, dict(sample))
+        slow = Assignee.model_construct(**sample)
+        if (
+            fast == slow
+            and fast.__pydantic_fields_set__ == slow.__pydantic_fields_set__
+            and hash(fast) == hash(slow)
+            and fast.model_dump() == slow.model_dump()
+        ):
+            return _direct
+    except Exception:  # pragma: no cover - a future pydantic changed its internals
+        pass
+    return _via_construct  # pragma: no cover
+
+
+_build = _pick_builder()
+
+
+# --------------------------------------------------------------------------
+# Field readers for struct objects (serde semantics)
+
+
+def _obj(value: Any, field: str, where: str) -> dict[str, Any]:
+    if type(value) is dict:
+        return value
+    if type(value) is _DupKeys:
+        raise CodecError(field, f"{where}: duplicate field `{value.dup}`")
+    raise CodecError(field, f"{where}: invalid type: {_kind(value)}, expected an object")
+
+
+def _req_str(o: dict[str, Any], key: str, field: str, where: str) -> str:
+    v = o.get(key, _MISSING)
+    if type(v) is str:
+        return v
+    if v is _MISSING:
+        raise CodecError(field, f"{where}: missing field `{key}`")
+    raise CodecError(field, f"{where}.{key}: invalid type: {_kind(v)}, expected a string")
+
+
+def _opt_str(o: dict[str, Any], key: str, field: str, where: str) -> str | None:
+    v = o.get(key)
+    if v is None or type(v) is str:
+        return v
+    raise CodecError(field, f"{where}.{key}: invalid type: {_kind(v)}, expected a string")
+
+
+def _int_in(v: Any, lo: int, hi: int, key: str, field: str, where: str, kind: str) -> int:
+    if type(v) is int:
+        if lo <= v <= hi:
+            return v
+        raise CodecError(field, f"{where}.{key}: invalid value: {v} is out of range for {kind}")
+    raise CodecError(field, f"{where}.{key}: invalid type: {_kind(v)}, expected {kind}")
+
+
+def _req_int(
+    o: dict[str, Any], key: str, lo: int, hi: int, kind: str, field: str, where: str
+) -> int:
+    v = o.get(key, _MISSING)
+    if type(v) is int and lo <= v <= hi:
+        return v
+    if v is _MISSING:
+        raise CodecError(field, f"{where}: missing field `{key}`")
+    return _int_in(v, lo, hi, key, field, where, kind)
+
+
+def _opt_int(
+    o: dict[str, Any], key: str, lo: int, hi: int, kind: str, field: str, where: str
+) -> int | None:
+    v = o.get(key)
+    if v is None or (type(v) is int and lo <= v <= hi):
+        return v
+    return _int_in(v, lo, hi, key, field, where, kind)
+
+
+# --------------------------------------------------------------------------
+# status
+
+
+_STATUS_TEXT: Final = {s: f'"{s.value}"' for s in RunStatus}
+_STATUS_BY_TEXT: Final = {text: s for s, text in _STATUS_TEXT.items()}
+
+
+def encode_status(s: RunStatus) -> str:
+    """Encode a status as its JSON string literal, quotes included (``'"pending"'``).
+
+    Raises:
+        CodecError: ``s`` is not a run status.
+    """
+    text = _STATUS_TEXT.get(s)
+    if text is None:
+        raise CodecError("status", f"not a run status: {s!r}")
+    return text
+
+
+def decode_status(raw: object) -> RunStatus:
+    """Decode the ``status`` column (a JSON string literal such as ``"running"``).
+
+    Raises:
+        CodecError: not text, not JSON, not a JSON string, or an unknown
+            variant (case-sensitive; ``pending`` without quotes is refused).
+    """
+    if type(raw) is str:
+        status = _STATUS_BY_TEXT.get(raw)
+        if status is not None:
+            return status
+    value, _ = _loads(_text(raw, "status"), "status", structs=False)
+    if type(value) is not str:
+        raise CodecError("status", f"invalid type: {_kind(value)}, expected a string")
+    try:
+        return RunStatus(value)
+    except ValueError:
+        expected = ", ".join(f"`{s.value}`" for s in RunStatus)
+        raise CodecError(
+            "status", f"unknown variant {json.dumps(value)}, expected one of {expected}"
+        ) from None
+
+
+# --------------------------------------------------------------------------
+# step entries
+
+
+def _usage_dict(u: Usage) -> dict[str, int]:
+    return {
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "total_tokens": u.total_tokens,
+    }
+
+
+def _encode_step_entry(e: StepEntry, field: str) -> str:
+    d: dict[str, Any] = {
+        "step_id": str(e.step_id),
+        "step_ref": e.step_ref,
+        "status": e.status,
+    }
+    if e.binding_digest is not None:
+        d["binding_digest"] = e.binding_digest
+    d["at"] = e.at
+    if e.attempt is not None:
+        d["attempt"] = e.attempt
+    if e.started_at_ms is not None:
+        d["started_at_ms"] = e.started_at_ms
+    if e.completed_at_ms is not None:
+        d["completed_at_ms"] = e.completed_at_ms
+    if e.duration_ms is not None:
+        d["duration_ms"] = e.duration_ms
+    if e.worker_kind is not None:
+        d["worker_kind"] = e.worker_kind
+    if e.model is not None:
+        d["model"] = e.model
+    if e.usage is not None:
+        d["usage"] = _usage_dict(e.usage)
+    if e.num_turns is not None:
+        d["num_turns"] = e.num_turns
+    text = _dumps(d, field)
+    if e.adapter_data is not None:
+        # Free JSON: its object keys are sorted (serde_json's Value map).
+        text = text[:-1] + ',"adapter_data":' + _dumps(e.adapter_data, field, sort_keys=True) + "}"
+    return text
+
+
+def encode_step_entry(e: StepEntry) -> str:
+    """Encode one step entry as a compact JSON object, fields in declared order.
+
+    Example: ``{"step_id":"ST-1","step_ref":"step-a","status":"dispatched","at":101}``.
+
+    Raises:
+        CodecError: (field ``step_entries``) the entry holds a value that is
+            not storable JSON.
+    """
+    return _encode_step_entry(e, "step_entries")
+
+
+def encode_step_entries(es: Sequence[StepEntry]) -> str:
+    """Encode a list of step entries as a JSON array (``[]`` when empty).
+
+    Raises:
+        CodecError: (field ``step_entries``) an entry is not storable JSON.
+    """
+    return "[" + ",".join([_encode_step_entry(e, "step_entries") for e in es]) + "]"
+
+
+def _decode_usage(v: Any, field: str, where: str) -> Usage | None:
+    if v is None:
+        return None
+    o = _obj(v, field, where)
+    inp = _opt_int(o, "input_tokens", 0, U64_MAX, "u64", field, where)
+    out = _opt_int(o, "output_tokens", 0, U64_MAX, "u64", field, where)
+    total = _opt_int(o, "total_tokens", 0, U64_MAX, "u64", field, where)
+    inp = inp or 0
+    out = out or 0
+    if total is None:
+        total = inp + out
+        if total > U64_MAX:
+            raise CodecError(field, f"{where}.total_tokens: input + output overflows u64")
+    return _build(Usage, {"input_tokens": inp, "output_tokens": out, "total_tokens": total})
+
+
+_STEP_STATS_KEYS: Final = frozenset(
+    {
+        "binding_digest",
+        "attempt",
+        "started_at_ms",
+        "completed_at_ms",
+        "duration_ms",
+        "worker_kind",
+        "model",
+        "usage",
+        "num_turns",
+        "adapter_data",
+    }
+)
+
+
+def _decode_step_entry(o: Any, index: int, dup_seen: bool) -> StepEntry:
+    f = "step_entries"
+    if type(o) is not dict:
+        _obj(o, f, f"[{index}]")
+    get = o.get
+    sid = get("step_id")
+    step_ref = get("step_ref")
+    status = get("status")
+    at = get("at")
+    if not (
+        type(sid) is str
+        and (step_ref is None or type(step_ref) is str)
+        and (status is None or type(status) is str)
+        and type(at) is int
+        and 0 <= at <= U64_MAX
+    ):
+        # Slow path, only to name the offending key.
+        w = f"[{index}]"
+        _req_str(o, "step_id", f, w)
+        _opt_str(o, "step_ref", f, w)
+        _opt_str(o, "status", f, w)
+        _req_int(o, "at", 0, U64_MAX, "u64", f, w)
+    if len(sid) > 3 and sid.startswith("ST-") and "\x00" not in sid:
+        # The StepId rule, inlined: this loop is the hot path of `get`.
+        step_id = _str_new(StepId, sid)
+    else:
+        try:
+            step_id = StepId(sid)
+        except InvalidInput as exc:
+            raise CodecError(f, f"[{index}].step_id: {exc}") from None
+        raise AssertionError("unreachable: StepId accepted a rejected id")  # pragma: no cover
+    if _STEP_STATS_KEYS.isdisjoint(o):
+        # The common pre-stats entry: nothing else to check.
+        return _build(
+            StepEntry,
+            {
+                "step_id": step_id,
+                "step_ref": step_ref,
+                "status": status,
+                "binding_digest": None,
+                "at": at,
+                "attempt": None,
+                "started_at_ms": None,
+                "completed_at_ms": None,
+                "duration_ms": None,
+                "worker_kind": None,
+                "model": None,
+                "usage": None,
+                "num_turns": None,
+                "adapter_data": None,
+            },
+        )
+    w = f"[{index}]"
+    digest = get("binding_digest")
+    if digest is not None and (type(digest) is not str or not _DIGEST.fullmatch(digest)):
+        raise CodecError(
+            f,
+            f"{w}.binding_digest: invalid value: {_kind(digest)}, "
+            "expected `sha256:` followed by 64 lowercase hex digits",
+        )
+    adapter_data = get("adapter_data")
+    if dup_seen and adapter_data is not None:
+        adapter_data = _plain(adapter_data)
+    return _build(
+        StepEntry,
+        {
+            "step_id": step_id,
+            "step_ref": step_ref,
+            "status": status,
+            "binding_digest": digest,
+            "at": at,
+            "attempt": _opt_int(o, "attempt", 0, U32_MAX, "u32", f, w),
+            "started_at_ms": _opt_int(o, "started_at_ms", I64_MIN, I64_MAX, "i64", f, w),
+            "completed_at_ms": _opt_int(o, "completed_at_ms", I64_MIN, I64_MAX, "i64", f, w),
+            "duration_ms": _opt_int(o, "duration_ms", 0, U64_MAX, "u64", f, w),
+            "worker_kind": _opt_str(o, "worker_kind", f, w),
+            "model": _opt_str(o, "model", f, w),
+            "usage": _decode_usage(get("usage"), f, f"{w}.usage"),
+            "num_turns": _opt_int(o, "num_turns", 0, U32_MAX, "u32", f, w),
+            "adapter_data": adapter_data,
+        },
+    )
+
+
+def _array(raw: object, field: str) -> tuple[list[Any], bool]:
+    if raw == "[]":
+        return [], False
+    value, dup_seen = _loads(_text(raw, field), field, structs=True)
+    if type(value) is not list:
+        raise CodecError(field, f"invalid type: {_kind(value)}, expected an array")
+    return value, dup_seen
+
+
+def decode_step_entries(raw: object) -> tuple[StepEntry, ...]:
+    """Decode the ``step_entries_json`` column.
+
+    Raises:
+        CodecError: (field ``step_entries``) not text, not a JSON array, or
+            an element that is not a valid step entry.
+    """
+    items, dup_seen = _array(raw, "step_entries")
+    return tuple([_decode_step_entry(v, i, dup_seen) for i, v in enumerate(items)])
+
+
+# --------------------------------------------------------------------------
+# degradations
+
+
+def _encode_degradation(d: DegradationEntry, field: str) -> str:
+    out: dict[str, Any] = {"tool": d.tool, "error": d.error, "fallback": d.fallback}
+    if d.note is not None:
+        out["note"] = d.note
+    if d.step_ref is not None:
+        out["step_ref"] = d.step_ref
+    if d.attempt is not None:
+        out["attempt"] = d.attempt
+    out["at"] = d.at
+    return _dumps(out, field)
+
+
+def encode_degradation(d: DegradationEntry) -> str:
+    """Encode one degradation entry (fields in declared order, None omitted).
+
+    Raises:
+        CodecError: (field ``degradations``) a string holds a lone surrogate.
+    """
+    return _encode_degradation(d, "degradations")
+
+
+def encode_degradations(ds: Sequence[DegradationEntry]) -> str:
+    """Encode degradation entries as a JSON array (``[]`` when empty).
+
+    Raises:
+        CodecError: (field ``degradations``) a string holds a lone surrogate.
+    """
+    return "[" + ",".join([_encode_degradation(d, "degradations") for d in ds]) + "]"
+
+
+def _decode_degradation(value: Any, index: int) -> DegradationEntry:
+    f = "degradations"
+    w = f"[{index}]"
+    o = _obj(value, f, w)
+    return _build(
+        DegradationEntry,
+        {
+            "tool": _req_str(o, "tool", f, w),
+            "error": _req_str(o, "error", f, w),
+            "fallback": _req_str(o, "fallback", f, w),
+            "note": _opt_str(o, "note", f, w),
+            "step_ref": _opt_str(o, "step_ref", f, w),
+            "attempt": _opt_int(o, "attempt", 0, U32_MAX, "u32", f, w),
+            "at": _req_int(o, "at", 0, U64_MAX, "u64", f, w),
+        },
+    )
+
+
+def decode_degradations(raw: object) -> tuple[DegradationEntry, ...]:
+    """Decode the ``degradations_json`` column.
+
+    Raises:
+        CodecError: (field ``degradations``) not text, not a JSON array, or
+            an element that is not a valid degradation entry.
+    """
+    items, _ = _array(raw, "degradations")
+    return tuple([_decode_degradation(v, i) for i, v in enumerate(items)])
+
+
+# --------------------------------------------------------------------------
+# append
+
+
+def append_json_array(raw_text: str, item_json: str) -> str:
+    """Append one encoded element to a stored JSON array, keeping the rest verbatim.
+
+    Every earlier element keeps its original text (unknown keys included);
+    only the closing bracket moves. Whitespace after the closing bracket is
+    dropped.
+
+    Args:
+        raw_text: the stored array text, already validated by a decode call.
+        item_json: the encoded new element.
+
+    Returns:
+        The new array text.
+
+    Raises:
+        CodecError: (field ``array``) ``raw_text`` does not end with ``]``.
+    """
+    body = raw_text.rstrip(_JSON_WS)
+    if not body.endswith("]"):
+        raise CodecError("array", "stored text is not a JSON array")
+    head = body[:-1].rstrip(_JSON_WS)
+    if head.endswith("["):  # the array was empty: a value never ends with `[`
+        return f"{head}{item_json}]"
+    return f"{head},{item_json}]"
+
+
+# --------------------------------------------------------------------------
+# current
+
+
+def encode_current(m: Mapping[str, Assignee]) -> str | None:
+    """Encode the slot map; an empty map is None (SQL NULL), never ``{}``.
+
+    Keys are sorted by code point; each holder is ``{"op":…,"desc":…,"gen":…}``.
+
+    Raises:
+        CodecError: (field ``current``) a key is not a string, or a string
+            holds a lone surrogate.
+    """
+    if not m:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for slot in sorted(m):
+        if not isinstance(slot, str):
+            raise CodecError("current", f"slot {slot!r} is not a string")
+        a = m[slot]
+        out[slot] = {"op": a.op, "desc": a.desc, "gen": a.gen}
+    return _dumps(out, "current")
+
+
+def decode_current(raw: object) -> dict[str, Assignee]:
+    """Decode the ``current_json`` column into a slot map in sorted key order.
+
+    SQL NULL and the text ``{}`` both read as the empty map.
+
+    Raises:
+        CodecError: (field ``current``) not text; not a JSON object (``null``,
+            an array, ...); a value that is not an Assignee object (including
+            a bare Assignee stored as the map itself, whose values ``op``,
+            ``desc`` and ``gen`` are not objects); a missing key; a ``gen``
+            that is not an integer in ``0..2**63-1``.
+    """
+    if raw is None:
+        return {}
+    text = _text(raw, "current")
+    if text == "{}":
+        return {}
+    value, _ = _loads(text, "current", structs=True)
+    if not isinstance(value, dict):
+        raise CodecError("current", f"invalid type: {_kind(value)}, expected a map")
+    result: dict[str, Assignee] = {}
+    for slot in sorted(value):
+        o = value[slot]
+        if type(o) is dict:
+            op = o.get("op")
+            desc = o.get("desc")
+            gen = o.get("gen")
+            if type(op) is str and type(desc) is str and type(gen) is int and 0 <= gen <= I64_MAX:
+                result[slot] = _build(Assignee, {"op": op, "desc": desc, "gen": gen})
+                continue
+        _assignee_error(o, slot)
+    return result
+
+
+def _assignee_error(o: Any, slot: str) -> None:
+    f = "current"
+    w = f"[{json.dumps(slot, ensure_ascii=False)}]"
+    o = _obj(o, f, w)
+    _req_str(o, "op", f, w)
+    _req_str(o, "desc", f, w)
+    _req_int(o, "gen", 0, I64_MAX, "an integer in 0..2**63-1", f, w)
+    raise AssertionError("unreachable: the holder was valid")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------
+# result_ref
+
+
+def encode_result_ref(v: object) -> str | None:
+    """Encode a result: :data:`UNSET` is None (SQL NULL), JSON null is ``'null'``.
+
+    Object keys are sorted.
+
+    Raises:
+        CodecError: (field ``result_ref``) ``v`` is not a JSON value (a
+            non-string key, NaN or infinity, an unsupported type, a lone
+            surrogate, nesting deeper than 128).
+    """
+    if v is UNSET:
+        return None
+    problem = json_value_problem(v)
+    if problem is not None:
+        raise CodecError("result_ref", f"not a JSON value: {problem}")
+    return _dumps(v, "result_ref", sort_keys=True)
+
+
+def decode_result_ref(raw: object) -> object:
+    """Decode ``result_ref_json``: NULL is :data:`UNSET`, any other text is JSON.
+
+    Raises:
+        CodecError: (field ``result_ref``) not text, or not strict JSON.
+    """
+    if raw is None:
+        return UNSET
+    value, _ = _loads(_text(raw, "result_ref"), "result_ref", structs=False)
+    return value
+
+
+# --------------------------------------------------------------------------
+# plain columns
+
+_IdT = TypeVar("_IdT", bound=PrefixedId)
+
+
+def decode_id(raw: object, cls: type[_IdT], field: str) -> _IdT:
+    """Decode an id column (``id``, ``task_id``) into ``cls``.
+
+    Raises:
+        CodecError: (field ``field``) not text, or the prefix rule fails.
+    """
+    try:
+        return cls(_text(raw, field))
+    except InvalidInput as exc:
+        raise CodecError(field, str(exc)) from None
+
+
+def decode_u63(raw: object, field: str) -> int:
+    """Decode an integer column that must hold ``0..2**63-1``.
+
+    Raises:
+        CodecError: (field ``field``) not an integer (text, a BLOB, a float,
+            NULL) or negative.
+    """
+    if type(raw) is int:
+        if 0 <= raw <= I64_MAX:
+            return raw
+        raise CodecError(field, f"invalid value: {raw} is out of range 0..2**63-1")
+    raise CodecError(field, f"expected an integer, got {_describe_raw(raw)}")
+
+
+def decode_text_or_none(raw: object, field: str) -> str | None:
+    """Pass a nullable text column (``operator_sid``, ``input_json``) through.
+
+    Raises:
+        CodecError: (field ``field``) neither NULL nor text (a BLOB, a number).
+    """
+    if raw is None or type(raw) is str:
+        return raw
+    raise CodecError(field, f"expected text or NULL, got {_describe_raw(raw)}")
+
+
+def check_u63(value: int, field: str) -> int:
+    """Check an integer argument for a ``BIGINT`` column: ``0..2**63-1``.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        InvalidInput: (field ``field``) not an ``int`` (``bool`` included),
+            negative, or above ``2**63-1``.
+    """
+    if type(value) is not int:
+        raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
+    if value < 0:
+        raise InvalidInput(field, f"must not be negative, got {value}")
+    if value > I64_MAX:
+        raise InvalidInput(field, f"must be at most 2**63-1, got {value}")
+    return value
+
+
+def check_text(value: str, field: str) -> str:
+    """Check a text argument that is stored as-is (slot, op, ``input_json`` …).
+
+    Returns:
+        ``value``.
+
+    Raises:
+        InvalidInput: (field ``field``) not a ``str``, contains a NUL
+            character (Postgres TEXT cannot hold it), or contains a lone UTF-16
+            surrogate (no backend can store it as UTF-8).
+    """
+    if not isinstance(value, str):
+        raise InvalidInput(field, f"expected a string, got {type(value).__name__}")
+    if "\x00" in value:
+        raise InvalidInput(field, "contains a NUL character")
+    if not value.isascii() and _SURROGATE_CHAR.search(value):
+        raise InvalidInput(field, "contains a lone UTF-16 surrogate")
+    return value
