@@ -5,6 +5,6 @@ Run from the repository (``alembic upgrade head``) or from code
 connection in ``config.attributes["connection"]``.
 """
 
-from agentkeep.migrate import run_env
+from agentkeep.migrations import run_env
 
 run_env()

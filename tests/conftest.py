@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
-from agentkeep import migrate
+from agentkeep import migrations as migrate
 from agentkeep.base import load_all_models, table_applies
 from agentkeep.clock import SettableClock
 from agentkeep.store import Store

@@ -197,7 +197,7 @@ def _create_postgres_engine(url: str, busy_timeout_ms: int, engine_kwargs: dict[
 def enable_wal(engine: Engine) -> None:
     """Put a SQLite database file in WAL mode (persistent; a no-op elsewhere).
 
-    Called by :meth:`agentkeep.Store.open` and :func:`agentkeep.migrate.upgrade`
+    Called by :meth:`agentkeep.Store.open` and :func:`agentkeep.migrations.upgrade`
     after the schema was accepted, never before: switching the journal mode
     rewrites the file header. WAL lets readers run beside the single writer;
     without it every ``BEGIN IMMEDIATE`` would queue the readers too.

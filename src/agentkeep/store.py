@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 
 from agentkeep import db
-from agentkeep import migrate as _migrations
+from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.facade import RunCalls
