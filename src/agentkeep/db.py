@@ -130,12 +130,16 @@ def create_engine(
     if backend == "sqlite":
         sync = synchronous.upper()
         if sync not in _SYNCHRONOUS:
-            raise InvalidInput("synchronous", f"{synchronous!r} is not one of {sorted(_SYNCHRONOUS)}")
+            raise InvalidInput(
+                "synchronous", f"{synchronous!r} is not one of {sorted(_SYNCHRONOUS)}"
+            )
         return _create_sqlite_engine(url, busy_timeout_ms, sync, engine_kwargs)
     if backend == "postgresql":
         if u.drivername == "postgresql":
             u = u.set(drivername="postgresql+psycopg")
-        return _create_postgres_engine(u.render_as_string(hide_password=False), busy_timeout_ms, engine_kwargs)
+        return _create_postgres_engine(
+            u.render_as_string(hide_password=False), busy_timeout_ms, engine_kwargs
+        )
     raise InvalidInput("url", f"unsupported backend {backend!r}: use sqlite or postgresql")
 
 
@@ -183,7 +187,9 @@ def _create_sqlite_engine(
     return engine
 
 
-def _create_postgres_engine(url: str, busy_timeout_ms: int, engine_kwargs: dict[str, Any]) -> Engine:
+def _create_postgres_engine(
+    url: str, busy_timeout_ms: int, engine_kwargs: dict[str, Any]
+) -> Engine:
     connect_args = dict(engine_kwargs.pop("connect_args", {}))
     options = connect_args.get("options", "")
     connect_args["options"] = f"{options} -c lock_timeout={int(busy_timeout_ms)}".strip()

@@ -111,9 +111,7 @@ class IdParseError(InvalidInput):
         self.id_kind = id_kind
         self.expected = expected
         self.got = got
-        AgentkeepError.__init__(
-            self, f"invalid {id_kind} id `{got}`: expected `{expected}` prefix"
-        )
+        AgentkeepError.__init__(self, f"invalid {id_kind} id `{got}`: expected `{expected}` prefix")
         self.field = f"{id_kind}_id"
 
 

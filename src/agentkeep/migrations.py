@@ -34,7 +34,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
-from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -45,6 +44,7 @@ from sqlalchemy import Connection, Engine, text
 from agentkeep import db
 from agentkeep.base import load_all_models, table_applies
 from agentkeep.errors import SchemaBehind, SchemaError, SchemaNewer
+from alembic import command
 
 __all__ = [
     "VERSION_TABLE",
@@ -324,8 +324,10 @@ def _url_from_context(config: Config) -> str:
     from alembic import context
 
     x = context.get_x_argument(as_dictionary=True)
-    url = x.get("url") or os.environ.get("AGENTKEEP_DATABASE_URL") or config.get_main_option(
-        "sqlalchemy.url"
+    url = (
+        x.get("url")
+        or os.environ.get("AGENTKEEP_DATABASE_URL")
+        or config.get_main_option("sqlalchemy.url")
     )
     if not url:
         raise SchemaError("no database URL: pass -x url=..., or set AGENTKEEP_DATABASE_URL")
@@ -372,7 +374,11 @@ def run_env() -> None:
             compare_type=True,
             include_object=lambda obj, name, type_, reflected, compare_to: (
                 type_ != "table"
-                or (name in metadata.tables and table_applies(metadata.tables[name], conn.dialect.name))
+                or (
+                    name is not None
+                    and name in metadata.tables
+                    and table_applies(metadata.tables[name], conn.dialect.name)
+                )
             ),
         )
         with context.begin_transaction():

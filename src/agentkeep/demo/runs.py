@@ -35,9 +35,7 @@ __all__ = ["run"]
 _SLOTS = ("planner", "executor", "reviewer")
 
 
-def _worker(
-    url: str, run_ids: list[str], worker: int, ops: int, barrier: Any, out: Any
-) -> None:
+def _worker(url: str, run_ids: list[str], worker: int, ops: int, barrier: Any, out: Any) -> None:
     rng = random.Random(worker * 7919 + 17)
     events: dict[str, Any] = {"won": [], "handback_lost": 0, "gens": [], "steps": [], "ops": 0}
     try:
@@ -52,7 +50,8 @@ def _worker(
                 if store.runs.try_transition(rid, RunStatus.INTERRUPTED, RunStatus.RUNNING):
                     step_id = f"ST-w{worker}-{i}"
                     store.runs.append_step_entry(
-                        rid, StepEntry.basic(step_id, f"w{worker}", "resumed", None, int(time.time()))
+                        rid,
+                        StepEntry.basic(step_id, f"w{worker}", "resumed", None, int(time.time())),
                     )
                     events["won"].append(rid)
                     events["steps"].append((rid, step_id))
@@ -89,9 +88,7 @@ def run(url: str, *, workers: int = 4, ops: int = 200, runs: int = 6) -> Report:
     run_ids = [f"R-demo-{tag}-{n}" for n in range(runs)]
     now = int(time.time())
     for rid in run_ids:
-        store.runs.create(
-            RunRecord.new(rid, f"T-demo-{tag}", now, status=RunStatus.INTERRUPTED)
-        )
+        store.runs.create(RunRecord.new(rid, f"T-demo-{tag}", now, status=RunStatus.INTERRUPTED))
 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(workers)
@@ -156,7 +153,9 @@ def run(url: str, *, workers: int = 4, ops: int = 200, runs: int = 6) -> Report:
     report.check("holders carry distinct generations <= G", holders_ok)
 
     appended = Counter((rid, sid) for ev in results.values() for rid, sid in ev["steps"])
-    stored = Counter((rid, str(e.step_id)) for rid, rec in records.items() for e in rec.step_entries)
+    stored = Counter(
+        (rid, str(e.step_id)) for rid, rec in records.items() for e in rec.step_entries
+    )
     report.check(
         "no step entry lost or duplicated",
         appended == stored and all(n == 1 for n in stored.values()),

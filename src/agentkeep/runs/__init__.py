@@ -10,11 +10,15 @@ The public error names of the spec (§2.10) are re-exported here:
 
 from __future__ import annotations
 
-from agentkeep.errors import AssigneeDescRequired, AssigneeGenerationAhead, AssigneeSlotRequired
+from agentkeep.errors import (
+    AssigneeDescRequired,
+    AssigneeGenerationAhead,
+    AssigneeSlotRequired,
+    RunStoreError,
+)
 from agentkeep.errors import RunCorrupt as Corrupt
 from agentkeep.errors import RunDuplicate as Duplicate
 from agentkeep.errors import RunNotFound as NotFound
-from agentkeep.errors import RunStoreError
 from agentkeep.runs.domain import (
     UNSET,
     Assignee,

@@ -91,8 +91,10 @@ def detect_runs_revision(conn: Connection) -> str | None:
             raise LegacySchemaMismatch(
                 "runs",
                 "none",
-                ["an un-versioned Postgres database already has a runs table; "
-                 "no Postgres database predates agentkeep, so it is not adopted"],
+                [
+                    "an un-versioned Postgres database already has a runs table; "
+                    "no Postgres database predates agentkeep, so it is not adopted"
+                ],
             )
         return None
 

@@ -172,12 +172,17 @@ def _kind(value: object) -> str:
 
 
 def _describe_raw(raw: object) -> str:
-    """Describe a non-text column value as a driver returned it."""
+    """Describe a column value of the wrong storage class, as a driver returned it."""
     if raw is None:
         return "NULL"
     if isinstance(raw, bytes | bytearray | memoryview):
         return "a BLOB"
-    return f"a {type(raw).__name__} ({raw!r})"
+    shown = repr(raw)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    if isinstance(raw, str):
+        return f"text {shown}"
+    return f"a {type(raw).__name__} ({shown})"
 
 
 def _text(raw: object, field: str) -> str:
@@ -343,7 +348,7 @@ def _int_in(v: Any, lo: int, hi: int, key: str, field: str, where: str, kind: st
     if type(v) is int:
         if lo <= v <= hi:
             return v
-        raise CodecError(field, f"{where}.{key}: invalid value: {v} is out of range for {kind}")
+        raise CodecError(field, f"{where}.{key}: invalid value: integer `{v}`, expected {kind}")
     raise CodecError(field, f"{where}.{key}: invalid type: {_kind(v)}, expected {kind}")
 
 
@@ -381,7 +386,10 @@ def encode_status(s: RunStatus) -> str:
     Raises:
         CodecError: ``s`` is not a run status.
     """
-    text = _STATUS_TEXT.get(s)
+    try:
+        text = _STATUS_TEXT.get(s)
+    except TypeError:  # unhashable
+        text = None
     if text is None:
         raise CodecError("status", f"not a run status: {s!r}")
     return text
@@ -491,6 +499,8 @@ def _decode_usage(v: Any, field: str, where: str) -> Usage | None:
     return _build(Usage, {"input_tokens": inp, "output_tokens": out, "total_tokens": total})
 
 
+_STEP_PREFIX: Final = StepId.PREFIX
+_STEP_PREFIX_LEN: Final = len(StepId.PREFIX)
 _STEP_STATS_KEYS: Final = frozenset(
     {
         "binding_digest",
@@ -529,7 +539,7 @@ def _decode_step_entry(o: Any, index: int, dup_seen: bool) -> StepEntry:
         _opt_str(o, "step_ref", f, w)
         _opt_str(o, "status", f, w)
         _req_int(o, "at", 0, U64_MAX, "u64", f, w)
-    if len(sid) > 3 and sid.startswith("ST-") and "\x00" not in sid:
+    if len(sid) > _STEP_PREFIX_LEN and sid.startswith(_STEP_PREFIX) and "\x00" not in sid:
         # The StepId rule, inlined: this loop is the hot path of `get`.
         step_id = _str_new(StepId, sid)
     else:
@@ -834,7 +844,7 @@ def decode_u63(raw: object, field: str) -> int:
     if type(raw) is int:
         if 0 <= raw <= I64_MAX:
             return raw
-        raise CodecError(field, f"invalid value: {raw} is out of range 0..2**63-1")
+        raise CodecError(field, f"invalid value: {raw}, expected an integer in 0..2**63-1")
     raise CodecError(field, f"expected an integer, got {_describe_raw(raw)}")
 
 

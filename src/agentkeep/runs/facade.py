@@ -74,9 +74,7 @@ class RunCalls:
         self, run_id: str, slot: str, op: str, desc: str
     ) -> tuple[int, Assignee | None]:
         """See :meth:`RunRepository.acquire_assignee`."""
-        return self._store.call_write(
-            lambda uow: uow.runs.acquire_assignee(run_id, slot, op, desc)
-        )
+        return self._store.call_write(lambda uow: uow.runs.acquire_assignee(run_id, slot, op, desc))
 
     def vacate_assignee(self, run_id: str, slot: str, expected_gen: int) -> VacateOutcome:
         """See :meth:`RunRepository.vacate_assignee`."""

@@ -124,9 +124,7 @@ _DELETE: Final = text("DELETE FROM runs WHERE id = :id")
 _RUNNING: Final = codec.encode_status(RunStatus.RUNNING)
 
 _T = Run.__table__
-_LIST_COLUMNS: Final = [
-    _T.c[name] for name in (c.strip() for c in _COLUMNS.split(","))
-]
+_LIST_COLUMNS: Final = [_T.c[name] for name in (c.strip() for c in _COLUMNS.split(","))]
 _LIST_CACHE: dict[tuple[bool, bool, bool, bool], Select[Any]] = {}
 
 
@@ -298,7 +296,9 @@ class RunRepository:
         if flt.offset is not None:
             params["offset"] = flt.offset
         stmt = _list_statement(
-            flt.task_id is not None, flt.status is not None, flt.limit is not None,
+            flt.task_id is not None,
+            flt.status is not None,
+            flt.limit is not None,
             flt.offset is not None,
         )
         return [self._row_to_record(r) for r in self._conn.execute(stmt, params).all()]
@@ -315,16 +315,28 @@ class RunRepository:
         run_id = _rid(run_id)
         if not isinstance(entry, StepEntry):
             raise InvalidInput("entry", "must be a StepEntry")
-        self._append(run_id, codec.encode_step_entry(entry), _GET_STEPS, _SET_STEPS,
-                     codec.decode_step_entries, "step_entries")
+        self._append(
+            run_id,
+            codec.encode_step_entry(entry),
+            _GET_STEPS,
+            _SET_STEPS,
+            codec.decode_step_entries,
+            "step_entries",
+        )
 
     def append_degradation(self, run_id: str, entry: DegradationEntry) -> None:
         """Append one degradation entry (spec §3.7); same rules as :meth:`append_step_entry`."""
         run_id = _rid(run_id)
         if not isinstance(entry, DegradationEntry):
             raise InvalidInput("entry", "must be a DegradationEntry")
-        self._append(run_id, codec.encode_degradation(entry), _GET_DEGRADATIONS,
-                     _SET_DEGRADATIONS, codec.decode_degradations, "degradations")
+        self._append(
+            run_id,
+            codec.encode_degradation(entry),
+            _GET_DEGRADATIONS,
+            _SET_DEGRADATIONS,
+            codec.decode_degradations,
+            "degradations",
+        )
 
     def _append(
         self,
@@ -359,7 +371,10 @@ class RunRepository:
         run_id = _rid(run_id)
         encoded = codec.encode_status(RunStatus(status))
         now = self._begin_write(run_id)
-        if self._conn.execute(_SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount != 1:
+        if (
+            self._conn.execute(_SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount
+            != 1
+        ):
             raise RunNotFound(run_id)
 
     def try_transition(self, run_id: str, from_: RunStatus, to: RunStatus) -> bool:
@@ -372,12 +387,10 @@ class RunRepository:
         Of concurrent callers with the same ``from_``, exactly one wins.
         """
         run_id = _rid(run_id)
-        params = {
-            "id": run_id,
-            "from_": codec.encode_status(RunStatus(from_)),
-            "to": codec.encode_status(RunStatus(to)),
-        }
-        params["now"] = self._begin_write(run_id)
+        from_json = codec.encode_status(RunStatus(from_))
+        to_json = codec.encode_status(RunStatus(to))
+        now = self._begin_write(run_id)
+        params = {"id": run_id, "from_": from_json, "to": to_json, "now": now}
         return self._conn.execute(_TRANSITION, params).rowcount == 1
 
     # ------------------------------------------------------------------ assignment slots
