@@ -25,14 +25,15 @@ already is that lock and :func:`lock_aggregate` does nothing.
 from __future__ import annotations
 
 import random
+import re
 import sqlite3
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
@@ -43,8 +44,10 @@ from agentkeep.errors import DatabaseError, StoreBusy
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
     "LockNamespace",
+    "Sql",
     "create_engine",
     "enable_wal",
+    "execute",
     "is_memory_sqlite",
     "is_postgres",
     "is_transient",
@@ -61,6 +64,7 @@ T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT_MS: Final = 30_000
 
 _BEGIN_MODES: Final = frozenset({"DEFERRED", "IMMEDIATE", "EXCLUSIVE"})
+_BEGIN_SQL: Final = {mode: f"BEGIN {mode}" for mode in _BEGIN_MODES}
 _SYNCHRONOUS: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 # RETURNING needs 3.35; ON CONFLICT upsert 3.24.
 _MIN_SQLITE: Final = (3, 35, 0)
@@ -182,7 +186,10 @@ def _create_sqlite_engine(
         mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
         if mode not in _BEGIN_MODES:
             raise ValueError(f"sqlite_begin={mode!r}")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        # Straight to the driver: this runs once per unit of work, on the hot
+        # path; SQLAlchemy wraps a failure (SQLITE_BUSY) as usual.
+        driver: Any = conn.connection.driver_connection
+        driver.execute(_BEGIN_SQL[mode])
 
     return engine
 
@@ -236,9 +243,74 @@ def write_engine(engine: Engine) -> Engine:
 
 
 # --------------------------------------------------------------------------
+# Hot-path statements
+
+
+class Sql:
+    """A statement written once with ``:name`` parameters, rendered once per paramstyle.
+
+    Repositories keep their hot statements as module-level ``Sql`` constants
+    and run them with :func:`execute`, straight on the unit of work's driver
+    connection (inside the same transaction as ``uow.connection`` and
+    ``uow.session``). That skips SQLAlchemy's per-execution result set-up,
+    which costs more than the statement itself on SQLite (design §7).
+    The SQL must be valid on both dialects; it must not contain ``::`` casts
+    or ``%``.
+    """
+
+    __slots__ = ("_rendered", "text")
+
+    _PARAM = re.compile(r"(?<![:\w]):(\w+)")
+
+    def __init__(self, text: str) -> None:
+        if "%" in text or "::" in text:
+            raise ValueError("Sql statements may not contain '%' or '::'")
+        self.text = text
+        self._rendered = {
+            "named": text,
+            "pyformat": self._PARAM.sub(r"%(\1)s", text),
+        }
+
+    def render(self, paramstyle: str) -> str:
+        """The statement in the driver's paramstyle (``named`` or ``pyformat``)."""
+        sql = self._rendered.get(paramstyle)
+        if sql is None:
+            raise ValueError(f"unsupported paramstyle {paramstyle!r}")
+        return sql
+
+    def __repr__(self) -> str:
+        return f"Sql({self.text!r})"
+
+
+def _driver_paramstyle(conn: Connection) -> str:
+    # sqlite3 accepts :name natively, whatever SQLAlchemy's dialect default is.
+    return "named" if conn.dialect.name == "sqlite" else "pyformat"
+
+
+def execute(conn: Connection, stmt: Sql, params: Mapping[str, Any]) -> Any:
+    """Run ``stmt`` on ``conn``'s driver connection; return the DBAPI cursor.
+
+    Use ``cursor.fetchone()`` / ``fetchall()`` for rows (plain tuples) and
+    ``cursor.rowcount`` for UPDATE/DELETE (exact on both drivers; never use it
+    for ``INSERT … ON CONFLICT``, use ``RETURNING``). Driver errors are raised
+    as :class:`~agentkeep.errors.StoreBusy` or
+    :class:`~agentkeep.errors.DatabaseError`.
+
+    ``conn`` must be inside its transaction (a unit of work guarantees it).
+    """
+    driver: Any = conn.connection.driver_connection
+    cur = driver.cursor()
+    try:
+        cur.execute(stmt.render(_driver_paramstyle(conn)), params)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _translate_driver_error(exc) from exc
+    return cur
+
+
+# --------------------------------------------------------------------------
 # The aggregate write lock
 
-_LOCK_SQL: Final = text("SELECT pg_advisory_xact_lock(:ns, :key)")
+_LOCK_SQL: Final = Sql("SELECT pg_advisory_xact_lock(:ns, :key)")
 
 
 def _key_hash(key: str) -> int:
@@ -262,7 +334,7 @@ def lock_aggregate(conn: Connection, namespace: int, key: str) -> None:
         key: the aggregate id.
     """
     if conn.dialect.name == "postgresql":
-        conn.execute(_LOCK_SQL, {"ns": namespace, "key": _key_hash(key)})
+        execute(conn, _LOCK_SQL, {"ns": namespace, "key": _key_hash(key)})
 
 
 @contextmanager
@@ -305,10 +377,14 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def translate_db_error(exc: sa_exc.DBAPIError) -> DatabaseError:
-    """Map a driver error to :class:`StoreBusy` or :class:`DatabaseError`."""
-    prefix = "postgres" if type(exc.orig).__module__.startswith("psycopg") else "sqlite"
-    msg = f"{prefix}: {exc.orig}"
-    return StoreBusy(msg) if is_transient(exc) else DatabaseError(msg)
+    """Map a SQLAlchemy-wrapped driver error to :class:`StoreBusy` or :class:`DatabaseError`."""
+    return _translate_driver_error(exc.orig if exc.orig is not None else exc)
+
+
+def _translate_driver_error(orig: BaseException) -> DatabaseError:
+    prefix = "postgres" if type(orig).__module__.startswith("psycopg") else "sqlite"
+    msg = f"{prefix}: {orig}"
+    return StoreBusy(msg) if is_transient(orig) else DatabaseError(msg)
 
 
 def retry_transient(

@@ -27,10 +27,11 @@ Decoding follows serde_json, strictly:
 * required keys must be present; unknown keys are ignored;
 * integers must be JSON integers (no ``true``, no ``1.0``) inside their Rust
   range; strings must be strings;
-* a key repeated inside a struct object (an entry, an Assignee, a usage
-  object) is refused; a key repeated inside a free JSON value
-  (``adapter_data``, ``result_ref``) or in the ``current`` map keeps the last
-  value, as serde does;
+* a field repeated inside a struct object (an entry, an Assignee, a usage
+  object) is refused; a repeated unknown key of a struct is skipped like any
+  unknown key, and a key repeated inside a free JSON value (``adapter_data``,
+  ``result_ref``) or in the ``current`` map keeps the last value, all as
+  serde does;
 * lone UTF-16 surrogates (raw, or as a ``\\uD8xx`` escape) are refused;
 * a value that is not text where text is stored (a BLOB, an integer) is
   refused; it is never read as empty or absent.
@@ -50,6 +51,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
@@ -146,10 +148,14 @@ def _finite_float(text: str) -> float:
 
 
 class _DupKeys(dict[str, Any]):
-    """A decoded JSON object that repeated a key; values are last-wins."""
+    """A decoded JSON object that repeated a key; values are last-wins.
 
-    __slots__ = ("dup",)
-    dup: str
+    ``dups`` lists the repeated keys in input order. serde refuses a repeated
+    *field* of a struct, but skips repeated unknown keys like any unknown key.
+    """
+
+    __slots__ = ("dups",)
+    dups: list[str]
 
 
 def _kind(value: object) -> str:
@@ -208,6 +214,32 @@ def _contains_surrogate(value: object) -> bool:
     return False
 
 
+_dup_flag = threading.local()
+
+
+def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    _dup_flag.seen = True
+    seen: set[str] = set()
+    marked = _DupKeys(obj)
+    marked.dups = []
+    for key, _ in pairs:
+        if key in seen:
+            marked.dups.append(key)
+        seen.add(key)
+    return marked
+
+
+# Decoders are built once: ``json.loads`` with keyword arguments builds a new
+# decoder on every call, which costs more than parsing a small document.
+_DECODE_PLAIN = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float).decode
+_DECODE_STRUCTS = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_pairs_hook
+).decode
+
+
 def _loads(text: str, field: str, *, structs: bool) -> tuple[Any, bool]:
     """Parse ``text`` strictly.
 
@@ -216,31 +248,13 @@ def _loads(text: str, field: str, *, structs: bool) -> tuple[Any, bool]:
     ``structs`` is set, because only struct objects refuse them.
     """
     dup_seen = False
-
-    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        obj = dict(pairs)
-        if len(obj) != len(pairs):
-            nonlocal dup_seen
-            dup_seen = True
-            seen: set[str] = set()
-            dup = ""
-            for key, _ in pairs:
-                if key in seen:
-                    dup = key
-                    break
-                seen.add(key)
-            marked = _DupKeys(obj)
-            marked.dup = dup
-            return marked
-        return obj
-
     try:
-        value = json.loads(
-            text,
-            parse_constant=_reject_constant,
-            parse_float=_finite_float,
-            object_pairs_hook=pairs_hook if structs else None,
-        )
+        if structs:
+            _dup_flag.seen = False
+            value = _DECODE_STRUCTS(text)
+            dup_seen = _dup_flag.seen
+        else:
+            value = _DECODE_PLAIN(text)
     except RecursionError:
         raise CodecError(field, "JSON nested too deeply") from None
     except ValueError as exc:
@@ -279,6 +293,10 @@ def _dumps(value: object, field: str, *, sort_keys: bool = False) -> str:
 # cost and is verified against ``model_construct`` at import time.
 
 _M = TypeVar("_M", StepEntry, DegradationEntry, Assignee, Usage)
+_STEP_FIELDS: Final = frozenset(StepEntry.model_fields)
+_DEGRADATION_FIELDS: Final = frozenset(DegradationEntry.model_fields)
+_ASSIGNEE_FIELDS: Final = frozenset(Assignee.model_fields)
+_USAGE_FIELDS: Final = frozenset(Usage.model_fields)
 _setattr = object.__setattr__
 _str_new = str.__new__
 
@@ -320,11 +338,15 @@ _build = _pick_builder()
 # Field readers for struct objects (serde semantics)
 
 
-def _obj(value: Any, field: str, where: str) -> dict[str, Any]:
+def _obj(value: Any, field: str, where: str, fields: frozenset[str]) -> dict[str, Any]:
+    """Return ``value`` as a struct object with ``fields``, or raise."""
     if type(value) is dict:
         return value
     if type(value) is _DupKeys:
-        raise CodecError(field, f"{where}: duplicate field `{value.dup}`")
+        for key in value.dups:
+            if key in fields:
+                raise CodecError(field, f"{where}: duplicate field `{key}`")
+        return value
     raise CodecError(field, f"{where}: invalid type: {_kind(value)}, expected an object")
 
 
@@ -486,7 +508,7 @@ def encode_step_entries(es: Sequence[StepEntry]) -> str:
 def _decode_usage(v: Any, field: str, where: str) -> Usage | None:
     if v is None:
         return None
-    o = _obj(v, field, where)
+    o = _obj(v, field, where, _USAGE_FIELDS)
     inp = _opt_int(o, "input_tokens", 0, U64_MAX, "u64", field, where)
     out = _opt_int(o, "output_tokens", 0, U64_MAX, "u64", field, where)
     total = _opt_int(o, "total_tokens", 0, U64_MAX, "u64", field, where)
@@ -520,7 +542,7 @@ _STEP_STATS_KEYS: Final = frozenset(
 def _decode_step_entry(o: Any, index: int, dup_seen: bool) -> StepEntry:
     f = "step_entries"
     if type(o) is not dict:
-        _obj(o, f, f"[{index}]")
+        o = _obj(o, f, f"[{index}]", _STEP_FIELDS)
     get = o.get
     sid = get("step_id")
     step_ref = get("step_ref")
@@ -658,7 +680,7 @@ def encode_degradations(ds: Sequence[DegradationEntry]) -> str:
 def _decode_degradation(value: Any, index: int) -> DegradationEntry:
     f = "degradations"
     w = f"[{index}]"
-    o = _obj(value, f, w)
+    o = _obj(value, f, w, _DEGRADATION_FIELDS)
     return _build(
         DegradationEntry,
         {
@@ -761,21 +783,25 @@ def decode_current(raw: object) -> dict[str, Assignee]:
     result: dict[str, Assignee] = {}
     for slot in sorted(value):
         o = value[slot]
-        if type(o) is dict:
-            op = o.get("op")
-            desc = o.get("desc")
-            gen = o.get("gen")
-            if type(op) is str and type(desc) is str and type(gen) is int and 0 <= gen <= I64_MAX:
-                result[slot] = _build(Assignee, {"op": op, "desc": desc, "gen": gen})
-                continue
-        _assignee_error(o, slot)
+        if type(o) is not dict:
+            o = _obj(o, "current", _slot_where(slot), _ASSIGNEE_FIELDS)
+        op = o.get("op")
+        desc = o.get("desc")
+        gen = o.get("gen")
+        if type(op) is str and type(desc) is str and type(gen) is int and 0 <= gen <= I64_MAX:
+            result[slot] = _build(Assignee, {"op": op, "desc": desc, "gen": gen})
+        else:
+            _assignee_error(o, slot)
     return result
 
 
-def _assignee_error(o: Any, slot: str) -> None:
+def _slot_where(slot: str) -> str:
+    return f"[{json.dumps(slot, ensure_ascii=False)}]"
+
+
+def _assignee_error(o: dict[str, Any], slot: str) -> None:
     f = "current"
-    w = f"[{json.dumps(slot, ensure_ascii=False)}]"
-    o = _obj(o, f, w)
+    w = _slot_where(slot)
     _req_str(o, "op", f, w)
     _req_str(o, "desc", f, w)
     _req_int(o, "gen", 0, I64_MAX, "an integer in 0..2**63-1", f, w)

@@ -31,11 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import Connection, TextClause, bindparam, select, text
-from sqlalchemy.sql import Select
+from sqlalchemy import Connection
 
 from agentkeep.clock import Clock
-from agentkeep.db import LockNamespace, lock_aggregate
+from agentkeep.db import LockNamespace, Sql, execute, lock_aggregate
 from agentkeep.errors import (
     AssigneeDescRequired,
     AssigneeSlotRequired,
@@ -64,7 +63,6 @@ from agentkeep.runs.domain import (
     is_blank_desc,
     validate_assignment_generations,
 )
-from agentkeep.runs.models import Run
 
 __all__ = ["RunRepository"]
 
@@ -86,67 +84,62 @@ _FIELD_COLUMN: Final = {
     "result_ref": "result_ref_json",
 }
 
-_INSERT: Final = text(
+_INSERT: Final = Sql(
     "INSERT INTO runs (id, task_id, status, step_entries_json, degradations_json, "
     "operator_sid, current_json, next_generation, result_ref_json, input_json, "
     "created_at, updated_at) VALUES (:id, :task_id, :status, :steps, :degradations, "
     ":operator_sid, :current, :gen, :result, :input, :created_at, :updated_at) "
     "ON CONFLICT (id) DO NOTHING RETURNING id"
 )
-_GET: Final = text(f"SELECT {_COLUMNS} FROM runs WHERE id = :id")
-_LIST_BY_TASK: Final = text(
+_GET: Final = Sql(f"SELECT {_COLUMNS} FROM runs WHERE id = :id")
+_LIST_BY_TASK: Final = Sql(
     f"SELECT {_COLUMNS} FROM runs WHERE task_id = :task_id ORDER BY created_at ASC, seq ASC"
 )
-_LIST_RUNNING: Final = text(f"SELECT {_COLUMNS} FROM runs WHERE status = :status ORDER BY seq ASC")
-_GET_STEPS: Final = text("SELECT step_entries_json FROM runs WHERE id = :id")
-_GET_DEGRADATIONS: Final = text("SELECT degradations_json FROM runs WHERE id = :id")
-_SET_STEPS: Final = text(
+_LIST_RUNNING: Final = Sql(f"SELECT {_COLUMNS} FROM runs WHERE status = :status ORDER BY seq ASC")
+_GET_STEPS: Final = Sql("SELECT step_entries_json FROM runs WHERE id = :id")
+_GET_DEGRADATIONS: Final = Sql("SELECT degradations_json FROM runs WHERE id = :id")
+_SET_STEPS: Final = Sql(
     "UPDATE runs SET step_entries_json = :new, updated_at = :now "
     "WHERE id = :id AND step_entries_json = :old"
 )
-_SET_DEGRADATIONS: Final = text(
+_SET_DEGRADATIONS: Final = Sql(
     "UPDATE runs SET degradations_json = :new, updated_at = :now "
     "WHERE id = :id AND degradations_json = :old"
 )
-_SET_STATUS: Final = text("UPDATE runs SET status = :status, updated_at = :now WHERE id = :id")
-_TRANSITION: Final = text(
+_SET_STATUS: Final = Sql("UPDATE runs SET status = :status, updated_at = :now WHERE id = :id")
+_TRANSITION: Final = Sql(
     "UPDATE runs SET status = :to, updated_at = :now WHERE id = :id AND status = :from_"
 )
-_GET_SLOTS: Final = text("SELECT current_json, next_generation FROM runs WHERE id = :id")
-_SET_SLOTS: Final = text(
+_GET_SLOTS: Final = Sql("SELECT current_json, next_generation FROM runs WHERE id = :id")
+_SET_SLOTS: Final = Sql(
     "UPDATE runs SET current_json = :current, next_generation = :new_gen, updated_at = :now "
     "WHERE id = :id AND next_generation = :old_gen"
 )
-_SET_RESULT: Final = text("UPDATE runs SET result_ref_json = :v, updated_at = :now WHERE id = :id")
-_SET_INPUT: Final = text("UPDATE runs SET input_json = :v, updated_at = :now WHERE id = :id")
-_DELETE: Final = text("DELETE FROM runs WHERE id = :id")
+_SET_RESULT: Final = Sql("UPDATE runs SET result_ref_json = :v, updated_at = :now WHERE id = :id")
+_SET_INPUT: Final = Sql("UPDATE runs SET input_json = :v, updated_at = :now WHERE id = :id")
+_DELETE: Final = Sql("DELETE FROM runs WHERE id = :id")
 
 _RUNNING: Final = codec.encode_status(RunStatus.RUNNING)
 
-_T = Run.__table__
-_LIST_COLUMNS: Final = [_T.c[name] for name in (c.strip() for c in _COLUMNS.split(","))]
-_LIST_CACHE: dict[tuple[bool, bool, bool, bool], Select[Any]] = {}
+_LIST_CACHE: dict[tuple[bool, bool], Sql] = {}
 
 
-def _list_statement(task: bool, status: bool, limit: bool, offset: bool) -> Select[Any]:
+def _list_statement(task: bool, status: bool) -> Sql:
     """The ``list`` query for one combination of filters (built once, then cached).
 
-    Clauses are added only when given: Postgres rejects a negative LIMIT and
-    cannot type an untyped NULL parameter, so no ``(:p IS NULL OR …)`` trick.
+    Filter clauses are added only when given (no ``(:p IS NULL OR …)``: Postgres
+    cannot type an untyped NULL parameter). LIMIT and OFFSET are always bound;
+    "no cap" binds 2**63-1, which both dialects accept (never a negative LIMIT).
     """
-    key = (task, status, limit, offset)
+    key = (task, status)
     stmt = _LIST_CACHE.get(key)
     if stmt is None:
-        stmt = select(*_LIST_COLUMNS)
-        if task:
-            stmt = stmt.where(_T.c.task_id == bindparam("task_id"))
-        if status:
-            stmt = stmt.where(_T.c.status == bindparam("status"))
-        stmt = stmt.order_by(_T.c.created_at.desc(), _T.c.seq.desc())
-        if limit:
-            stmt = stmt.limit(bindparam("limit", type_=_T.c.seq.type))
-        if offset:
-            stmt = stmt.offset(bindparam("offset", type_=_T.c.seq.type))
+        where = [c for c, on in (("task_id = :task_id", task), ("status = :status", status)) if on]
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        stmt = Sql(
+            f"SELECT {_COLUMNS} FROM runs{clause} "
+            "ORDER BY created_at DESC, seq DESC LIMIT :limit OFFSET :offset"
+        )
         _LIST_CACHE[key] = stmt
     return stmt
 
@@ -249,7 +242,7 @@ class RunRepository:
             "updated_at": codec.check_u63(record.updated_at, "updated_at"),
         }
         self._begin_write(record.id)
-        if self._conn.execute(_INSERT, params).first() is None:
+        if execute(self._conn, _INSERT, params).fetchone() is None:
             raise RunDuplicate(record.id)
 
     def get(self, run_id: str) -> RunRecord:
@@ -260,7 +253,7 @@ class RunRepository:
             RunCorrupt: a stored column does not decode.
         """
         run_id = _rid(run_id)
-        row = self._conn.execute(_GET, {"id": run_id}).first()
+        row = execute(self._conn, _GET, {"id": run_id}).fetchone()
         if row is None:
             raise RunNotFound(run_id)
         return self._row_to_record(row)
@@ -271,12 +264,12 @@ class RunRepository:
         An unknown task gives ``[]``.
         """
         task_id = task_id if type(task_id) is TaskId else TaskId(task_id)
-        rows = self._conn.execute(_LIST_BY_TASK, {"task_id": task_id}).all()
+        rows = execute(self._conn, _LIST_BY_TASK, {"task_id": task_id}).fetchall()
         return [self._row_to_record(r) for r in rows]
 
     def list_running(self) -> list[RunRecord]:
         """Every run whose status is ``running``, in insertion order (§3.14)."""
-        rows = self._conn.execute(_LIST_RUNNING, {"status": _RUNNING}).all()
+        rows = execute(self._conn, _LIST_RUNNING, {"status": _RUNNING}).fetchall()
         return [self._row_to_record(r) for r in rows]
 
     def list(self, flt: RunListFilter | None = None) -> list[RunRecord]:
@@ -286,22 +279,17 @@ class RunRepository:
         offset pagination: pages are not stable under concurrent inserts.
         """
         flt = flt or RunListFilter()
-        params: dict[str, Any] = {}
+        params: dict[str, Any] = {
+            "limit": _MAX_I64 if flt.limit is None else flt.limit,
+            "offset": flt.offset or 0,
+        }
         if flt.task_id is not None:
             params["task_id"] = str(flt.task_id)
         if flt.status is not None:
             params["status"] = codec.encode_status(flt.status)
-        if flt.limit is not None:
-            params["limit"] = flt.limit
-        if flt.offset is not None:
-            params["offset"] = flt.offset
-        stmt = _list_statement(
-            flt.task_id is not None,
-            flt.status is not None,
-            flt.limit is not None,
-            flt.offset is not None,
-        )
-        return [self._row_to_record(r) for r in self._conn.execute(stmt, params).all()]
+        stmt = _list_statement(flt.task_id is not None, flt.status is not None)
+        rows = execute(self._conn, stmt, params).fetchall()
+        return [self._row_to_record(r) for r in rows]
 
     # ------------------------------------------------------------------ appends
 
@@ -342,19 +330,19 @@ class RunRepository:
         self,
         run_id: str,
         item_json: str,
-        read: TextClause,
-        write: TextClause,
+        read: Sql,
+        write: Sql,
         decode: Callable[[object], object],
         field: str,
     ) -> None:
         now = self._begin_write(run_id)
-        row = self._conn.execute(read, {"id": run_id}).first()
+        row = execute(self._conn, read, {"id": run_id}).fetchone()
         if row is None:
             raise RunNotFound(run_id)
         old = row[0]
         self._decode(run_id, lambda: decode(old))
         new = codec.append_json_array(old, item_json)
-        result = self._conn.execute(write, {"id": run_id, "new": new, "now": now, "old": old})
+        result = execute(self._conn, write, {"id": run_id, "new": new, "now": now, "old": old})
         if result.rowcount != 1:
             raise ConcurrentModification(f"run {run_id}: {field} changed under the write lock")
 
@@ -372,7 +360,7 @@ class RunRepository:
         encoded = codec.encode_status(RunStatus(status))
         now = self._begin_write(run_id)
         if (
-            self._conn.execute(_SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount
+            execute(self._conn, _SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount
             != 1
         ):
             raise RunNotFound(run_id)
@@ -391,7 +379,7 @@ class RunRepository:
         to_json = codec.encode_status(RunStatus(to))
         now = self._begin_write(run_id)
         params = {"id": run_id, "from_": from_json, "to": to_json, "now": now}
-        return self._conn.execute(_TRANSITION, params).rowcount == 1
+        return bool(execute(self._conn, _TRANSITION, params).rowcount == 1)
 
     # ------------------------------------------------------------------ assignment slots
 
@@ -468,7 +456,7 @@ class RunRepository:
         return Released(generation=gen + 1, released=held)
 
     def _read_slots(self, run_id: str) -> tuple[dict[str, Assignee], int]:
-        row = self._conn.execute(_GET_SLOTS, {"id": run_id}).first()
+        row = execute(self._conn, _GET_SLOTS, {"id": run_id}).fetchone()
         if row is None:
             raise RunNotFound(run_id)
         return self._decode(
@@ -486,7 +474,7 @@ class RunRepository:
             "old_gen": old_gen,
             "now": now,
         }
-        if self._conn.execute(_SET_SLOTS, params).rowcount != 1:
+        if execute(self._conn, _SET_SLOTS, params).rowcount != 1:
             raise ConcurrentModification(
                 f"run {run_id}: next_generation moved from {old_gen} under the write lock"
             )
@@ -505,7 +493,7 @@ class RunRepository:
         if encoded is None:
             raise InvalidInput("result_ref", "UNSET cannot be stored; pass a JSON value")
         now = self._begin_write(run_id)
-        if self._conn.execute(_SET_RESULT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
+        if execute(self._conn, _SET_RESULT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
             raise RunNotFound(run_id)
 
     def set_input_json(self, run_id: str, value: str) -> None:
@@ -518,7 +506,7 @@ class RunRepository:
         run_id = _rid(run_id)
         encoded = codec.check_text(value, "input_json")
         now = self._begin_write(run_id)
-        if self._conn.execute(_SET_INPUT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
+        if execute(self._conn, _SET_INPUT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
             raise RunNotFound(run_id)
 
     def delete(self, run_id: str) -> None:
@@ -529,7 +517,7 @@ class RunRepository:
         """
         run_id = _rid(run_id)
         self._begin_write(run_id)
-        if self._conn.execute(_DELETE, {"id": run_id}).rowcount != 1:
+        if execute(self._conn, _DELETE, {"id": run_id}).rowcount != 1:
             raise RunNotFound(run_id)
 
 
