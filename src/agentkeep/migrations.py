@@ -207,7 +207,28 @@ def _drift(conn: Connection) -> list[str]:
         conn, include_object=include, compare_type=True, target_metadata=metadata
     )
     diffs = compare_metadata(ctx, metadata)
-    return [_describe(d) for d in diffs]
+    return [_describe(d) for d in diffs if not _legacy_pk_nullability(d, dialect, metadata)]
+
+
+def _legacy_pk_nullability(diff: Any, dialect: str, metadata: Any) -> bool:
+    """True for "primary key column reported nullable" on SQLite.
+
+    A rowid table declared ``id TEXT PRIMARY KEY`` (as the original stores
+    did) reports ``notnull=0`` for ``id``; an adopted file keeps that
+    declaration, and rebuilding a shared table to add NOT NULL is not worth its
+    risk. Our writes never store a NULL key; a foreign NULL key reads as a
+    corrupt id.
+    """
+    if dialect != "sqlite" or not isinstance(diff, list):
+        return False
+    if not all(isinstance(d, tuple) and d[0] == "modify_nullable" for d in diff):
+        return False
+    for d in diff:
+        table = metadata.tables.get(d[2])
+        column = table.c.get(d[3]) if table is not None else None
+        if column is None or not column.primary_key:
+            return False
+    return True
 
 
 def _describe(diff: Any) -> str:

@@ -751,10 +751,11 @@ def encode_current(m: Mapping[str, Assignee]) -> str | None:
     """
     if not m:
         return None
-    out: dict[str, dict[str, Any]] = {}
-    for slot in sorted(m):
+    for slot in m:
         if not isinstance(slot, str):
             raise CodecError("current", f"slot {slot!r} is not a string")
+    out: dict[str, dict[str, Any]] = {}
+    for slot in sorted(m):
         a = m[slot]
         out[slot] = {"op": a.op, "desc": a.desc, "gen": a.gen}
     return _dumps(out, "current")

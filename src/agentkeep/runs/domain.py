@@ -560,7 +560,8 @@ class RunRecord(BaseModel):
     """One Run row (§2.9).
 
     ``current`` is a plain ``dict`` kept in sorted key order; treat it as
-    read-only (the model is frozen, its mapping is not deep-frozen).
+    read-only (the model is frozen, its mapping is not deep-frozen, and so a
+    record is not hashable).
     ``result_ref`` is a JSON value, or :data:`UNSET` when no result was set;
     JSON null (``None``) is a result. ``input_json`` is opaque text, stored
     verbatim (``""`` is distinct from None).
