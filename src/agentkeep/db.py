@@ -52,6 +52,7 @@ __all__ = [
     "is_postgres",
     "is_transient",
     "lock_aggregate",
+    "read_engine",
     "retry_transient",
     "savepoint",
     "translate_db_error",
@@ -187,9 +188,13 @@ def _create_sqlite_engine(
         if mode not in _BEGIN_MODES:
             raise ValueError(f"sqlite_begin={mode!r}")
         # Straight to the driver: this runs once per unit of work, on the hot
-        # path; SQLAlchemy wraps a failure (SQLITE_BUSY) as usual.
+        # path. SQLAlchemy does not wrap errors raised by a begin hook, so a
+        # busy timeout is translated here (to the retryable StoreBusy).
         driver: Any = conn.connection.driver_connection
-        driver.execute(_BEGIN_SQL[mode])
+        try:
+            driver.execute(_BEGIN_SQL[mode])
+        except sqlite3.Error as exc:
+            raise _translate_driver_error(exc) from exc
 
     return engine
 
@@ -230,6 +235,20 @@ def enable_wal(engine: Engine) -> None:
             cur.close()
     finally:
         raw.close()
+
+
+def read_engine(engine: Engine) -> Engine:
+    """The same engine (shared pool) whose transactions are consistent read snapshots.
+
+    On SQLite a deferred ``BEGIN`` already reads one WAL snapshot, so the
+    engine is returned as is. On Postgres, READ COMMITTED would give each
+    SELECT its own snapshot; read units run ``REPEATABLE READ READ ONLY``
+    instead (spec/README.md decision 5). Pooled connections return to READ
+    COMMITTED for write units.
+    """
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+    return engine
 
 
 def write_engine(engine: Engine) -> Engine:

@@ -55,6 +55,7 @@ class Store:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
         self._write_engine = db.write_engine(engine)
+        self._read_engine = db.read_engine(engine)
         self._retry_attempts = retry_attempts
         self._mutex: Callable[[], AbstractContextManager[Any]]
         if memory:
@@ -129,7 +130,7 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[UnitOfWork]:
         """A read unit of work: one consistent snapshot; write operations are refused."""
-        with self._unit(self.engine, writable=False) as uow:
+        with self._unit(self._read_engine, writable=False) as uow:
             yield uow
 
     @contextmanager

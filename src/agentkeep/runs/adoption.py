@@ -118,7 +118,7 @@ def detect_runs_revision(conn: Connection) -> str | None:
 
     best: tuple[int, str, list[str]] | None = None
     for name, revision, shape in SHAPES:
-        diffs = _compare(live, shape)
+        score, diffs = _compare(live, shape)
         if not diffs and index_problem is None:
             if not _has_index(conn):
                 conn.execute(
@@ -127,13 +127,16 @@ def detect_runs_revision(conn: Connection) -> str | None:
             return revision
         if index_problem is not None:
             diffs = [*diffs, index_problem]
-        if best is None or len(diffs) < best[0]:
-            best = (len(diffs), name, diffs)
+        # Closest = fewest differing columns and attributes; ties go to the
+        # newer shape (SHAPES is newest first).
+        if best is None or score < best[0]:
+            best = (score, name, diffs)
     assert best is not None
     raise LegacySchemaMismatch("runs", best[1], best[2])
 
 
-def _compare(live: dict[str, tuple[_Col, int]], shape: dict[str, _Col]) -> list[str]:
+def _compare(live: dict[str, tuple[_Col, int]], shape: dict[str, _Col]) -> tuple[int, list[str]]:
+    """Differences from ``shape``: (score = differing columns + attributes, lines)."""
     diffs: list[str] = []
     missing = sorted(set(shape) - set(live))
     extra = sorted(set(live) - set(shape))
@@ -155,7 +158,8 @@ def _compare(live: dict[str, tuple[_Col, int]], shape: dict[str, _Col]) -> list[
             diffs.append(f"{col}: default {got.default} instead of {want.default}")
         if (pk > 0) != (col == "id"):
             diffs.append(f"{col}: {'part of' if pk else 'not'} the primary key")
-    return diffs
+    attribute_diffs = len(diffs) - bool(missing) - bool(extra)
+    return len(missing) + len(extra) + attribute_diffs, diffs
 
 
 def _has_index(conn: Connection) -> bool:

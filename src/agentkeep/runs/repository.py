@@ -226,24 +226,34 @@ class RunRepository:
                 above 2**63-1, a result that is not JSON).
             RunDuplicate: a run with this id exists; nothing was written.
         """
+        if not isinstance(record, RunRecord):
+            raise InvalidInput("record", f"expected a RunRecord, got {type(record).__name__}")
         validate_assignment_generations(record.current, record.next_generation)
-        params = {
-            "id": codec.check_text(record.id, "id"),
-            "task_id": codec.check_text(record.task_id, "task_id"),
-            "status": codec.encode_status(record.status),
-            "steps": codec.encode_step_entries(record.step_entries),
-            "degradations": codec.encode_degradations(record.degradations),
-            "operator_sid": _opt_text(record.operator_sid, "operator_sid"),
-            "current": codec.encode_current(record.current),
-            "gen": codec.check_u63(record.next_generation, "next_generation"),
-            "result": _encode_result(record.result_ref),
-            "input": _opt_text(record.input_json, "input_json"),
-            "created_at": codec.check_u63(record.created_at, "created_at"),
-            "updated_at": codec.check_u63(record.updated_at, "updated_at"),
-        }
-        self._begin_write(record.id)
+        run_id = _rid(record.id)
+        try:
+            params = {
+                "id": run_id,
+                "task_id": record.task_id
+                if type(record.task_id) is TaskId
+                else TaskId(record.task_id),
+                "status": _encode_status(record.status, "status"),
+                "steps": codec.encode_step_entries(record.step_entries),
+                "degradations": codec.encode_degradations(record.degradations),
+                "operator_sid": _opt_text(record.operator_sid, "operator_sid"),
+                "current": codec.encode_current(record.current),
+                "gen": codec.check_u63(record.next_generation, "next_generation"),
+                "result": _encode_result(record.result_ref),
+                "input": _opt_text(record.input_json, "input_json"),
+                "created_at": codec.check_u63(record.created_at, "created_at"),
+                "updated_at": codec.check_u63(record.updated_at, "updated_at"),
+            }
+        except CodecError as exc:
+            raise InvalidInput(exc.field, exc.detail) from exc
+        for slot in record.current:
+            codec.check_text(slot, "slot")
+        self._begin_write(run_id)
         if execute(self._conn, _INSERT, params).fetchone() is None:
-            raise RunDuplicate(record.id)
+            raise RunDuplicate(run_id)
 
     def get(self, run_id: str) -> RunRecord:
         """Return the run (spec §3.4).
@@ -278,7 +288,10 @@ class RunRepository:
         ``limit=None`` means no cap, ``offset=None`` means 0 (§3.15). Plain
         offset pagination: pages are not stable under concurrent inserts.
         """
-        flt = flt or RunListFilter()
+        if flt is None:
+            flt = RunListFilter()
+        elif not isinstance(flt, RunListFilter):
+            raise InvalidInput("filter", f"expected a RunListFilter, got {type(flt).__name__}")
         params: dict[str, Any] = {
             "limit": _MAX_I64 if flt.limit is None else flt.limit,
             "offset": flt.offset or 0,
@@ -357,7 +370,7 @@ class RunRepository:
             RunNotFound: no such run.
         """
         run_id = _rid(run_id)
-        encoded = codec.encode_status(RunStatus(status))
+        encoded = _encode_status(status, "status")
         now = self._begin_write(run_id)
         if (
             execute(self._conn, _SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount
@@ -375,8 +388,8 @@ class RunRepository:
         Of concurrent callers with the same ``from_``, exactly one wins.
         """
         run_id = _rid(run_id)
-        from_json = codec.encode_status(RunStatus(from_))
-        to_json = codec.encode_status(RunStatus(to))
+        from_json = _encode_status(from_, "from_")
+        to_json = _encode_status(to, "to")
         now = self._begin_write(run_id)
         params = {"id": run_id, "from_": from_json, "to": to_json, "now": now}
         return bool(execute(self._conn, _TRANSITION, params).rowcount == 1)
@@ -409,8 +422,9 @@ class RunRepository:
             raise AssigneeSlotRequired()
         if not isinstance(desc, str) or is_blank_desc(desc):
             raise AssigneeDescRequired()
-        if not isinstance(op, str):
-            raise InvalidInput("op", "must be a string")
+        codec.check_text(slot, "slot")
+        codec.check_text(op, "op")
+        codec.check_text(desc, "desc")
         now = self._begin_write(run_id)
         current, gen = self._read_slots(run_id)
         if gen >= _MAX_I64:
@@ -519,6 +533,14 @@ class RunRepository:
         self._begin_write(run_id)
         if execute(self._conn, _DELETE, {"id": run_id}).rowcount != 1:
             raise RunNotFound(run_id)
+
+
+def _encode_status(value: object, field: str) -> str:
+    """Encode a status argument; anything that is not a RunStatus value is InvalidInput."""
+    try:
+        return codec.encode_status(RunStatus(value))  # type: ignore[arg-type]
+    except ValueError:
+        raise InvalidInput(field, f"{value!r} is not a run status") from None
 
 
 def _rid(run_id: str) -> str:
