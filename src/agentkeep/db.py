@@ -47,7 +47,7 @@ __all__ = [
     "Sql",
     "create_engine",
     "enable_wal",
-    "execute",
+    "Driver",
     "is_memory_sqlite",
     "is_postgres",
     "is_transient",
@@ -301,29 +301,74 @@ class Sql:
         return f"Sql({self.text!r})"
 
 
-def _driver_paramstyle(conn: Connection) -> str:
-    # sqlite3 accepts :name natively, whatever SQLAlchemy's dialect default is.
-    return "named" if conn.dialect.name == "sqlite" else "pyformat"
+_READ_SNAPSHOT_PG: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
-def execute(conn: Connection, stmt: Sql, params: Mapping[str, Any]) -> Any:
-    """Run ``stmt`` on ``conn``'s driver connection; return the DBAPI cursor.
+class Driver:
+    """A unit of work's driver (DBAPI) connection, as repositories use it.
 
-    Use ``cursor.fetchone()`` / ``fetchall()`` for rows (plain tuples) and
-    ``cursor.rowcount`` for UPDATE/DELETE (exact on both drivers; never use it
-    for ``INSERT … ON CONFLICT``, use ``RETURNING``). Driver errors are raised
-    as :class:`~agentkeep.errors.StoreBusy` or
-    :class:`~agentkeep.errors.DatabaseError`.
+    Repositories run their :class:`Sql` constants through :meth:`execute`,
+    inside the unit's transaction: on SQLite that is the ``BEGIN IMMEDIATE``
+    (or deferred ``BEGIN``) the unit opened; on Postgres the driver's implicit
+    transaction. Driver errors come out as :class:`~agentkeep.errors.StoreBusy`
+    (retryable) or :class:`~agentkeep.errors.DatabaseError`.
 
-    ``conn`` must be inside its transaction (a unit of work guarantees it).
+    Attributes:
+        raw: the DBAPI connection (``sqlite3.Connection`` or ``psycopg.Connection``).
+        postgres: True on Postgres.
     """
-    driver: Any = conn.connection.driver_connection
-    cur = driver.cursor()
-    try:
-        cur.execute(stmt.render(_driver_paramstyle(conn)), params)
-    except conn.dialect.loaded_dbapi.Error as exc:
-        raise _translate_driver_error(exc) from exc
-    return cur
+
+    __slots__ = ("_error", "_style", "postgres", "raw")
+
+    def __init__(self, raw: Any, dialect_name: str, error: type[BaseException]) -> None:
+        self.raw = raw
+        self.postgres = dialect_name == "postgresql"
+        # sqlite3 takes :name natively; psycopg takes %(name)s.
+        self._style = "pyformat" if self.postgres else "named"
+        self._error = error
+
+    @classmethod
+    def of(cls, conn: Connection) -> Driver:
+        """The driver connection under a SQLAlchemy connection (inside its transaction)."""
+        return cls(
+            conn.connection.driver_connection, conn.dialect.name, conn.dialect.loaded_dbapi.Error
+        )
+
+    def execute(self, stmt: Sql, params: Mapping[str, Any]) -> Any:
+        """Run ``stmt``; return the DBAPI cursor.
+
+        Use ``fetchone()`` / ``fetchall()`` for rows (plain tuples) and
+        ``rowcount`` for UPDATE/DELETE (exact on both drivers; never for
+        ``INSERT … ON CONFLICT``: use ``RETURNING``).
+        """
+        cur = self.raw.cursor()
+        try:
+            cur.execute(stmt.render(self._style), params)
+        except self._error as exc:
+            raise _translate_driver_error(exc) from exc
+        return cur
+
+    def begin(self, *, write: bool) -> None:
+        """Open the unit's transaction (lean one-call units; see :func:`one_call_unit`)."""
+        try:
+            if self.postgres:
+                if not write:  # one consistent snapshot for every SELECT of a read unit
+                    self.raw.execute(_READ_SNAPSHOT_PG)
+            else:
+                self.raw.execute(_BEGIN_SQL["IMMEDIATE" if write else "DEFERRED"])
+        except self._error as exc:
+            raise _translate_driver_error(exc) from exc
+
+    def commit(self) -> None:
+        """Commit the unit's transaction."""
+        try:
+            self.raw.commit()
+        except self._error as exc:
+            raise _translate_driver_error(exc) from exc
+
+    def rollback(self) -> None:
+        """Roll the unit's transaction back (errors while rolling back are not masked)."""
+        self.raw.rollback()
 
 
 # --------------------------------------------------------------------------
@@ -337,7 +382,7 @@ def _key_hash(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) - 0x8000_0000
 
 
-def lock_aggregate(conn: Connection, namespace: int, key: str) -> None:
+def lock_aggregate(driver: Driver, namespace: int, key: str) -> None:
     """Take the write lock of one aggregate for the rest of the transaction.
 
     Every write operation calls this before its first read (spec/README.md
@@ -348,12 +393,12 @@ def lock_aggregate(conn: Connection, namespace: int, key: str) -> None:
     not exist yet. Two keys may hash alike; that only serialises them.
 
     Args:
-        conn: the unit of work's connection, inside its transaction.
+        driver: the unit of work's driver connection, inside its transaction.
         namespace: a :class:`LockNamespace` constant.
         key: the aggregate id.
     """
-    if conn.dialect.name == "postgresql":
-        execute(conn, _LOCK_SQL, {"ns": namespace, "key": _key_hash(key)})
+    if driver.postgres:
+        driver.execute(_LOCK_SQL, {"ns": namespace, "key": _key_hash(key)})
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.facade import RunCalls
-from agentkeep.unit_of_work import UnitOfWork
+from agentkeep.unit_of_work import Repositories, UnitOfWork
 
 __all__ = ["Store"]
 
@@ -56,6 +56,8 @@ class Store:
         self.clock: Clock = clock or SystemClock()
         self._write_engine = db.write_engine(engine)
         self._read_engine = db.read_engine(engine)
+        self._dialect = engine.dialect.name
+        self._dbapi_error: type[BaseException] = engine.dialect.loaded_dbapi.Error
         self._retry_attempts = retry_attempts
         self._mutex: Callable[[], AbstractContextManager[Any]]
         if memory:
@@ -161,23 +163,43 @@ class Store:
             finally:
                 conn.close()
 
-    def call_write(self, fn: Callable[[UnitOfWork], T]) -> T:
-        """Run ``fn`` in its own write unit, retrying the unit on transient errors."""
+    def call_write(self, fn: Callable[[Repositories], T]) -> T:
+        """Run ``fn`` in its own lean write unit, retrying the unit on transient errors.
 
-        def attempt() -> T:
-            with self.write() as uow:
-                return fn(uow)
+        The unit is a pooled driver connection whose transaction is opened
+        (``BEGIN IMMEDIATE`` on SQLite) and committed directly; ``fn`` gets its
+        repositories. Every one-call operation (``store.runs.<op>``) goes
+        through here.
 
-        return db.retry_transient(attempt, attempts=self._retry_attempts)
+        Raises:
+            StoreBusy: every attempt met a busy/serialisation error.
+        """
+        return db.retry_transient(lambda: self._lean(fn, write=True), attempts=self._retry_attempts)
 
-    def call_read(self, fn: Callable[[UnitOfWork], T]) -> T:
-        """Run ``fn`` in its own read unit, retrying it on transient errors."""
+    def call_read(self, fn: Callable[[Repositories], T]) -> T:
+        """Run ``fn`` in its own lean read unit (one snapshot), retried like :meth:`call_write`."""
+        return db.retry_transient(
+            lambda: self._lean(fn, write=False), attempts=self._retry_attempts
+        )
 
-        def attempt() -> T:
-            with self.read() as uow:
-                return fn(uow)
-
-        return db.retry_transient(attempt, attempts=self._retry_attempts)
+    def _lean(self, fn: Callable[[Repositories], T], *, write: bool) -> T:
+        with self._mutex():
+            try:
+                pooled = self.engine.raw_connection()
+            except sa_exc.DBAPIError as exc:
+                raise db.translate_db_error(exc) from exc
+            try:
+                driver = db.Driver(pooled.driver_connection, self._dialect, self._dbapi_error)
+                driver.begin(write=write)
+                try:
+                    result = fn(Repositories(driver, self.clock, writable=write))
+                    driver.commit()
+                except BaseException:
+                    driver.rollback()
+                    raise
+                return result
+            finally:
+                pooled.close()
 
     # ------------------------------------------------------------------ lifetime
 

@@ -1,16 +1,23 @@
-"""Units of work: one transaction, its connection, and the repositories bound to it.
+"""Units of work: one transaction and the repositories bound to it.
 
-A write unit (``store.write()``) begins with ``BEGIN IMMEDIATE`` on SQLite and
-READ COMMITTED on Postgres; a read unit (``store.read()``) with a deferred
-``BEGIN`` (one consistent snapshot for every SELECT in it). The unit commits
-when its block exits normally and rolls back when it raises, so an error
-raised from a write operation leaves nothing of the unit behind.
+Two kinds, one set of repositories (so one implementation of every fence):
 
-``uow.session`` is an ORM :class:`~sqlalchemy.orm.Session` joined to the same
-transaction: a host application adds its own ORM rows through it and they
-commit (or roll back) atomically with agentkeep's writes. It is created on
-first use only; agentkeep's own repositories execute Core statements on
-``uow.connection`` and never go through the ORM flush.
+* :class:`UnitOfWork` (``store.write()`` / ``store.read()``) holds a
+  SQLAlchemy :class:`~sqlalchemy.Connection` in its transaction and, on first
+  use, an ORM :class:`~sqlalchemy.orm.Session` joined to it: a host
+  application adds its own ORM rows through ``uow.session`` and they commit or
+  roll back atomically with agentkeep's writes.
+* :class:`Repositories` alone is the lean unit of a one-call operation
+  (``store.runs.get(...)``): a pooled driver connection with its transaction
+  opened and closed directly, without building a SQLAlchemy ``Connection``
+  (that machinery costs more than the statement on SQLite; design §7).
+
+A write unit begins with ``BEGIN IMMEDIATE`` on SQLite and READ COMMITTED on
+Postgres (each write operation then takes its aggregate's advisory lock); a
+read unit with a deferred ``BEGIN`` on SQLite and ``REPEATABLE READ READ
+ONLY`` on Postgres, so every SELECT in it sees one snapshot. A unit commits
+when its block exits normally and rolls back when it raises: an error raised
+from a write operation leaves nothing of the unit behind.
 """
 
 from __future__ import annotations
@@ -19,28 +26,51 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from agentkeep.clock import Clock
+from agentkeep.db import Driver
 from agentkeep.runs.repository import RunRepository
 
-__all__ = ["UnitOfWork"]
+__all__ = ["Repositories", "UnitOfWork"]
 
 
-class UnitOfWork:
-    """One transaction and the repositories bound to it.
+class Repositories:
+    """The repositories of one transaction.
+
+    Attributes:
+        driver: the driver connection, inside the unit's transaction.
+        clock: the store's clock.
+        writable: False for a read unit (write operations then raise
+            :class:`~agentkeep.errors.ReadOnlyUnitOfWork`).
+    """
+
+    __slots__ = ("_runs", "clock", "driver", "writable")
+
+    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+        self.driver = driver
+        self.clock = clock
+        self.writable = writable
+        self._runs: RunRepository | None = None
+
+    @property
+    def runs(self) -> RunRepository:
+        """The run store's operations in this unit."""
+        if self._runs is None:
+            self._runs = RunRepository(self.driver, self.clock, writable=self.writable)
+        return self._runs
+
+
+class UnitOfWork(Repositories):
+    """A unit of work opened by ``store.write()`` or ``store.read()``.
 
     Attributes:
         connection: the SQLAlchemy connection, inside the unit's transaction.
-        clock: the store's clock.
-        writable: False for a read unit.
     """
 
-    __slots__ = ("_runs", "_session", "clock", "connection", "writable")
+    __slots__ = ("_session", "connection")
 
     def __init__(self, connection: Connection, clock: Clock, *, writable: bool) -> None:
+        super().__init__(Driver.of(connection), clock, writable=writable)
         self.connection = connection
-        self.clock = clock
-        self.writable = writable
         self._session: Session | None = None
-        self._runs: RunRepository | None = None
 
     @property
     def session(self) -> Session:
@@ -57,13 +87,6 @@ class UnitOfWork:
                 expire_on_commit=False,
             )
         return self._session
-
-    @property
-    def runs(self) -> RunRepository:
-        """The run store's operations in this unit."""
-        if self._runs is None:
-            self._runs = RunRepository(self.connection, self.clock, writable=self.writable)
-        return self._runs
 
     def _flush(self) -> None:
         """Flush the host's ORM changes before the transaction commits."""

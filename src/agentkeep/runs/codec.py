@@ -73,6 +73,7 @@ from agentkeep.runs.domain import (
 )
 
 __all__ = [
+    "build_model",
     "CodecError",
     "append_json_array",
     "check_text",
@@ -332,6 +333,15 @@ def _pick_builder() -> Callable[[type[_M], dict[str, Any]], _M]:
 
 
 _build = _pick_builder()
+
+
+def build_model(cls: type[Any], values: dict[str, Any]) -> Any:
+    """Build a frozen model from values that were already validated, without a second pydantic pass.
+
+    Equivalent to ``cls.model_construct(**values)`` (checked once at import),
+    about 4x cheaper. ``values`` must hold every field, in declaration order.
+    """
+    return _build(cls, values)
 
 
 # --------------------------------------------------------------------------

@@ -31,10 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import Connection
-
 from agentkeep.clock import Clock
-from agentkeep.db import LockNamespace, Sql, execute, lock_aggregate
+from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
 from agentkeep.errors import (
     AssigneeDescRequired,
     AssigneeSlotRequired,
@@ -148,14 +146,14 @@ class RunRepository:
     """Run store operations inside one unit of work.
 
     Args:
-        conn: the unit of work's connection (in its transaction).
+        driver: the unit of work's driver connection (in its transaction).
         clock: the time source; ``updated_at = clock.now_ms() // 1000``.
         writable: False inside ``store.read()``: write methods then raise
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
     """
 
-    def __init__(self, conn: Connection, clock: Clock, *, writable: bool) -> None:
-        self._conn = conn
+    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+        self._db = driver
         self._clock = clock
         self._writable = writable
 
@@ -165,7 +163,7 @@ class RunRepository:
         """Take the ``run:<id>`` lock; return ``now`` in Unix seconds, sampled after it."""
         if not self._writable:
             raise ReadOnlyUnitOfWork("run store writes need store.write(), not store.read()")
-        lock_aggregate(self._conn, LockNamespace.RUN, run_id)
+        lock_aggregate(self._db, LockNamespace.RUN, run_id)
         return self._clock.now_ms() // 1000
 
     def _decode(self, run_id: str, fn: Callable[[], T]) -> T:
@@ -194,19 +192,22 @@ class RunRepository:
         except CodecError as exc:
             column = _FIELD_COLUMN.get(exc.field, exc.field)
             raise RunCorrupt(_TABLE, key, column, exc.detail, field=exc.field) from exc
-        return RunRecord.model_construct(
-            id=run_id,
-            task_id=task_id,
-            status=status,
-            step_entries=steps,
-            degradations=degradations,
-            operator_sid=operator_sid,
-            current=current,
-            next_generation=gen,
-            result_ref=result,
-            input_json=input_json,
-            created_at=created_at,
-            updated_at=updated_at,
+        return codec.build_model(  # type: ignore[no-any-return]
+            RunRecord,
+            {
+                "id": run_id,
+                "task_id": task_id,
+                "status": status,
+                "step_entries": steps,
+                "degradations": degradations,
+                "operator_sid": operator_sid,
+                "current": current,
+                "next_generation": gen,
+                "result_ref": result,
+                "input_json": input_json,
+                "created_at": created_at,
+                "updated_at": updated_at,
+            },
         )
 
     # ------------------------------------------------------------------ create / read
@@ -252,7 +253,7 @@ class RunRepository:
         for slot in record.current:
             codec.check_text(slot, "slot")
         self._begin_write(run_id)
-        if execute(self._conn, _INSERT, params).fetchone() is None:
+        if self._db.execute(_INSERT, params).fetchone() is None:
             raise RunDuplicate(run_id)
 
     def get(self, run_id: str) -> RunRecord:
@@ -263,7 +264,7 @@ class RunRepository:
             RunCorrupt: a stored column does not decode.
         """
         run_id = _rid(run_id)
-        row = execute(self._conn, _GET, {"id": run_id}).fetchone()
+        row = self._db.execute(_GET, {"id": run_id}).fetchone()
         if row is None:
             raise RunNotFound(run_id)
         return self._row_to_record(row)
@@ -274,12 +275,12 @@ class RunRepository:
         An unknown task gives ``[]``.
         """
         task_id = task_id if type(task_id) is TaskId else TaskId(task_id)
-        rows = execute(self._conn, _LIST_BY_TASK, {"task_id": task_id}).fetchall()
+        rows = self._db.execute(_LIST_BY_TASK, {"task_id": task_id}).fetchall()
         return [self._row_to_record(r) for r in rows]
 
     def list_running(self) -> list[RunRecord]:
         """Every run whose status is ``running``, in insertion order (§3.14)."""
-        rows = execute(self._conn, _LIST_RUNNING, {"status": _RUNNING}).fetchall()
+        rows = self._db.execute(_LIST_RUNNING, {"status": _RUNNING}).fetchall()
         return [self._row_to_record(r) for r in rows]
 
     def list(self, flt: RunListFilter | None = None) -> list[RunRecord]:
@@ -301,7 +302,7 @@ class RunRepository:
         if flt.status is not None:
             params["status"] = codec.encode_status(flt.status)
         stmt = _list_statement(flt.task_id is not None, flt.status is not None)
-        rows = execute(self._conn, stmt, params).fetchall()
+        rows = self._db.execute(stmt, params).fetchall()
         return [self._row_to_record(r) for r in rows]
 
     # ------------------------------------------------------------------ appends
@@ -349,13 +350,13 @@ class RunRepository:
         field: str,
     ) -> None:
         now = self._begin_write(run_id)
-        row = execute(self._conn, read, {"id": run_id}).fetchone()
+        row = self._db.execute(read, {"id": run_id}).fetchone()
         if row is None:
             raise RunNotFound(run_id)
         old = row[0]
         self._decode(run_id, lambda: decode(old))
         new = codec.append_json_array(old, item_json)
-        result = execute(self._conn, write, {"id": run_id, "new": new, "now": now, "old": old})
+        result = self._db.execute(write, {"id": run_id, "new": new, "now": now, "old": old})
         if result.rowcount != 1:
             raise ConcurrentModification(f"run {run_id}: {field} changed under the write lock")
 
@@ -373,7 +374,7 @@ class RunRepository:
         encoded = _encode_status(status, "status")
         now = self._begin_write(run_id)
         if (
-            execute(self._conn, _SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount
+            self._db.execute(_SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount
             != 1
         ):
             raise RunNotFound(run_id)
@@ -392,7 +393,7 @@ class RunRepository:
         to_json = _encode_status(to, "to")
         now = self._begin_write(run_id)
         params = {"id": run_id, "from_": from_json, "to": to_json, "now": now}
-        return bool(execute(self._conn, _TRANSITION, params).rowcount == 1)
+        return bool(self._db.execute(_TRANSITION, params).rowcount == 1)
 
     # ------------------------------------------------------------------ assignment slots
 
@@ -470,7 +471,7 @@ class RunRepository:
         return Released(generation=gen + 1, released=held)
 
     def _read_slots(self, run_id: str) -> tuple[dict[str, Assignee], int]:
-        row = execute(self._conn, _GET_SLOTS, {"id": run_id}).fetchone()
+        row = self._db.execute(_GET_SLOTS, {"id": run_id}).fetchone()
         if row is None:
             raise RunNotFound(run_id)
         return self._decode(
@@ -488,7 +489,7 @@ class RunRepository:
             "old_gen": old_gen,
             "now": now,
         }
-        if execute(self._conn, _SET_SLOTS, params).rowcount != 1:
+        if self._db.execute(_SET_SLOTS, params).rowcount != 1:
             raise ConcurrentModification(
                 f"run {run_id}: next_generation moved from {old_gen} under the write lock"
             )
@@ -507,7 +508,7 @@ class RunRepository:
         if encoded is None:
             raise InvalidInput("result_ref", "UNSET cannot be stored; pass a JSON value")
         now = self._begin_write(run_id)
-        if execute(self._conn, _SET_RESULT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
+        if self._db.execute(_SET_RESULT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
             raise RunNotFound(run_id)
 
     def set_input_json(self, run_id: str, value: str) -> None:
@@ -520,7 +521,7 @@ class RunRepository:
         run_id = _rid(run_id)
         encoded = codec.check_text(value, "input_json")
         now = self._begin_write(run_id)
-        if execute(self._conn, _SET_INPUT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
+        if self._db.execute(_SET_INPUT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
             raise RunNotFound(run_id)
 
     def delete(self, run_id: str) -> None:
@@ -531,7 +532,7 @@ class RunRepository:
         """
         run_id = _rid(run_id)
         self._begin_write(run_id)
-        if execute(self._conn, _DELETE, {"id": run_id}).rowcount != 1:
+        if self._db.execute(_DELETE, {"id": run_id}).rowcount != 1:
             raise RunNotFound(run_id)
 
 
