@@ -32,21 +32,7 @@ from agentkeep.runs.domain import (
     Usage,
 )
 
-DIGEST = "sha256:" + "0123456789abcdef" * 4
-SLOT_A = "phase-a-op"
-SLOT_B = "phase-b-op"
-
-
-def mk_degradation(tool: str, at: int) -> DegradationEntry:
-    return DegradationEntry(
-        tool=tool,
-        error="boom",
-        fallback="cached-default",
-        note=None,
-        step_ref="worker",
-        attempt=1,
-        at=at,
-    )
+from .support import DIGEST, SLOT_A, SLOT_B, mk_degradation
 
 
 def full_entry() -> StepEntry:

@@ -37,10 +37,7 @@ from agentkeep.runs.domain import (
     validate_assignment_generations,
 )
 
-DIGEST = "sha256:" + "0123456789abcdef" * 4
-SLOT_A = "phase-a-op"
-SLOT_B = "phase-b-op"
-
+from .support import DIGEST, SLOT_A, SLOT_B
 
 # --------------------------------------------------------------------------
 # Ids (§2.1, §5.6)

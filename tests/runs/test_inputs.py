@@ -18,7 +18,6 @@ from typing import Any
 
 import pydantic
 import pytest
-from sqlalchemy import text
 
 from agentkeep.clock import SettableClock
 from agentkeep.errors import (
@@ -46,18 +45,9 @@ from agentkeep.runs.domain import (
 )
 from agentkeep.store import Store
 
-SLOT_A = "phase-a-op"
+from .support import SLOT_A, mk, raw_rows
+
 MAX = 2**63 - 1
-
-
-def mk(run_id: str, task_id: str = "T-1", created_at: int = 100, **kw: Any) -> RunRecord:
-    return RunRecord.new(run_id, task_id, created_at, **kw)
-
-
-def raw_rows(store: Store) -> list[dict[str, Any]]:
-    with store.read() as uow:
-        rows = uow.connection.execute(text("SELECT * FROM runs ORDER BY id")).mappings().all()
-    return [dict(r) for r in rows]
 
 
 # ---------------------------------------------------------------------- §5.6 ids

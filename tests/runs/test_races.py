@@ -37,13 +37,14 @@ from agentkeep.runs.domain import (
 )
 from agentkeep.store import Store
 
+from .support import SLOT_A
+
 N_PROCS = 4  # the process pool size and the parties of its barrier (2 cores)
 N_THREADS = 8
 BARRIER_TIMEOUT_S = 30.0
 JOIN_TIMEOUT_S = 90.0
 T0_MS = 1_700_000_000_000
 T0_S = T0_MS // 1000
-SLOT_A = "phase-a-op"
 
 Outcome = tuple[Any, ...]  # ("ok", value) or ("err", exception class name, message)
 

@@ -29,35 +29,14 @@ from agentkeep.migrations import current as migrate_current
 from agentkeep.runs.domain import (
     UNSET,
     Assignee,
-    DegradationEntry,
     Released,
-    RunRecord,
     RunStatus,
     Stale,
     StepEntry,
 )
 from agentkeep.store import Store
 
-SLOT_A = "phase-a-op"
-SLOT_B = "phase-b-op"
-
-
-def mk(run_id: str, task_id: str = "T-1", created_at: int = 100, **kw: object) -> RunRecord:
-    """The spec fixture ``mk(id, task_id, created_at)`` (§2.9)."""
-    return RunRecord.new(run_id, task_id, created_at, **kw)
-
-
-def mk_degradation(tool: str, at: int) -> DegradationEntry:
-    """The spec fixture ``mk_degradation(tool, at)`` (§2.4)."""
-    return DegradationEntry(
-        tool=tool,
-        error="boom",
-        fallback="cached-default",
-        note=None,
-        step_ref="worker",
-        attempt=1,
-        at=at,
-    )
+from .support import SLOT_A, SLOT_B, mk, mk_degradation
 
 
 def raw_exec(url: str, sql: str, **params: object) -> None:

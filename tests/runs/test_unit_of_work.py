@@ -33,24 +33,14 @@ from agentkeep.runs.domain import (
     Assignee,
     DegradationEntry,
     RunListFilter,
-    RunRecord,
     RunStatus,
     StepEntry,
 )
 from agentkeep.store import Store
 
-SLOT_A = "phase-a-op"
+from .support import SLOT_A, mk, raw_rows
+
 NOW_MS = 1_800_000_000_000
-
-
-def mk(run_id: str, task_id: str = "T-1", created_at: int = 100, **kw: Any) -> RunRecord:
-    return RunRecord.new(run_id, task_id, created_at, **kw)
-
-
-def raw_rows(store: Store) -> list[dict[str, Any]]:
-    with store.read() as uow:
-        rows = uow.connection.execute(text("SELECT * FROM runs ORDER BY id")).mappings().all()
-    return [dict(r) for r in rows]
 
 
 class Boom(Exception):

@@ -22,18 +22,12 @@ from agentkeep.runs.domain import (
     DegradationEntry,
     Released,
     RunListFilter,
-    RunRecord,
     RunStatus,
     StepEntry,
 )
 from agentkeep.store import Store
 
-SLOT_A = "phase-a-op"
-SLOT_B = "phase-b-op"
-
-
-def mk(run_id: str, task_id: str = "T-1", created_at: int = 100, **kw: Any) -> RunRecord:
-    return RunRecord.new(run_id, task_id, created_at, **kw)
+from .support import SLOT_A, SLOT_B, mk
 
 
 def raw(store: Store, sql: str, **params: Any) -> None:

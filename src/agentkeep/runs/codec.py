@@ -69,6 +69,7 @@ from agentkeep.runs.domain import (
     StepEntry,
     StepId,
     Usage,
+    check_u63,
     json_value_problem,
 )
 
@@ -894,25 +895,6 @@ def decode_text_or_none(raw: object, field: str) -> str | None:
     if raw is None or type(raw) is str:
         return raw
     raise CodecError(field, f"expected text or NULL, got {_describe_raw(raw)}")
-
-
-def check_u63(value: int, field: str) -> int:
-    """Check an integer argument for a ``BIGINT`` column: ``0..2**63-1``.
-
-    Returns:
-        ``value``.
-
-    Raises:
-        InvalidInput: (field ``field``) not an ``int`` (``bool`` included),
-            negative, or above ``2**63-1``.
-    """
-    if type(value) is not int:
-        raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
-    if value < 0:
-        raise InvalidInput(field, f"must not be negative, got {value}")
-    if value > I64_MAX:
-        raise InvalidInput(field, f"must be at most 2**63-1, got {value}")
-    return value
 
 
 def check_text(value: str, field: str) -> str:

@@ -64,6 +64,7 @@ from pydantic_core import core_schema
 from agentkeep.errors import AssigneeGenerationAhead, IdParseError, InvalidInput
 
 __all__ = [
+    "check_u63",
     "I64_MAX",
     "I64_MIN",
     "JSON_MAX_DEPTH",
@@ -495,7 +496,16 @@ UNSET: Final = Unset()
 # RunListFilter (§2.8)
 
 
-def _u63_input(value: object, field: str) -> int:
+def check_u63(value: object, field: str) -> int:
+    """Check an integer argument for a ``BIGINT`` column: ``0..2**63-1``.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        InvalidInput: (field ``field``) not an ``int`` (``bool`` included),
+            negative, or above ``2**63-1``.
+    """
     if type(value) is not int:
         raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
     if value < 0:
@@ -543,9 +553,9 @@ class RunListFilter(BaseModel):
             except ValueError:
                 raise InvalidInput("status", f"unknown run status {status!r}") from None
         if limit is not None:
-            _u63_input(limit, "limit")
+            check_u63(limit, "limit")
         if offset is not None:
-            _u63_input(offset, "offset")
+            check_u63(offset, "offset")
         try:
             super().__init__(task_id=task_id, status=status, limit=limit, offset=offset)
         except ValidationError as exc:  # pragma: no cover - pre-checked above
