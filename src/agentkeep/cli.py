@@ -59,7 +59,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     url = _url(args.url)
     if is_memory_sqlite(url):
-        print("agentkeep demo: worker processes need a shared database; use a file or Postgres URL")
+        print(
+            "agentkeep demo: worker processes need a shared database; use a file or Postgres URL",
+            file=sys.stderr,
+        )
         return 2
     return 0 if run_all(url, workers=args.workers, ops=args.ops) else 1
 

@@ -98,6 +98,8 @@ class Store:
             SchemaNewer: the database was written by a newer agentkeep.
             LegacySchemaMismatch: (``migrate=True``) legacy tables of unknown shape.
         """
+        if retry_attempts < 1:  # before anything touches the database
+            raise InvalidInput("retry_attempts", "must be >= 1")
         memory = db.is_memory_sqlite(url)
         engine = db.create_engine(
             url, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous, **engine_kwargs
