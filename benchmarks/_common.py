@@ -10,10 +10,12 @@ something else.
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import shutil
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -228,3 +230,15 @@ def print_table(
                 for i, (c, w) in enumerate(zip(r, widths, strict=True))
             )
         )
+
+
+def timed(loop: Callable[[int, int], None], start: int, n: int) -> float:
+    """Seconds taken by ``loop(start, n)``, with the garbage collector paused."""
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        loop(start, n)
+        return time.perf_counter() - t0
+    finally:
+        gc.enable()

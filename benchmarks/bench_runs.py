@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import io
 import json
 import platform
@@ -68,6 +67,7 @@ from _common import (  # noqa: E402
     seed_sqlite,
     seed_status,
     table_rows,
+    timed,
 )
 from sqlalchemy import event, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
@@ -330,17 +330,6 @@ VARIANTS = ("one-call", "in-uow", "raw", "raw-1txn")
 # Timing
 
 
-def _timed(loop: Callable[[int, int], None], start: int, n: int) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        loop(start, n)
-        return time.perf_counter() - t0
-    finally:
-        gc.enable()
-
-
 class Plan:
     def __init__(self, n: int, rounds: int, warmup: int) -> None:
         self.n = n
@@ -460,7 +449,7 @@ def run_interleaved(variants: list[Variant], plan: Plan) -> dict[str, float]:
         start = plan.warmup + r * plan.n
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for v in order:
-            best[v.name] = min(best[v.name], _timed(v.loop, start, plan.n))
+            best[v.name] = min(best[v.name], timed(v.loop, start, plan.n))
     return {name: plan.n / t for name, t in best.items()}
 
 
@@ -691,7 +680,7 @@ def _best_us(fn: Callable[[], Any], plan: Plan) -> float:
             fn()
 
     loop(0, plan.warmup)
-    return min(_timed(loop, 0, plan.n) for _ in range(plan.rounds)) / plan.n * 1e6
+    return min(timed(loop, 0, plan.n) for _ in range(plan.rounds)) / plan.n * 1e6
 
 
 def run_layers(seeded: Path, workdir: Path, plan: Plan) -> None:

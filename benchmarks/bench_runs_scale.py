@@ -23,7 +23,6 @@ table or sorts in a temporary B-tree (an index is missing or unusable).
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import sqlite3
 import sys
@@ -49,23 +48,13 @@ from _common import (  # noqa: E402
     seed_rows,
     seed_status,
     seed_task,
+    timed,
 )
 
 from agentkeep import RunListFilter, RunStatus, Store  # noqa: E402
 
 PER_TASK = 5
 FLAT_RATIO = 2.0  # a cost ratio above this between the sizes is reported as not flat
-
-
-def _timed(loop: Callable[[int, int], None], start: int, n: int) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        loop(start, n)
-        return time.perf_counter() - t0
-    finally:
-        gc.enable()
 
 
 class Workload:
@@ -276,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 for r in range(args.rounds):
                     start = args.warmup + r * args.n
                     for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-                        best[key] = min(best[key], _timed(loops[key], start, args.n))
+                        best[key] = min(best[key], timed(loops[key], start, args.n))
                 results[name] = {key: best[key] / args.n * 1e6 for key in keys}
         finally:
             for st in stores.values():

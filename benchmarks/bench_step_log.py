@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 from agentkeep import RunRecord, StepEntry, Store
+from agentkeep.db import Sql
+
+_LEN = Sql("SELECT length(step_entries_json) FROM runs WHERE id = :id")
 
 
 def _per_call_us(fn: object, n: int) -> float:
@@ -54,7 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from agentkeep.db import Sql
-
-    _LEN = Sql("SELECT length(step_entries_json) FROM runs WHERE id = :id")
     main()
