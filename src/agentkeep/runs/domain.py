@@ -44,7 +44,6 @@ accepts any seeded desc, §3.3), and slot-name emptiness in a record.
 from __future__ import annotations
 
 import enum
-import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -61,6 +60,7 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
+from agentkeep.columns import JSON_MAX_DEPTH, json_value_problem
 from agentkeep.errors import AssigneeGenerationAhead, IdParseError, InvalidInput
 
 __all__ = [
@@ -99,7 +99,6 @@ U64_MAX: Final = 2**64 - 1
 I64_MIN: Final = -(2**63)
 I64_MAX: Final = 2**63 - 1
 
-JSON_MAX_DEPTH: Final = 128
 """Deepest nesting of arrays/objects accepted in a JSON value (serde_json's limit)."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -249,59 +248,6 @@ BindingDigest = Annotated[str, Strict(), Field(pattern=r"^sha256:[0-9a-f]{64}$")
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-def json_value_problem(value: object) -> str | None:
-    """Say why ``value`` is not a storable JSON value, or return None if it is.
-
-    A storable JSON value is ``None``, ``bool``, ``int``, a finite ``float``,
-    ``str``, a ``list`` or ``tuple`` of JSON values, or a ``dict`` with ``str``
-    keys and JSON values, nested at most :data:`JSON_MAX_DEPTH` deep. Strings
-    and keys must not contain lone UTF-16 surrogates (they cannot be stored as
-    UTF-8).
-
-    Args:
-        value: the candidate value.
-
-    Returns:
-        None when the value is acceptable, else a short description of the
-        first problem found.
-    """
-    return _json_problem(value, 0)
-
-
-def _json_problem(value: object, depth: int) -> str | None:
-    if value is None or value is True or value is False:
-        return None
-    if isinstance(value, str):
-        if not value.isascii() and _SURROGATE.search(value):
-            return "a string contains a lone UTF-16 surrogate"
-        return None
-    if isinstance(value, int):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
-    if isinstance(value, list | tuple):
-        if depth >= JSON_MAX_DEPTH:
-            return f"nested deeper than {JSON_MAX_DEPTH} levels"
-        for item in value:
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    if isinstance(value, dict):
-        if depth >= JSON_MAX_DEPTH:
-            return f"nested deeper than {JSON_MAX_DEPTH} levels"
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"object key {key!r} is not a string"
-            if not key.isascii() and _SURROGATE.search(key):
-                return "an object key contains a lone UTF-16 surrogate"
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    return f"{type(value).__name__} is not a JSON type"
-
-
 # --------------------------------------------------------------------------
 # Trace entries (§2.3, §2.4)
 
@@ -350,7 +296,7 @@ class StepEntry(BaseModel):
     @field_validator("adapter_data")
     @classmethod
     def _adapter_data_is_json(cls, value: Any) -> Any:
-        problem = _json_problem(value, 0)
+        problem = json_value_problem(value)
         if problem is not None:
             raise ValueError(f"adapter_data is not a JSON value: {problem}")
         return value
@@ -611,7 +557,7 @@ class RunRecord(BaseModel):
     def _result_ref_is_json(cls, value: Any) -> Any:
         if value is UNSET:
             return value
-        problem = _json_problem(value, 0)
+        problem = json_value_problem(value)
         if problem is not None:
             raise ValueError(f"result_ref is not a JSON value: {problem}")
         return value
