@@ -24,6 +24,7 @@ already is that lock and :func:`lock_aggregate` does nothing.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import sqlite3
@@ -301,6 +302,7 @@ class Sql:
         return f"Sql({self.text!r})"
 
 
+_SAVEPOINTS = itertools.count(1)
 _READ_SNAPSHOT_PG: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
@@ -369,6 +371,31 @@ class Driver:
     def rollback(self) -> None:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
         self.raw.rollback()
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Run a block that may roll back only its own work (SAVEPOINT on both dialects).
+
+        When the block raises, its writes are rolled back to the savepoint and
+        the exception propagates; the rest of the unit of work is untouched.
+        A repository that decides "lost the race → None" raises a private
+        exception inside the block and turns it into its return value outside.
+        """
+        name = f"ak_sp_{next(_SAVEPOINTS)}"
+        self._plain(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self._plain(f"ROLLBACK TO SAVEPOINT {name}")
+            self._plain(f"RELEASE SAVEPOINT {name}")
+            raise
+        self._plain(f"RELEASE SAVEPOINT {name}")
+
+    def _plain(self, sql: str) -> None:
+        try:
+            self.raw.execute(sql)
+        except self._error as exc:
+            raise _translate_driver_error(exc) from exc
 
 
 # --------------------------------------------------------------------------

@@ -31,6 +31,9 @@ __all__ = [
     "AssigneeSlotRequired",
     "ConcurrentModification",
     "GenerationOverflow",
+    "PendingTurnInputSourceKeyConflict",
+    "QueuedWorkClaimSuperseded",
+    "QueuedWorkSourceKeyConflict",
     "ReadOnlyUnitOfWork",
     "CorruptData",
     "DatabaseError",
@@ -46,7 +49,12 @@ __all__ = [
     "SchemaBehind",
     "SchemaError",
     "SchemaNewer",
+    "SessionCorrupt",
+    "SessionExecutionLeaseExpired",
+    "SessionStoreError",
     "StoreBusy",
+    "TurnInputClaimSuperseded",
+    "TurnInputDuplicate",
 ]
 
 
@@ -308,3 +316,105 @@ class GenerationOverflow(RunStoreError):
         super().__init__(
             f"run {run_id}: next_generation {next_generation} cannot advance past 2**63-1"
         )
+
+
+# --------------------------------------------------------------------------
+# Session store (spec sessions §2)
+
+
+class SessionStoreError(AgentkeepError):
+    """Base class of every error raised by the session store."""
+
+
+class SessionExecutionLeaseExpired(SessionStoreError):
+    """The presented fence is not the live lease of the session (§0.4 FENCE_OK).
+
+    Raised when the fence names another session, no lease row exists, the
+    owner, token or generation differ, or the lease has expired. Nothing was
+    written; the caller has lost the session and must stop working on it.
+
+    Attributes:
+        session_id: the session.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"session execution lease expired or superseded: {session_id}")
+
+
+class QueuedWorkClaimSuperseded(SessionStoreError):
+    """A queued-work completion does not name exactly the rows its claim still owns.
+
+    Attributes:
+        session_id: the session.
+        claim_id: the claim.
+    """
+
+    def __init__(self, session_id: str, claim_id: str) -> None:
+        self.session_id = session_id
+        self.claim_id = claim_id
+        super().__init__(f"queued-work claim superseded: {session_id} {claim_id}")
+
+
+class TurnInputClaimSuperseded(SessionStoreError):
+    """A turn-input completion does not name exactly the rows its claim still owns.
+
+    Attributes:
+        session_id: the session.
+        claim_id: the claim.
+    """
+
+    def __init__(self, session_id: str, claim_id: str) -> None:
+        self.session_id = session_id
+        self.claim_id = claim_id
+        super().__init__(f"turn-input claim superseded: {session_id} {claim_id}")
+
+
+class PendingTurnInputSourceKeyConflict(SessionStoreError):
+    """A turn input with this source key exists with different content.
+
+    Attributes:
+        session_id: the session.
+        source_key: the idempotency key.
+        existing_input_id: the input already stored under it.
+    """
+
+    def __init__(self, session_id: str, source_key: str, existing_input_id: str) -> None:
+        self.session_id = session_id
+        self.source_key = source_key
+        self.existing_input_id = existing_input_id
+        super().__init__(
+            f"turn input source key {source_key!r} of session {session_id} is already used "
+            f"by {existing_input_id} with different content"
+        )
+
+
+class QueuedWorkSourceKeyConflict(SessionStoreError):
+    """A queued batch with this source key exists with different content.
+
+    Attributes:
+        session_id: the session.
+        source_key: the idempotency key.
+        existing_batch_id: the batch already stored under it.
+    """
+
+    def __init__(self, session_id: str, source_key: str, existing_batch_id: str) -> None:
+        self.session_id = session_id
+        self.source_key = source_key
+        self.existing_batch_id = existing_batch_id
+        super().__init__(
+            f"queued-work source key {source_key!r} of session {session_id} is already used "
+            f"by {existing_batch_id} with different content"
+        )
+
+
+class TurnInputDuplicate(Duplicate, SessionStoreError):
+    """A turn input with this explicit ``input_id`` already exists (in any session)."""
+
+    def __init__(self, input_id: str) -> None:
+        self.input_id = input_id
+        super().__init__("turn input", input_id)
+
+
+class SessionCorrupt(CorruptData, SessionStoreError):
+    """A stored session-store value failed to decode (``decode <column>: …``)."""

@@ -75,8 +75,9 @@ def _adopters() -> dict[str, Adopter]:
     unknown shape.
     """
     from agentkeep.runs.adoption import detect_runs_revision
+    from agentkeep.sessions.adoption import detect_sessions_revision
 
-    return {"runs": detect_runs_revision}
+    return {"runs": detect_runs_revision, "sessions": detect_sessions_revision}
 
 
 # --------------------------------------------------------------------------

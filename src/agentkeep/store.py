@@ -26,6 +26,7 @@ from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.facade import RunCalls
+from agentkeep.sessions.facade import LeaseCalls
 from agentkeep.unit_of_work import Repositories, UnitOfWork
 
 __all__ = ["Store"]
@@ -66,6 +67,7 @@ class Store:
         else:
             self._mutex = nullcontext
         self.runs = RunCalls(self)
+        self.leases = LeaseCalls(self)
 
     @classmethod
     def open(

@@ -28,6 +28,9 @@ from sqlalchemy.orm import Session
 from agentkeep.clock import Clock
 from agentkeep.db import Driver
 from agentkeep.runs.repository import RunRepository
+from agentkeep.sessions.leases import SessionLeaseRepository
+from agentkeep.sessions.queue import QueuedWorkRepository
+from agentkeep.sessions.turn_inputs import TurnInputRepository
 
 __all__ = ["Repositories", "UnitOfWork"]
 
@@ -42,13 +45,16 @@ class Repositories:
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`).
     """
 
-    __slots__ = ("_runs", "clock", "driver", "writable")
+    __slots__ = ("_leases", "_queue", "_runs", "_turn_inputs", "clock", "driver", "writable")
 
     def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
         self.driver = driver
         self.clock = clock
         self.writable = writable
         self._runs: RunRepository | None = None
+        self._leases: SessionLeaseRepository | None = None
+        self._queue: QueuedWorkRepository | None = None
+        self._turn_inputs: TurnInputRepository | None = None
 
     @property
     def runs(self) -> RunRepository:
@@ -56,6 +62,27 @@ class Repositories:
         if self._runs is None:
             self._runs = RunRepository(self.driver, self.clock, writable=self.writable)
         return self._runs
+
+    @property
+    def leases(self) -> SessionLeaseRepository:
+        """Session execution leases in this unit."""
+        if self._leases is None:
+            self._leases = SessionLeaseRepository(self.driver, self.clock, writable=self.writable)
+        return self._leases
+
+    @property
+    def queue(self) -> QueuedWorkRepository:
+        """Queued work of sessions in this unit."""
+        if self._queue is None:
+            self._queue = QueuedWorkRepository(self.driver, self.clock, writable=self.writable)
+        return self._queue
+
+    @property
+    def turn_inputs(self) -> TurnInputRepository:
+        """Pending turn inputs of sessions in this unit."""
+        if self._turn_inputs is None:
+            self._turn_inputs = TurnInputRepository(self.driver, self.clock, writable=self.writable)
+        return self._turn_inputs
 
 
 class UnitOfWork(Repositories):

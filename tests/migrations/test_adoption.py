@@ -86,13 +86,13 @@ def test_legacy_shape_is_adopted(tmp_path: Path, shape: str, order: str, index: 
     expected_rev = L.SHAPES[shape][1]
     assert detected_revision(path, tmp_path / "scratch.db") == expected_rev
 
-    assert migrate.upgrade(url) == ("runs_0006",)
+    assert migrate.upgrade(url) == migrate.head_revisions()
 
-    assert migrate.current(url) == ("runs_0006",)
+    assert migrate.current(url) == migrate.head_revisions()
     assert migrate.check(url) == []
     assert set(L.columns(path)) == HEAD_COLUMNS
     assert index_columns(path, "ix_runs_task_id") == ["task_id", "created_at"]
-    assert L.query(path, f"SELECT version_num FROM {migrate.VERSION_TABLE}") == [("runs_0006",)]
+    assert L.query(path, f"SELECT version_num FROM {migrate.VERSION_TABLE}") == [migrate.head_revisions()]
 
     after = rows_by_id(path)
     assert set(after) == set(before)
@@ -312,7 +312,7 @@ def test_empty_version_table_is_treated_as_unversioned(tmp_path: Path) -> None:
     before = rows_by_id(path)
     assert migrate.current(url_of(path)) == ()
 
-    assert migrate.upgrade(url_of(path)) == ("runs_0006",)
+    assert migrate.upgrade(url_of(path)) == migrate.head_revisions()
 
     assert migrate.check(url_of(path)) == []
     after = rows_by_id(path)
@@ -362,7 +362,7 @@ def test_file_without_runs_gets_runs_created(
 
     entry(url_of(path))
 
-    assert migrate.current(url_of(path)) == ("runs_0006",)
+    assert migrate.current(url_of(path)) == migrate.head_revisions()
     assert migrate.check(url_of(path)) == []
     assert set(L.columns(path)) == HEAD_COLUMNS
     assert L.query(path, "SELECT COUNT(*) FROM runs") == [(0,)]
@@ -388,7 +388,7 @@ def test_opening_a_head_database_twice_is_a_noop(tmp_path: Path) -> None:
     L.assert_unchanged(path, first)
     Store.open(url_of(path)).close()
     L.assert_unchanged(path, first)
-    assert migrate.upgrade(url_of(path)) == ("runs_0006",)
+    assert migrate.upgrade(url_of(path)) == migrate.head_revisions()
     L.assert_unchanged(path, first)
 
 
@@ -442,5 +442,5 @@ def test_failure_after_stamp_rolls_everything_back(
 
     if inject is _fail_verification:  # with the fault gone, the same file adopts cleanly
         monkeypatch.undo()
-        assert migrate.upgrade(url_of(path)) == ("runs_0006",)
+        assert migrate.upgrade(url_of(path)) == migrate.head_revisions()
         assert migrate.check(url_of(path)) == []

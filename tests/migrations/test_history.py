@@ -35,7 +35,14 @@ REV_COLUMNS: dict[str, set[str]] = {
     "runs_0006": {n for n, _ in L.FULL_COLUMNS} | {"seq"},
 }
 
-OUR_TABLES = {"runs", "runs_seq_counter"}
+SESSION_TABLES = {
+    "session_execution_leases",
+    "queued_work_batches",
+    "queued_work_items",
+    "pending_turn_inputs",
+}
+#: Every agentkeep table at head, per backend (runs_seq_counter is SQLite-only).
+OUR_TABLES = {"runs", "runs_seq_counter"} | SESSION_TABLES
 
 
 # ----------------------------------------------------------------------------
@@ -150,7 +157,7 @@ def test_empty_database_upgrades_to_head_without_drift(fresh_url: str, backend: 
     assert migrate.upgrade(fresh_url) == migrate.head_revisions()
     assert migrate.current(fresh_url) == migrate.head_revisions()
     assert migrate.check(fresh_url) == []
-    want = OUR_TABLES if backend == "sqlite" else {"runs"}
+    want = OUR_TABLES if backend == "sqlite" else OUR_TABLES - {"runs_seq_counter"}
     assert tables(fresh_url) == want | {migrate.VERSION_TABLE}
     assert runs_columns(fresh_url) == REV_COLUMNS["runs_0006"]
 
@@ -169,6 +176,7 @@ def test_head_to_base_and_back(fresh_url: str, backend: str) -> None:
         path = sqlite_path(fresh_url)
         assert path is not None
         assert L.names(path) <= {
+            "sqlite_sequence",  # SQLite's own AUTOINCREMENT bookkeeping, never dropped
             migrate.VERSION_TABLE,
             f"sqlite_autoindex_{migrate.VERSION_TABLE}_1",
         }
@@ -188,7 +196,12 @@ def test_step_by_step_up_and_down(fresh_url: str) -> None:
             insert_l0_row(fresh_url, "R-1", 10)
         assert raw(fresh_url, "SELECT id, created_at FROM runs") == [("R-1", 10)]
         seen[rev] = schema(fresh_url)
+    # At the end of the runs chain, the other branches bring the database to head...
+    assert migrate.upgrade(fresh_url) == migrate.head_revisions()
     assert migrate.check(fresh_url) == []
+    # ...and leave again without touching the runs chain.
+    assert migrate.downgrade(fresh_url, "sessions@base") == (CHAIN[-1],)
+    assert schema(fresh_url) == seen[CHAIN[-1]]
     assert raw(fresh_url, "SELECT degradations_json, next_generation FROM runs") == [("[]", 0)]
 
     for rev in reversed(CHAIN[:-1]):

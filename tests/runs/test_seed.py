@@ -26,6 +26,7 @@ from agentkeep.errors import (
     RunNotFound,
 )
 from agentkeep.migrations import current as migrate_current
+from agentkeep.migrations import head_revisions
 from agentkeep.runs.domain import (
     UNSET,
     Assignee,
@@ -470,7 +471,7 @@ def test_legacy_db_without_assignment_columns_migrates(tmp_path: Path) -> None:
         assert got.input_json is None
         gen, previous = store.runs.acquire_assignee("R-old", SLOT_A, "S-a1", "after migration")
         assert (gen, previous) == (1, None)
-    assert migrate_current(url) == ("runs_0006",)
+    assert migrate_current(url) == head_revisions()
     con = sqlite3.connect(path)
     try:
         index_cols = [r[2] for r in con.execute("PRAGMA index_info('ix_runs_task_id')")]

@@ -1,0 +1,239 @@
+"""Wire encodings of the session store's columns, and the row decoders.
+
+One place for every column the lease, queue and turn-input repositories read
+or write: owner columns (§0.2), policies and merge keys (§4.4), payloads,
+ingress (§4.13) and states. Decoders raise
+:class:`~agentkeep.errors.SessionCorrupt` naming the table, key and column;
+the one deliberate exception is owner liveness, which the seed reads as
+``Opaque`` when NULL or undecodable (a corrupt liveness can only make a
+takeover *less* likely), and which is logged once per value.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+from pydantic import TypeAdapter, ValidationError
+
+from agentkeep.columns import canonical_json
+from agentkeep.errors import SessionCorrupt
+from agentkeep.sessions.domain import (
+    DeliveryPolicy,
+    LeaseOwnerIdentity,
+    MergeKey,
+    Opaque,
+    OwnerLiveness,
+    PendingTurnInput,
+    QueuedWorkBatch,
+    QueuedWorkItem,
+    QueuedWorkPayload,
+    SlotPolicy,
+    TurnInputIngress,
+    TurnInputState,
+)
+
+__all__ = [
+    "BATCH_COLUMNS",
+    "loads",
+    "INPUT_COLUMNS",
+    "batch_from_row",
+    "decode_owner",
+    "encode_ingress",
+    "encode_liveness",
+    "encode_merge_key",
+    "encode_payload",
+    "input_from_row",
+]
+
+log = logging.getLogger("agentkeep.sessions")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(text: str) -> Any:
+    """Strict JSON parse: NaN and Infinity are refused (``ValueError``)."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+_LIVENESS: Final = TypeAdapter(OwnerLiveness)
+_INGRESS: Final = TypeAdapter(TurnInputIngress)
+_warned: set[str] = set()
+
+#: Column lists of the row decoders below (positions matter).
+BATCH_COLUMNS: Final = (
+    "enqueue_seq, batch_id, session_id, source_key, delivery_policy, slot_policy, "
+    "merge_key_json, available_at_ms, enqueued_at_ms, claim_id, claim_owner_id, "
+    "claim_owner_incarnation_id, claim_owner_liveness_json, claim_token, "
+    "claim_fencing_token, claim_session_lease_generation"
+)
+INPUT_COLUMNS: Final = (
+    "enqueue_seq, input_id, session_id, source_key, ingress_json, submitted_ingress_json, "
+    "state, input_json, enqueued_at_ms, claim_id, claim_owner_id, claim_owner_incarnation_id, "
+    "claim_owner_liveness_json, claim_token, claim_fencing_token, "
+    "claim_session_lease_generation"
+)
+
+
+# --------------------------------------------------------------------------
+# Owners
+
+
+def encode_liveness(owner: LeaseOwnerIdentity) -> str:
+    """``{"kind":"opaque"}`` or ``{"kind":"local_process",...}``, canonical."""
+    return canonical_json(owner.liveness.model_dump(mode="json"))
+
+
+def _decode_liveness(raw: object) -> Any:
+    if raw is None:
+        return Opaque()
+    try:
+        if not isinstance(raw, str):
+            raise ValueError(f"{type(raw).__name__} instead of text")
+        return _LIVENESS.validate_json(raw)
+    except (ValueError, ValidationError) as exc:
+        key = repr(raw)[:200]
+        if key not in _warned:
+            _warned.add(key)
+            log.warning("undecodable lease owner liveness %s read as opaque: %s", key, exc)
+        return Opaque()
+
+
+def decode_owner(
+    owner_id: object, incarnation_id: object, liveness: object
+) -> LeaseOwnerIdentity | None:
+    """An owner from its three columns (§0.2): NULL id → None; NULL incarnation → the id."""
+    if owner_id is None:
+        return None
+    owner = str(owner_id)
+    return LeaseOwnerIdentity.model_construct(
+        owner_id=owner,
+        incarnation_id=owner if incarnation_id is None else str(incarnation_id),
+        liveness=_decode_liveness(liveness),
+    )
+
+
+# --------------------------------------------------------------------------
+# Queued work
+
+
+def encode_merge_key(key: MergeKey) -> str:
+    """``"never"``, ``"payload_default"`` or ``{"group":"<name>"}``."""
+    return canonical_json(key.wire())
+
+
+def _decode_merge_key(text: str) -> MergeKey:
+    value = loads(text)
+    if value in ("never", "payload_default"):
+        return MergeKey(kind=value)
+    if isinstance(value, dict) and set(value) == {"group"} and isinstance(value["group"], str):
+        return MergeKey(kind="group", group=value["group"])
+    raise ValueError(f"unknown merge key {text!r}")
+
+
+def encode_payload(payload: QueuedWorkPayload) -> str:
+    """``{"body":<json>,"kind":"<kind>"}``, canonical."""
+    return canonical_json({"kind": payload.kind, "body": payload.body})
+
+
+def _decode_payload(text: str) -> QueuedWorkPayload:
+    value = loads(text)
+    if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+        raise ValueError("expected an object with a string kind")
+    return QueuedWorkPayload.model_construct(kind=value["kind"], body=value.get("body"))
+
+
+class _Decoding:
+    """Attribute each decode failure to its column."""
+
+    def __init__(self, table: str, key: str) -> None:
+        self.table = table
+        self.key = key
+
+    def __call__(self, column: str, fn: Any, raw: Any) -> Any:
+        try:
+            return fn(raw)
+        except (ValueError, TypeError, ValidationError) as exc:
+            raise SessionCorrupt(self.table, self.key, column, str(exc)) from None
+
+
+def _text(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise TypeError(f"{type(raw).__name__} instead of text")
+    return raw
+
+
+def batch_from_row(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> QueuedWorkBatch:
+    """A batch from a :data:`BATCH_COLUMNS` row and its (index, item_id, payload_json) rows.
+
+    Raises:
+        SessionCorrupt: a policy, merge key or payload does not decode.
+    """
+    d = _Decoding("queued_work_batches", str(row[1]))
+    items = []
+    for index, item_id, payload in item_rows:
+        d_item = _Decoding("queued_work_items", f"{row[1]}:{index}")
+        items.append(
+            QueuedWorkItem.model_construct(
+                item_index=index,
+                item_id=item_id,
+                payload=d_item("payload_json", lambda t: _decode_payload(_text(t)), payload),
+            )
+        )
+    return QueuedWorkBatch.model_construct(
+        enqueue_seq=row[0],
+        batch_id=row[1],
+        session_id=row[2],
+        source_key=row[3],
+        delivery_policy=d("delivery_policy", DeliveryPolicy, row[4]),
+        slot_policy=d("slot_policy", SlotPolicy, row[5]),
+        merge_key=d("merge_key_json", lambda t: _decode_merge_key(_text(t)), row[6]),
+        available_at_ms=row[7],
+        enqueued_at_ms=row[8],
+        claim_id=row[9],
+        claim_owner=decode_owner(row[10], row[11], row[12]),
+        claim_token=row[13],
+        claim_fencing_token=row[14],
+        claim_session_lease_generation=row[15],
+        items=tuple(items),
+    )
+
+
+# --------------------------------------------------------------------------
+# Turn inputs
+
+
+def encode_ingress(ingress: Any) -> str:
+    """``{"scope":"active_turn","turn_id":…,"min_boundary":…}`` or ``{"scope":"next_turn"}``."""
+    return canonical_json(ingress.model_dump(mode="json"))
+
+
+def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
+    """A turn input from a row of :data:`INPUT_COLUMNS`.
+
+    Raises:
+        SessionCorrupt: the ingress, state or input does not decode.
+    """
+    d = _Decoding("pending_turn_inputs", str(row[1]))
+    return PendingTurnInput.model_construct(
+        enqueue_seq=row[0],
+        input_id=row[1],
+        session_id=row[2],
+        source_key=row[3],
+        ingress=d("ingress_json", lambda t: _INGRESS.validate_json(_text(t)), row[4]),
+        submitted_ingress=d(
+            "submitted_ingress_json", lambda t: _INGRESS.validate_json(_text(t)), row[5]
+        ),
+        state=d("state", TurnInputState, row[6]),
+        input=d("input_json", lambda t: loads(_text(t)), row[7]),
+        enqueued_at_ms=row[8],
+        claim_id=row[9],
+        claim_owner=decode_owner(row[10], row[11], row[12]),
+        claim_token=row[13],
+        claim_fencing_token=row[14],
+        claim_session_lease_generation=row[15],
+    )

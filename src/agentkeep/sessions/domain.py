@@ -1,0 +1,647 @@
+"""Value types of the session store's coordination half (spec sessions §0, §2.5–2.7, §4).
+
+This module owns the immutable values that the lease, queue and turn-input
+repositories take and return, with their wire encodings (the strings and JSON
+shapes stored in the tables), and the pure rules that decide without the
+database: owner identity (:func:`same_incarnation`), the selection functions
+of queued-work claims (§4.1, §4.2), the turn-input ingress rules (§4.13) and
+claim-lease derivation (§4.6).
+
+Conventions:
+
+* Times are epoch milliseconds; counters are integers in ``0..2**63-1`` and
+  saturate there (§0.2).
+* Ids are non-blank strings without NUL (:func:`check_id`).
+* JSON payloads the store only round-trips (queued-work payload bodies, turn
+  inputs) must be JSON values; they are stored as canonical JSON text.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Annotated, Any, Final, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+from agentkeep.columns import json_value_problem
+from agentkeep.errors import InvalidInput
+
+__all__ = [
+    "MAX_I64",
+    "AcquireOutcome",
+    "Acquired",
+    "ActiveTurnIngress",
+    "ActiveTurnMode",
+    "AlreadyCancelled",
+    "AlreadyClaimed",
+    "AlreadyCompleted",
+    "AnchorNotFound",
+    "Busy",
+    "CancelOutcome",
+    "CancelResult",
+    "CancelTarget",
+    "Cancelled",
+    "CheckpointKind",
+    "ClaimBoundary",
+    "ClaimDiagnostics",
+    "DeliveryPolicy",
+    "InputIdTarget",
+    "LeaseFence",
+    "LeaseOwnerIdentity",
+    "LocalProcess",
+    "MergeKey",
+    "MinBoundary",
+    "NextTurnIngress",
+    "NextTurnMode",
+    "NotFoundOutcome",
+    "Opaque",
+    "OwnerLiveness",
+    "PendingTurnInput",
+    "PendingTurnInputDraft",
+    "QueuedWorkBatch",
+    "QueuedWorkClaim",
+    "QueuedWorkClass",
+    "QueuedWorkCompletion",
+    "QueuedWorkDraft",
+    "QueuedWorkItem",
+    "QueuedWorkPayload",
+    "SessionExecutionLease",
+    "SlotPolicy",
+    "SourceKeyTarget",
+    "SuffixCancelResult",
+    "SuffixOutcomes",
+    "TurnInputClaim",
+    "TurnInputClaimMode",
+    "TurnInputCompletion",
+    "TurnInputIngress",
+    "TurnInputState",
+    "check_id",
+    "check_json",
+    "check_ms",
+    "claim_lease_token",
+    "same_incarnation",
+    "saturating_add",
+    "select_leading_session_command",
+    "select_turn_work_claim_prefix",
+]
+
+MAX_I64: Final = 2**63 - 1
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+Ms = Annotated[int, Strict(), Field(ge=0, le=MAX_I64)]
+Text = Annotated[str, Strict()]
+
+
+def saturating_add(a: int, b: int) -> int:
+    """``a + b`` capped at ``2**63-1`` (the largest value a BIGINT holds)."""
+    return min(a + b, MAX_I64)
+
+
+def check_id(value: object, field: str) -> str:
+    """Validate an id argument: a non-blank ``str`` without NUL.
+
+    Raises:
+        InvalidInput: otherwise; nothing is written.
+    """
+    if not isinstance(value, str):
+        raise InvalidInput(field, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInput(field, "must not be blank")
+    if "\x00" in value:
+        raise InvalidInput(field, "contains a NUL character")
+    return value
+
+
+def check_ms(value: object, field: str) -> int:
+    """Validate a time or duration argument in milliseconds: an ``int`` in ``0..2**63-1``."""
+    if type(value) is not int:
+        raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
+    if not 0 <= value <= MAX_I64:
+        raise InvalidInput(field, f"must be in 0..2**63-1, got {value}")
+    return value
+
+
+def check_json(value: object, field: str) -> object:
+    """Validate a JSON value argument (see :func:`agentkeep.columns.json_value_problem`)."""
+    problem = json_value_problem(value)
+    if problem is not None:
+        raise InvalidInput(field, problem)
+    return value
+
+
+# --------------------------------------------------------------------------
+# Lease owners (§0.2, §4.14)
+
+
+class Opaque(BaseModel):
+    """Liveness that cannot be checked: such a holder is never taken over before expiry."""
+
+    model_config = _FROZEN
+    kind: Literal["opaque"] = "opaque"
+
+
+class LocalProcess(BaseModel):
+    """A process on a known host and boot, identified by pid and start time (procfs)."""
+
+    model_config = _FROZEN
+    kind: Literal["local_process"] = "local_process"
+    host_id: Text
+    boot_id: Text
+    pid: Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]
+    process_start: Text
+
+
+OwnerLiveness: TypeAlias = Annotated[Opaque | LocalProcess, Field(discriminator="kind")]
+
+
+class LeaseOwnerIdentity(BaseModel):
+    """Who holds (or claims) a lease: a stable owner id and a per-process incarnation."""
+
+    model_config = _FROZEN
+    owner_id: Text
+    incarnation_id: Text
+    liveness: OwnerLiveness = Field(default_factory=Opaque)
+
+
+def same_incarnation(a: LeaseOwnerIdentity, b: LeaseOwnerIdentity) -> bool:
+    """True when ``a`` and ``b`` are the same owner and incarnation (liveness ignored)."""
+    return a.owner_id == b.owner_id and a.incarnation_id == b.incarnation_id
+
+
+class LeaseFence(BaseModel):
+    """What a fenced operation presents: the session, owner, lease token and generation.
+
+    Every :class:`SessionExecutionLease` is also a fence.
+    """
+
+    model_config = _FROZEN
+    session_id: Text
+    owner: LeaseOwnerIdentity
+    lease_token: Text
+    fencing_token: Ms
+
+
+class SessionExecutionLease(LeaseFence):
+    """A session execution lease as acquired, extended or renewed."""
+
+    claimed_at_epoch_ms: Ms
+    expires_at_epoch_ms: Ms
+
+
+class Acquired(BaseModel):
+    """The caller holds the lease."""
+
+    model_config = _FROZEN
+    lease: SessionExecutionLease
+
+
+class Busy(BaseModel):
+    """Another owner holds a live lease; nothing was written."""
+
+    model_config = _FROZEN
+    holder: SessionExecutionLease
+
+
+AcquireOutcome: TypeAlias = Acquired | Busy
+
+
+# --------------------------------------------------------------------------
+# Queued work (§1.6, §1.7, §4.1–4.6, §4.10)
+
+
+class DeliveryPolicy(enum.StrEnum):
+    """When a batch may be delivered into a turn."""
+
+    EARLIEST_SAFE_BOUNDARY = "earliest_safe_boundary"
+    AFTER_CURRENT_TURN_COMMIT = "after_current_turn_commit"
+
+
+class SlotPolicy(enum.StrEnum):
+    """Whether a batch may share a claim with the batches after it."""
+
+    EXCLUSIVE = "exclusive"
+    JOIN = "join"
+
+
+class MergeKey(BaseModel):
+    """Which Join batches may be claimed together.
+
+    Wire form (``merge_key_json``): ``"never"``, ``"payload_default"`` or
+    ``{"group":"<name>"}``. Equality is structural.
+    """
+
+    model_config = _FROZEN
+    kind: Literal["never", "payload_default", "group"]
+    group: Text | None = None
+
+    @classmethod
+    def never(cls) -> MergeKey:
+        return cls(kind="never")
+
+    @classmethod
+    def payload_default(cls) -> MergeKey:
+        return cls(kind="payload_default")
+
+    @classmethod
+    def of_group(cls, name: str) -> MergeKey:
+        return cls(kind="group", group=name)
+
+    def wire(self) -> object:
+        """The JSON value stored in ``merge_key_json``."""
+        return {"group": self.group} if self.kind == "group" else self.kind
+
+
+class QueuedWorkClass(enum.StrEnum):
+    """The class of a batch, from its payloads (§4.3)."""
+
+    SESSION_COMMAND = "session_command"
+    TURN_WORK = "turn_work"
+
+
+class ClaimBoundary(enum.StrEnum):
+    """Where the claimant is: idle (any policy), or at an active turn's checkpoint."""
+
+    IDLE = "idle"
+    ACTIVE_TURN_CHECKPOINT = "active_turn_checkpoint"
+
+
+class QueuedWorkPayload(BaseModel):
+    """One item of a batch: a kind (``session_command`` or a turn-work kind) and a JSON body.
+
+    Wire form (``payload_json``): ``{"kind":"<kind>","body":<json>}``.
+    """
+
+    model_config = _FROZEN
+    kind: Text
+    body: Any = None
+
+    def work_class(self) -> QueuedWorkClass:
+        """``SESSION_COMMAND`` for kind ``session_command``, else ``TURN_WORK``."""
+        if self.kind == "session_command":
+            return QueuedWorkClass.SESSION_COMMAND
+        return QueuedWorkClass.TURN_WORK
+
+
+class QueuedWorkItem(BaseModel):
+    """A stored payload item of a batch."""
+
+    model_config = _FROZEN
+    item_index: Ms
+    item_id: Text
+    payload: QueuedWorkPayload
+
+
+class QueuedWorkDraft(BaseModel):
+    """What to enqueue: one batch of payloads for a session."""
+
+    model_config = _FROZEN
+    session_id: Text
+    source_key: Text | None = None
+    delivery_policy: DeliveryPolicy = DeliveryPolicy.EARLIEST_SAFE_BOUNDARY
+    slot_policy: SlotPolicy = SlotPolicy.EXCLUSIVE
+    merge_key: MergeKey = Field(default_factory=MergeKey.never)
+    available_at_ms: Ms = 0
+    payloads: tuple[QueuedWorkPayload, ...]
+
+
+class QueuedWorkBatch(BaseModel):
+    """A stored batch with its items and claim columns."""
+
+    model_config = _FROZEN
+    enqueue_seq: Ms
+    batch_id: Text
+    session_id: Text
+    source_key: Text | None
+    delivery_policy: DeliveryPolicy
+    slot_policy: SlotPolicy
+    merge_key: MergeKey
+    available_at_ms: Ms
+    enqueued_at_ms: Ms
+    claim_id: Text | None
+    claim_owner: LeaseOwnerIdentity | None
+    claim_token: Text | None
+    claim_fencing_token: Ms
+    claim_session_lease_generation: Ms
+    items: tuple[QueuedWorkItem, ...]
+
+    def work_class(self) -> QueuedWorkClass | None:
+        """The one class all items share, or None for mixed or empty batches (§4.3)."""
+        classes = {item.payload.work_class() for item in self.items}
+        return classes.pop() if len(classes) == 1 else None
+
+
+class QueuedWorkClaim(BaseModel):
+    """A claim on one or more batches, valid while its session-lease generation is live."""
+
+    model_config = _FROZEN
+    session_id: Text
+    claim_id: Text
+    owner: LeaseOwnerIdentity
+    lease_token: Text
+    fencing_token: Ms
+    session_lease_generation: Ms
+    batches: tuple[QueuedWorkBatch, ...]
+
+    def completion(self) -> QueuedWorkCompletion:
+        """The completion a session commit presents to finish this claim."""
+        return QueuedWorkCompletion(
+            session_id=self.session_id,
+            claim_id=self.claim_id,
+            lease_token=self.lease_token,
+            batch_ids=tuple(b.batch_id for b in self.batches),
+        )
+
+
+class QueuedWorkCompletion(BaseModel):
+    """Finish a queued-work claim: must name exactly the batches the claim owns."""
+
+    model_config = _FROZEN
+    session_id: Text
+    claim_id: Text
+    lease_token: Text
+    batch_ids: tuple[Text, ...]
+
+
+def select_leading_session_command(candidates: list[QueuedWorkBatch]) -> int:
+    """1 if the first claimable ready batch is a session command, else 0 (§4.1).
+
+    Session commands are claimed one at a time, so each goes through its own
+    fenced commit before the next.
+    """
+    if candidates and candidates[0].work_class() is QueuedWorkClass.SESSION_COMMAND:
+        return 1
+    return 0
+
+
+def select_turn_work_claim_prefix(
+    candidates: list[QueuedWorkBatch], boundary: ClaimBoundary, max_batches: int
+) -> int:
+    """How many leading candidates form one admissible turn-work claim (§4.2).
+
+    The head must be turn work (a ready session command at the head blocks
+    turn work); at an active-turn checkpoint the head must be deliverable at
+    the earliest safe boundary; a Join head with a mergeable key (not
+    ``never``) extends over the following Join batches with the same delivery
+    policy and merge key, up to ``max_batches``.
+    """
+    if max_batches <= 0 or not candidates:
+        return 0
+    head = candidates[0]
+    if head.work_class() is not QueuedWorkClass.TURN_WORK:
+        return 0
+    if (
+        boundary is ClaimBoundary.ACTIVE_TURN_CHECKPOINT
+        and head.delivery_policy is not DeliveryPolicy.EARLIEST_SAFE_BOUNDARY
+    ):
+        return 0
+    if head.slot_policy is not SlotPolicy.JOIN or head.merge_key.kind == "never":
+        return 1
+    selected = 1
+    for c in candidates[1:]:
+        if selected >= max_batches:
+            break
+        if (
+            c.work_class() is not QueuedWorkClass.TURN_WORK
+            or c.slot_policy is not SlotPolicy.JOIN
+            or c.delivery_policy is not head.delivery_policy
+            or c.merge_key != head.merge_key
+        ):
+            break
+        selected += 1
+    return selected
+
+
+def claim_lease_token(session_id: str, owner: LeaseOwnerIdentity, claim_id: str, now: int) -> str:
+    """The claim token of §4.6: sha256 hex of ``session:owner:incarnation:claim_id:now``."""
+    seed = f"{session_id}:{owner.owner_id}:{owner.incarnation_id}:{claim_id}:{now}"
+    return hashlib.sha256(seed.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------
+# Turn inputs (§1.8, §2.7, §4.13, §4.15)
+
+
+class TurnInputState(enum.StrEnum):
+    """Lifecycle state of a pending turn input (wire strings of §1.8)."""
+
+    PENDING_ACTIVE = "pending_active"
+    DEFERRED_NEXT_TURN = "deferred_next_turn"
+    ACCEPTED = "accepted"
+    CANCELLED = "cancelled"
+    COMPLETED = "completed"
+
+
+class MinBoundary(enum.StrEnum):
+    """The earliest checkpoint of the active turn at which an input may be delivered."""
+
+    AFTER_WORK = "after_work"
+    BEFORE_COMPLETION = "before_completion"
+
+
+class CheckpointKind(enum.StrEnum):
+    """The checkpoint a claimant of active-turn inputs is at."""
+
+    AFTER_WORK = "after_work"
+    BEFORE_COMPLETION = "before_completion"
+
+
+class ActiveTurnIngress(BaseModel):
+    """Deliver into the named active turn, at or after ``min_boundary``."""
+
+    model_config = _FROZEN
+    scope: Literal["active_turn"] = "active_turn"
+    turn_id: Text
+    min_boundary: MinBoundary = MinBoundary.AFTER_WORK
+
+    def admits_checkpoint(self, checkpoint: CheckpointKind) -> bool:
+        """``after_work`` admits every checkpoint; ``before_completion`` only that one."""
+        return (
+            self.min_boundary is MinBoundary.AFTER_WORK
+            or checkpoint is CheckpointKind.BEFORE_COMPLETION
+        )
+
+
+class NextTurnIngress(BaseModel):
+    """Deliver at the start of the next turn."""
+
+    model_config = _FROZEN
+    scope: Literal["next_turn"] = "next_turn"
+
+    def admits_checkpoint(self, checkpoint: CheckpointKind) -> bool:
+        return False
+
+
+TurnInputIngress: TypeAlias = Annotated[
+    ActiveTurnIngress | NextTurnIngress, Field(discriminator="scope")
+]
+
+
+class PendingTurnInputDraft(BaseModel):
+    """A turn input to enqueue. ``input`` is an opaque JSON value."""
+
+    model_config = _FROZEN
+    session_id: Text
+    input_id: Text | None = None
+    source_key: Text | None = None
+    ingress: TurnInputIngress
+    input: Any
+
+
+class PendingTurnInput(BaseModel):
+    """A stored turn input with its lifecycle state and claim columns.
+
+    ``submitted_ingress`` is the ingress as first submitted; ``ingress`` may
+    later be rewritten (an interrupted turn defers its inputs to the next turn).
+    Source-key idempotency compares against the submitted one.
+    """
+
+    model_config = _FROZEN
+    enqueue_seq: Ms
+    input_id: Text
+    session_id: Text
+    source_key: Text | None
+    ingress: TurnInputIngress
+    submitted_ingress: TurnInputIngress
+    state: TurnInputState
+    input: Any
+    enqueued_at_ms: Ms
+    claim_id: Text | None
+    claim_owner: LeaseOwnerIdentity | None
+    claim_token: Text | None
+    claim_fencing_token: Ms
+    claim_session_lease_generation: Ms
+
+
+class ActiveTurnMode(BaseModel):
+    """Claim ``pending_active`` inputs of ``turn_id`` admitted at ``checkpoint`` (→ accepted)."""
+
+    model_config = _FROZEN
+    kind: Literal["active_turn"] = "active_turn"
+    turn_id: Text
+    checkpoint: CheckpointKind
+
+
+class NextTurnMode(BaseModel):
+    """Claim ``deferred_next_turn`` inputs (ownership only; the state is unchanged)."""
+
+    model_config = _FROZEN
+    kind: Literal["next_turn"] = "next_turn"
+
+
+TurnInputClaimMode: TypeAlias = Annotated[
+    ActiveTurnMode | NextTurnMode, Field(discriminator="kind")
+]
+
+
+class TurnInputClaim(BaseModel):
+    """A claim on turn inputs, valid while its session-lease generation is live."""
+
+    model_config = _FROZEN
+    session_id: Text
+    claim_id: Text
+    owner: LeaseOwnerIdentity
+    lease_token: Text
+    fencing_token: Ms
+    session_lease_generation: Ms
+    mode: TurnInputClaimMode
+    inputs: tuple[PendingTurnInput, ...]
+
+    def completion(self) -> TurnInputCompletion:
+        """The completion a session commit presents to finish this claim."""
+        return TurnInputCompletion(
+            session_id=self.session_id,
+            claim_id=self.claim_id,
+            lease_token=self.lease_token,
+            input_ids=tuple(i.input_id for i in self.inputs),
+        )
+
+
+class TurnInputCompletion(BaseModel):
+    """Finish a turn-input claim: must name exactly the inputs the claim owns."""
+
+    model_config = _FROZEN
+    session_id: Text
+    claim_id: Text
+    lease_token: Text
+    input_ids: tuple[Text, ...]
+
+
+class InputIdTarget(BaseModel):
+    """Address a turn input by its id."""
+
+    model_config = _FROZEN
+    input_id: Text
+
+
+class SourceKeyTarget(BaseModel):
+    """Address a turn input by its source key."""
+
+    model_config = _FROZEN
+    source_key: Text
+
+
+CancelTarget: TypeAlias = InputIdTarget | SourceKeyTarget
+
+
+class ClaimDiagnostics(BaseModel):
+    """Who holds (or held) the claim that blocks a cancel (§4.15)."""
+
+    model_config = _FROZEN
+    state: TurnInputState
+    claim_id: Text | None
+    claim_owner: LeaseOwnerIdentity | None
+    claim_fencing_token: Ms
+    claim_session_lease_generation: Ms
+
+
+class Cancelled(BaseModel):
+    model_config = _FROZEN
+    input: PendingTurnInput
+
+
+class AlreadyCancelled(BaseModel):
+    model_config = _FROZEN
+    input: PendingTurnInput
+
+
+class AlreadyCompleted(BaseModel):
+    model_config = _FROZEN
+    input: PendingTurnInput
+
+
+class AlreadyClaimed(BaseModel):
+    model_config = _FROZEN
+    claim: ClaimDiagnostics | None
+    input: PendingTurnInput
+
+
+class NotFoundOutcome(BaseModel):
+    """No input matched the target."""
+
+    model_config = _FROZEN
+
+
+CancelOutcome: TypeAlias = (
+    Cancelled | AlreadyCancelled | AlreadyCompleted | AlreadyClaimed | NotFoundOutcome
+)
+
+
+class CancelResult(BaseModel):
+    model_config = _FROZEN
+    target: CancelTarget
+    outcome: CancelOutcome
+
+
+class AnchorNotFound(BaseModel):
+    model_config = _FROZEN
+    anchor: CancelTarget
+
+
+class SuffixOutcomes(BaseModel):
+    model_config = _FROZEN
+    anchor: CancelTarget
+    outcomes: tuple[CancelOutcome, ...]
+
+
+SuffixCancelResult: TypeAlias = AnchorNotFound | SuffixOutcomes

@@ -1,0 +1,444 @@
+"""Fenced session execution leases (spec sessions §0.4, §2.5, §3.2).
+
+One lease per session decides who may work on it. Its ``fencing_token`` is
+the session-lease *generation*: it grows by exactly one on every acquisition
+or takeover and never decreases (release keeps it), so a worker that lost the
+lease can be told apart from the one that holds it by a single integer.
+
+Every operation takes the ``session:<id>`` write lock first
+(:func:`agentkeep.db.lock_aggregate`), samples ``now`` once after it, and
+writes with a fenced statement; inside the lock a fence that matches nothing
+is a bug signal (:class:`~agentkeep.errors.ConcurrentModification`).
+
+:func:`ensure_session_execution_lease` is FENCE_OK (§0.4): the one check every
+fenced operation of the session store calls (claims here, commits later).
+
+Outcomes:
+
+* :class:`Acquired` — the caller holds the lease (new, extended, or taken over);
+* :class:`Busy` — another owner holds a live lease; nothing was written;
+* :class:`~agentkeep.errors.SessionExecutionLeaseExpired` — a renew or a
+  fenced operation presented a fence that is not the live lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from agentkeep.clock import Clock
+from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
+from agentkeep.errors import (
+    ConcurrentModification,
+    InvalidInput,
+    ReadOnlyUnitOfWork,
+    SessionCorrupt,
+    SessionExecutionLeaseExpired,
+)
+from agentkeep.sessions.codec import decode_owner, encode_liveness
+from agentkeep.sessions.domain import (
+    Acquired,
+    AcquireOutcome,
+    Busy,
+    LeaseFence,
+    LeaseOwnerIdentity,
+    SessionExecutionLease,
+    check_id,
+    check_ms,
+    same_incarnation,
+    saturating_add,
+)
+from agentkeep.sessions.liveness import (
+    ProcessProbe,
+    is_definitely_dead_for_claimant,
+    procfs_probe,
+)
+
+__all__ = ["SessionLeaseRepository", "begin_session_write", "ensure_session_execution_lease"]
+
+_GET: Final = Sql(
+    "SELECT lease_owner_id, lease_owner_incarnation_id, lease_owner_liveness_json, lease_token, "
+    "lease_fencing_token, lease_claimed_at_ms, lease_expires_at_ms "
+    "FROM session_execution_leases WHERE session_id = :sid"
+)
+# Acquisition (§2.5.1): insert, or overwrite the row whose generation we read.
+_ACQUIRE: Final = Sql(
+    "INSERT INTO session_execution_leases (session_id, lease_owner_id, "
+    "lease_owner_incarnation_id, lease_owner_liveness_json, lease_token, lease_fencing_token, "
+    "lease_claimed_at_ms, lease_expires_at_ms) VALUES (:sid, :owner, :inc, :liveness, :token, "
+    ":fencing, :now, :expires) ON CONFLICT (session_id) DO UPDATE SET "
+    "lease_owner_id = excluded.lease_owner_id, "
+    "lease_owner_incarnation_id = excluded.lease_owner_incarnation_id, "
+    "lease_owner_liveness_json = excluded.lease_owner_liveness_json, "
+    "lease_token = excluded.lease_token, lease_fencing_token = excluded.lease_fencing_token, "
+    "lease_claimed_at_ms = excluded.lease_claimed_at_ms, "
+    "lease_expires_at_ms = excluded.lease_expires_at_ms "
+    "WHERE session_execution_leases.lease_fencing_token = :previous "
+    "RETURNING lease_fencing_token"
+)
+_EXTEND: Final = Sql(
+    "UPDATE session_execution_leases SET lease_expires_at_ms = :expires "
+    "WHERE session_id = :sid AND lease_token = :token AND lease_fencing_token = :fencing"
+)
+_HOLDER_FENCE: Final = (
+    "WHERE session_id = :sid AND lease_owner_id = :owner "
+    "AND COALESCE(lease_owner_incarnation_id, lease_owner_id) = :inc "
+    "AND lease_token = :token AND lease_fencing_token = :fencing"
+)
+_TAKEOVER: Final = Sql(
+    "UPDATE session_execution_leases SET lease_owner_id = :new_owner, "
+    "lease_owner_incarnation_id = :new_inc, lease_owner_liveness_json = :new_liveness, "
+    "lease_token = :new_token, lease_fencing_token = :new_fencing, lease_claimed_at_ms = :now, "
+    "lease_expires_at_ms = :expires " + _HOLDER_FENCE
+)
+_RENEW: Final = Sql(
+    "UPDATE session_execution_leases SET lease_expires_at_ms = :expires " + _HOLDER_FENCE
+)
+_RELEASE: Final = Sql(
+    "UPDATE session_execution_leases SET lease_owner_id = NULL, "
+    "lease_owner_incarnation_id = NULL, lease_owner_liveness_json = NULL, lease_token = NULL, "
+    "lease_claimed_at_ms = 0, lease_expires_at_ms = 0 " + _HOLDER_FENCE
+)
+
+
+# --------------------------------------------------------------------------
+# Shared by every session-store write
+
+
+def begin_session_write(db: Driver, clock: Clock, writable: bool, session_id: str) -> int:
+    """Take the ``session:<id>`` write lock and return ``now`` (ms), sampled after it.
+
+    Raises:
+        ReadOnlyUnitOfWork: inside ``store.read()``.
+    """
+    if not writable:
+        raise ReadOnlyUnitOfWork("session store writes need store.write(), not store.read()")
+    lock_aggregate(db, LockNamespace.SESSION, session_id)
+    return clock.now_ms()
+
+
+class _Row:
+    """A lease row as read (columns of :data:`_GET`)."""
+
+    __slots__ = ("claimed_at", "expires", "fencing", "owner", "token")
+
+    def __init__(self, session_id: str, row: Sequence[Any]) -> None:
+        self.owner = decode_owner(row[0], row[1], row[2])
+        self.token: str | None = row[3]
+        self.fencing: int = row[4]
+        self.claimed_at: int = row[5]
+        self.expires: int = row[6]
+        if type(self.fencing) is not int or self.fencing < 0:
+            raise SessionCorrupt(
+                "session_execution_leases", session_id, "lease_fencing_token", repr(self.fencing)
+            )
+
+    def live(self, now: int) -> bool:
+        """LEASE_LIVE: a token is set and the expiry is strictly after ``now``."""
+        return self.token is not None and self.expires > now
+
+    def holder(self, session_id: str) -> SessionExecutionLease:
+        if self.owner is None or self.token is None:
+            what = "owner" if self.owner is None else "lease token"
+            raise SessionCorrupt(
+                "session_execution_leases",
+                session_id,
+                "lease_owner_id",
+                f"live lease missing {what}",
+            )
+        return SessionExecutionLease.model_construct(
+            session_id=session_id,
+            owner=self.owner,
+            lease_token=self.token,
+            fencing_token=self.fencing,
+            claimed_at_epoch_ms=self.claimed_at,
+            expires_at_epoch_ms=self.expires,
+        )
+
+
+def _load(db: Driver, session_id: str) -> _Row | None:
+    row = db.execute(_GET, {"sid": session_id}).fetchone()
+    return None if row is None else _Row(session_id, row)
+
+
+def _check_fence(value: object, field: str) -> LeaseFence:
+    if not isinstance(value, LeaseFence):
+        raise InvalidInput(field, f"expected a LeaseFence, got {type(value).__name__}")
+    return value
+
+
+def _check_owner(value: object) -> LeaseOwnerIdentity:
+    if not isinstance(value, LeaseOwnerIdentity):
+        raise InvalidInput("owner", f"expected a LeaseOwnerIdentity, got {type(value).__name__}")
+    check_id(value.owner_id, "owner.owner_id")
+    check_id(value.incarnation_id, "owner.incarnation_id")
+    return value
+
+
+def ensure_session_execution_lease(
+    db: Driver, session_id: str, fence: LeaseFence, now: int
+) -> None:
+    """FENCE_OK (§0.4): ``fence`` is the live lease of ``session_id`` at ``now``.
+
+    A pure read; it never extends the lease. Call it inside the write unit,
+    after :func:`begin_session_write`.
+
+    Raises:
+        SessionExecutionLeaseExpired: the fence names another session; no lease
+            row exists; the owner (incarnation), token or generation differ; or
+            the lease expired (``expires <= now``).
+    """
+    if fence.session_id != session_id:
+        raise SessionExecutionLeaseExpired(session_id)
+    row = _load(db, session_id)
+    if (
+        row is None
+        or row.owner is None
+        or not same_incarnation(row.owner, fence.owner)
+        or row.token != fence.lease_token
+        or row.fencing != fence.fencing_token
+        or not row.expires > now
+    ):
+        raise SessionExecutionLeaseExpired(session_id)
+
+
+# --------------------------------------------------------------------------
+# The repository
+
+
+class SessionLeaseRepository:
+    """Session execution lease operations inside one unit of work (``uow.leases``)."""
+
+    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+        self._db = driver
+        self._clock = clock
+        self._writable = writable
+
+    def _acquire(
+        self, session_id: str, owner: LeaseOwnerIdentity, previous: int | None, now: int, ttl: int
+    ) -> SessionExecutionLease:
+        """§2.5.1: the next generation, a fresh token, ``expires = now + ttl`` (saturating)."""
+        fencing = saturating_add(previous or 0, 1)
+        token = f"{session_id}:{owner.owner_id}:{owner.incarnation_id}:{now}:{fencing}"
+        expires = saturating_add(now, ttl)
+        params = {
+            "sid": session_id,
+            "owner": owner.owner_id,
+            "inc": owner.incarnation_id,
+            "liveness": encode_liveness(owner),
+            "token": token,
+            "fencing": fencing,
+            "now": now,
+            "expires": expires,
+            "previous": previous if previous is not None else -1,
+        }
+        if self._db.execute(_ACQUIRE, params).fetchone() is None:
+            raise ConcurrentModification(
+                f"session {session_id}: lease changed under the write lock"
+            )
+        return SessionExecutionLease.model_construct(
+            session_id=session_id,
+            owner=owner,
+            lease_token=token,
+            fencing_token=fencing,
+            claimed_at_epoch_ms=now,
+            expires_at_epoch_ms=expires,
+        )
+
+    def try_claim_session_execution_lease(
+        self, session_id: str, owner: LeaseOwnerIdentity, ttl_ms: int
+    ) -> AcquireOutcome:
+        """Acquire the session's lease, or extend it if ``owner`` already holds it (§2.5.2).
+
+        * No live lease (none, released, or ``expires <= now``): acquire with
+          generation ``previous + 1`` — also for the previous owner, whose
+          claims then go stale.
+        * A live lease of the same incarnation: extend to ``now + ttl``
+          (which may shorten it); token and generation unchanged.
+        * A live lease of anyone else: :class:`Busy` naming the holder.
+
+        ``ttl_ms = 0`` acquires a lease that is already not live.
+
+        Raises:
+            InvalidInput: blank session id, bad owner, ttl outside ``0..2**63-1``.
+        """
+        check_id(session_id, "session_id")
+        _check_owner(owner)
+        check_ms(ttl_ms, "ttl_ms")
+        now = begin_session_write(self._db, self._clock, self._writable, session_id)
+        row = _load(self._db, session_id)
+        if row is not None and row.live(now):
+            holder = row.holder(session_id)
+            if not same_incarnation(holder.owner, owner):
+                return Busy(holder=holder)
+            expires = saturating_add(now, ttl_ms)
+            params = {
+                "sid": session_id,
+                "expires": expires,
+                "token": row.token,
+                "fencing": row.fencing,
+            }
+            if self._db.execute(_EXTEND, params).rowcount != 1:
+                raise ConcurrentModification(f"session {session_id}: lease changed under the lock")
+            return Acquired(
+                lease=holder.model_copy(update={"owner": owner, "expires_at_epoch_ms": expires})
+            )
+        previous = None if row is None else row.fencing
+        return Acquired(lease=self._acquire(session_id, owner, previous, now, ttl_ms))
+
+    def reclaim_session_execution_lease(
+        self,
+        session_id: str,
+        owner: LeaseOwnerIdentity,
+        observed_holder: LeaseFence,
+        ttl_ms: int,
+        *,
+        probe: ProcessProbe = procfs_probe,
+    ) -> AcquireOutcome:
+        """Take the lease over from a holder that is definitely dead (§2.5.3).
+
+        A lease that is absent, released or expired is simply acquired
+        (``observed_holder`` is ignored). A live lease is taken over — with
+        generation + 1 — only if ``observed_holder`` is exactly the stored
+        holder (session, incarnation, token, generation) and
+        :func:`~agentkeep.sessions.liveness.is_definitely_dead_for_claimant`
+        holds for the *stored* holder's liveness; otherwise :class:`Busy`.
+        Of two reclaimers of one dead holder, the second sees a new token and
+        generation, so it gets ``Busy``.
+
+        Args:
+            probe: decides whether a local pid is gone (injectable for tests).
+
+        Raises:
+            InvalidInput: blank session id, bad owner or fence, bad ttl.
+        """
+        check_id(session_id, "session_id")
+        _check_owner(owner)
+        _check_fence(observed_holder, "observed_holder")
+        check_ms(ttl_ms, "ttl_ms")
+        now = begin_session_write(self._db, self._clock, self._writable, session_id)
+        row = _load(self._db, session_id)
+        if row is None or not row.live(now):
+            previous = None if row is None else row.fencing
+            return Acquired(lease=self._acquire(session_id, owner, previous, now, ttl_ms))
+        holder = row.holder(session_id)
+        if not (
+            observed_holder.session_id == session_id
+            and same_incarnation(holder.owner, observed_holder.owner)
+            and holder.lease_token == observed_holder.lease_token
+            and holder.fencing_token == observed_holder.fencing_token
+            and is_definitely_dead_for_claimant(holder.owner, owner, probe)
+        ):
+            return Busy(holder=holder)
+        fencing = saturating_add(holder.fencing_token, 1)
+        token = f"{session_id}:{owner.owner_id}:{owner.incarnation_id}:{now}:{fencing}"
+        expires = saturating_add(now, ttl_ms)
+        params = {
+            "sid": session_id,
+            "owner": observed_holder.owner.owner_id,
+            "inc": observed_holder.owner.incarnation_id,
+            "token": observed_holder.lease_token,
+            "fencing": observed_holder.fencing_token,
+            "new_owner": owner.owner_id,
+            "new_inc": owner.incarnation_id,
+            "new_liveness": encode_liveness(owner),
+            "new_token": token,
+            "new_fencing": fencing,
+            "now": now,
+            "expires": expires,
+        }
+        if self._db.execute(_TAKEOVER, params).rowcount != 1:
+            raise ConcurrentModification(f"session {session_id}: lease changed under the lock")
+        return Acquired(
+            lease=SessionExecutionLease.model_construct(
+                session_id=session_id,
+                owner=owner,
+                lease_token=token,
+                fencing_token=fencing,
+                claimed_at_epoch_ms=now,
+                expires_at_epoch_ms=expires,
+            )
+        )
+
+    def renew_session_execution_lease(
+        self, fence: LeaseFence, ttl_ms: int
+    ) -> SessionExecutionLease:
+        """Extend a live lease held with exactly ``fence`` to ``now + ttl`` (§2.5.4).
+
+        An expired lease cannot be renewed, even if nobody took it over: the
+        holder must ``try_claim`` and gets a new generation.
+
+        Raises:
+            SessionExecutionLeaseExpired: ``fence`` is not the live lease.
+            InvalidInput: bad fence or ttl.
+        """
+        _check_fence(fence, "fence")
+        check_id(fence.session_id, "fence.session_id")
+        check_ms(ttl_ms, "ttl_ms")
+        sid = fence.session_id
+        now = begin_session_write(self._db, self._clock, self._writable, sid)
+        ensure_session_execution_lease(self._db, sid, fence, now)
+        row = _load(self._db, sid)
+        assert row is not None  # ensured above, under the lock
+        expires = saturating_add(now, ttl_ms)
+        params = {
+            "sid": sid,
+            "owner": fence.owner.owner_id,
+            "inc": fence.owner.incarnation_id,
+            "token": fence.lease_token,
+            "fencing": fence.fencing_token,
+            "expires": expires,
+        }
+        if self._db.execute(_RENEW, params).rowcount != 1:
+            raise ConcurrentModification(f"session {sid}: lease changed under the lock")
+        return SessionExecutionLease.model_construct(
+            session_id=sid,
+            owner=fence.owner,
+            lease_token=fence.lease_token,
+            fencing_token=fence.fencing_token,
+            claimed_at_epoch_ms=row.claimed_at,
+            expires_at_epoch_ms=expires,
+        )
+
+    def release_session_execution_lease(self, completion: LeaseFence) -> None:
+        """Release the lease held with exactly ``completion`` (§2.5.5).
+
+        The generation is kept (the next acquisition is generation + 1). No
+        expiry check: an expired, not-taken-over lease can still be released.
+        A fence that no longer matches (after a takeover) is a silent no-op.
+        Claims pinned to this generation go stale; they are not touched.
+
+        Raises:
+            InvalidInput: bad fence.
+        """
+        _check_fence(completion, "completion")
+        check_id(completion.session_id, "completion.session_id")
+        begin_session_write(self._db, self._clock, self._writable, completion.session_id)
+        self._db.execute(
+            _RELEASE,
+            {
+                "sid": completion.session_id,
+                "owner": completion.owner.owner_id,
+                "inc": completion.owner.incarnation_id,
+                "token": completion.lease_token,
+                "fencing": completion.fencing_token,
+            },
+        )
+
+    def ensure_session_execution_lease(self, fence: LeaseFence) -> None:
+        """Check that ``fence`` is the live lease now (FENCE_OK); writes nothing.
+
+        Raises:
+            SessionExecutionLeaseExpired: it is not.
+        """
+        _check_fence(fence, "fence")
+        check_id(fence.session_id, "fence.session_id")
+        ensure_session_execution_lease(self._db, fence.session_id, fence, self._clock.now_ms())
+
+    def get_session_execution_lease(self, session_id: str) -> SessionExecutionLease | None:
+        """The stored lease as an observer sees it (live or expired), or None if released/absent."""
+        check_id(session_id, "session_id")
+        row = _load(self._db, session_id)
+        if row is None or row.token is None:
+            return None
+        return row.holder(session_id)

@@ -1,0 +1,129 @@
+"""Tables of the session store's coordination half (spec sessions §1.5–1.8, §1.13).
+
+Every table is keyed by ``session_id`` so one database holds many sessions
+(needed for Postgres; spec/README.md). Built by ``alembic/versions/sessions_0001_*.py``;
+the drift check keeps the two equal.
+
+Invariants:
+
+* ``session_execution_leases.lease_fencing_token`` never decreases; release
+  keeps it (the next acquisition is fencing + 1).
+* ``enqueue_seq`` of batches and turn inputs is never reused
+  (``AUTOINCREMENT`` on SQLite, a sequence on Postgres): it is the FIFO order.
+* ``claim_fencing_token`` of a row only grows; clearing a claim keeps it.
+* Deleting a batch deletes its items (``ON DELETE CASCADE``; SQLite enforces
+  it because every connection sets ``foreign_keys=ON``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import CheckConstraint, ForeignKey, Index, Text, UniqueConstraint, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from agentkeep.base import BIGINT, Base
+
+__all__ = ["PendingTurnInputRow", "QueuedWorkBatchRow", "QueuedWorkItemRow", "SessionLeaseRow"]
+
+_ZERO = text("0")
+
+
+class SessionLeaseRow(Base):
+    """One execution lease per session; ``lease_fencing_token`` is the generation."""
+
+    __tablename__ = "session_execution_leases"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    lease_owner_id: Mapped[str | None] = mapped_column(Text)
+    lease_owner_incarnation_id: Mapped[str | None] = mapped_column(Text)
+    lease_owner_liveness_json: Mapped[str | None] = mapped_column(Text)
+    lease_token: Mapped[str | None] = mapped_column(Text)
+    lease_fencing_token: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+    lease_claimed_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+    lease_expires_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+
+
+class QueuedWorkBatchRow(Base):
+    """A durable batch of queued work, claimed under a session-lease generation."""
+
+    __tablename__ = "queued_work_batches"
+
+    enqueue_seq: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    session_id: Mapped[str] = mapped_column(Text, nullable=False)
+    source_key: Mapped[str | None] = mapped_column(Text)
+    delivery_policy: Mapped[str] = mapped_column(Text, nullable=False)
+    slot_policy: Mapped[str] = mapped_column(Text, nullable=False)
+    merge_key_json: Mapped[str] = mapped_column(Text, nullable=False)
+    available_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    enqueued_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    claim_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_incarnation_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_liveness_json: Mapped[str | None] = mapped_column(Text)
+    claim_token: Mapped[str | None] = mapped_column(Text)
+    claim_fencing_token: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+    claim_session_lease_generation: Mapped[int] = mapped_column(
+        BIGINT, nullable=False, server_default=_ZERO
+    )
+
+    __table_args__ = (
+        UniqueConstraint("session_id", "source_key"),
+        # Claim scans and lists: WHERE session_id = ? ... ORDER BY enqueue_seq LIMIT n.
+        Index("ix_queued_work_batches_session_seq", "session_id", "enqueue_seq"),
+        # Completion, abandon: WHERE session_id = ? AND claim_id = ? AND claim_token = ?.
+        Index("ix_queued_work_batches_session_claim", "session_id", "claim_id", "claim_token"),
+        {"sqlite_autoincrement": True},
+    )
+
+
+class QueuedWorkItemRow(Base):
+    """One payload of a batch, in order."""
+
+    __tablename__ = "queued_work_items"
+
+    batch_id: Mapped[str] = mapped_column(
+        Text, ForeignKey("queued_work_batches.batch_id", ondelete="CASCADE"), primary_key=True
+    )
+    item_index: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=False)
+    item_id: Mapped[str] = mapped_column(Text, nullable=False)
+    payload_json: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class PendingTurnInputRow(Base):
+    """A user or host input awaiting a turn, with its lifecycle state and claim."""
+
+    __tablename__ = "pending_turn_inputs"
+
+    enqueue_seq: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=True)
+    input_id: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    session_id: Mapped[str] = mapped_column(Text, nullable=False)
+    source_key: Mapped[str | None] = mapped_column(Text)
+    ingress_json: Mapped[str] = mapped_column(Text, nullable=False)
+    submitted_ingress_json: Mapped[str] = mapped_column(Text, nullable=False)
+    state: Mapped[str] = mapped_column(Text, nullable=False)
+    input_json: Mapped[str] = mapped_column(Text, nullable=False)
+    enqueued_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    claim_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_incarnation_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_liveness_json: Mapped[str | None] = mapped_column(Text)
+    claim_token: Mapped[str | None] = mapped_column(Text)
+    claim_fencing_token: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+    claim_session_lease_generation: Mapped[int] = mapped_column(
+        BIGINT, nullable=False, server_default=_ZERO
+    )
+
+    __table_args__ = (
+        UniqueConstraint("session_id", "source_key"),
+        CheckConstraint(
+            "state IN ('pending_active', 'deferred_next_turn', 'accepted', 'cancelled', "
+            "'completed')",
+            name="state",
+        ),
+        # Claim scans and lists: WHERE session_id = ? AND state = ? ORDER BY enqueue_seq.
+        Index("ix_pending_turn_inputs_session_state_seq", "session_id", "state", "enqueue_seq"),
+        # Suffix cancel: WHERE session_id = ? AND enqueue_seq >= ? ORDER BY enqueue_seq.
+        Index("ix_pending_turn_inputs_session_seq", "session_id", "enqueue_seq"),
+        Index("ix_pending_turn_inputs_session_claim", "session_id", "claim_id", "claim_token"),
+        {"sqlite_autoincrement": True},
+    )
