@@ -26,7 +26,7 @@ from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.facade import RunCalls
-from agentkeep.sessions.facade import LeaseCalls
+from agentkeep.sessions.facade import LeaseCalls, QueueCalls, TurnInputCalls
 from agentkeep.unit_of_work import Repositories, UnitOfWork
 
 __all__ = ["Store"]
@@ -68,6 +68,8 @@ class Store:
             self._mutex = nullcontext
         self.runs = RunCalls(self)
         self.leases = LeaseCalls(self)
+        self.queue = QueueCalls(self)
+        self.turn_inputs = TurnInputCalls(self)
 
     @classmethod
     def open(

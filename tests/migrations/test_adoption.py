@@ -92,7 +92,9 @@ def test_legacy_shape_is_adopted(tmp_path: Path, shape: str, order: str, index: 
     assert migrate.check(url) == []
     assert set(L.columns(path)) == HEAD_COLUMNS
     assert index_columns(path, "ix_runs_task_id") == ["task_id", "created_at"]
-    assert L.query(path, f"SELECT version_num FROM {migrate.VERSION_TABLE}") == [migrate.head_revisions()]
+    assert L.query(path, f"SELECT version_num FROM {migrate.VERSION_TABLE}") == [
+        migrate.head_revisions()
+    ]
 
     after = rows_by_id(path)
     assert set(after) == set(before)

@@ -83,7 +83,9 @@ def test_two_processes_adopt_the_same_legacy_file_once(tmp_path: Path) -> None:
     assert consulted == ["runs_0003"]  # adopted exactly once, at the L2 revision
     assert migrate.current(url) == migrate.head_revisions()
     assert migrate.check(url) == []
-    assert L.query(path, f"SELECT version_num FROM {migrate.VERSION_TABLE}") == [migrate.head_revisions()]
+    assert L.query(path, f"SELECT version_num FROM {migrate.VERSION_TABLE}") == [
+        migrate.head_revisions()
+    ]
 
     conn = sqlite3.connect(path)
     conn.row_factory = sqlite3.Row

@@ -8,20 +8,35 @@ errors.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agentkeep.sessions.domain import (
     AcquireOutcome,
+    AnchorNotFound,
+    CancelResult,
+    CancelTarget,
+    CheckpointKind,
+    ClaimBoundary,
     LeaseFence,
     LeaseOwnerIdentity,
+    PendingTurnInput,
+    PendingTurnInputDraft,
+    QueuedWorkBatch,
+    QueuedWorkClaim,
+    QueuedWorkCompletion,
+    QueuedWorkDraft,
     SessionExecutionLease,
+    SuffixOutcomes,
+    TurnInputClaim,
+    TurnInputCompletion,
 )
 from agentkeep.sessions.liveness import ProcessProbe, procfs_probe
 
 if TYPE_CHECKING:
     from agentkeep.store import Store
 
-__all__ = ["LeaseCalls"]
+__all__ = ["LeaseCalls", "QueueCalls", "TurnInputCalls"]
 
 
 class LeaseCalls:
@@ -75,3 +90,155 @@ class LeaseCalls:
     def get_session_execution_lease(self, session_id: str) -> SessionExecutionLease | None:
         """See :meth:`SessionLeaseRepository.get_session_execution_lease`."""
         return self._store.call_read(lambda r: r.leases.get_session_execution_lease(session_id))
+
+
+class QueueCalls:
+    """``store.queue``: queued work of sessions, each call in its own unit of work."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def enqueue_queued_work(self, draft: QueuedWorkDraft) -> QueuedWorkBatch:
+        """See :meth:`QueuedWorkRepository.enqueue_queued_work`."""
+        return self._store.call_write(lambda r: r.queue.enqueue_queued_work(draft))
+
+    def claim_leading_ready_session_command(
+        self, session_id: str, fence: LeaseFence, owner: LeaseOwnerIdentity
+    ) -> QueuedWorkClaim | None:
+        """See :meth:`QueuedWorkRepository.claim_leading_ready_session_command`."""
+        return self._store.call_write(
+            lambda r: r.queue.claim_leading_ready_session_command(session_id, fence, owner)
+        )
+
+    def claim_ready_queued_work(
+        self,
+        session_id: str,
+        fence: LeaseFence,
+        owner: LeaseOwnerIdentity,
+        boundary: ClaimBoundary,
+        max_batches: int,
+    ) -> QueuedWorkClaim | None:
+        """See :meth:`QueuedWorkRepository.claim_ready_queued_work`."""
+        return self._store.call_write(
+            lambda r: r.queue.claim_ready_queued_work(
+                session_id, fence, owner, boundary, max_batches
+            )
+        )
+
+    def claim_ready_queued_work_by_batch_ids(
+        self,
+        session_id: str,
+        fence: LeaseFence,
+        owner: LeaseOwnerIdentity,
+        boundary: ClaimBoundary,
+        batch_ids: Sequence[str],
+    ) -> QueuedWorkClaim | None:
+        """See :meth:`QueuedWorkRepository.claim_ready_queued_work_by_batch_ids`."""
+        return self._store.call_write(
+            lambda r: r.queue.claim_ready_queued_work_by_batch_ids(
+                session_id, fence, owner, boundary, batch_ids
+            )
+        )
+
+    def abandon_queued_work_claim(self, claim: QueuedWorkClaim | QueuedWorkCompletion) -> None:
+        """See :meth:`QueuedWorkRepository.abandon_queued_work_claim`."""
+        self._store.call_write(lambda r: r.queue.abandon_queued_work_claim(claim))
+
+    def complete_queued_work_claim(
+        self, fence: LeaseFence, completion: QueuedWorkCompletion
+    ) -> None:
+        """See :meth:`QueuedWorkRepository.complete_queued_work_claim`."""
+        self._store.call_write(lambda r: r.queue.complete_queued_work_claim(fence, completion))
+
+    def cancel_queued_work_batch(self, session_id: str, batch_id: str) -> QueuedWorkBatch | None:
+        """See :meth:`QueuedWorkRepository.cancel_queued_work_batch`."""
+        return self._store.call_write(
+            lambda r: r.queue.cancel_queued_work_batch(session_id, batch_id)
+        )
+
+    def list_queued_work(self, session_id: str) -> list[QueuedWorkBatch]:
+        """See :meth:`QueuedWorkRepository.list_queued_work`."""
+        return self._store.call_read(lambda r: r.queue.list_queued_work(session_id))
+
+    def list_pending_queued_work(self, session_id: str) -> list[QueuedWorkBatch]:
+        """See :meth:`QueuedWorkRepository.list_pending_queued_work`."""
+        return self._store.call_read(lambda r: r.queue.list_pending_queued_work(session_id))
+
+
+class TurnInputCalls:
+    """``store.turn_inputs``: pending turn inputs, each call in its own unit of work."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def enqueue_pending_turn_input(self, draft: PendingTurnInputDraft) -> PendingTurnInput:
+        """See :meth:`TurnInputRepository.enqueue_pending_turn_input`."""
+        return self._store.call_write(lambda r: r.turn_inputs.enqueue_pending_turn_input(draft))
+
+    def list_pending_turn_inputs(self, session_id: str) -> list[PendingTurnInput]:
+        """See :meth:`TurnInputRepository.list_pending_turn_inputs`."""
+        return self._store.call_read(lambda r: r.turn_inputs.list_pending_turn_inputs(session_id))
+
+    def list_turn_inputs(self, session_id: str) -> list[PendingTurnInput]:
+        """See :meth:`TurnInputRepository.list_turn_inputs`."""
+        return self._store.call_read(lambda r: r.turn_inputs.list_turn_inputs(session_id))
+
+    def cancel_pending_turn_inputs(
+        self, session_id: str, targets: Sequence[CancelTarget]
+    ) -> list[CancelResult]:
+        """See :meth:`TurnInputRepository.cancel_pending_turn_inputs`."""
+        return self._store.call_write(
+            lambda r: r.turn_inputs.cancel_pending_turn_inputs(session_id, targets)
+        )
+
+    def cancel_pending_turn_input_suffix(
+        self, session_id: str, anchor: CancelTarget
+    ) -> AnchorNotFound | SuffixOutcomes:
+        """See :meth:`TurnInputRepository.cancel_pending_turn_input_suffix`."""
+        return self._store.call_write(
+            lambda r: r.turn_inputs.cancel_pending_turn_input_suffix(session_id, anchor)
+        )
+
+    def claim_active_turn_inputs(
+        self,
+        session_id: str,
+        fence: LeaseFence,
+        owner: LeaseOwnerIdentity,
+        turn_id: str,
+        checkpoint: CheckpointKind,
+        max_inputs: int,
+    ) -> TurnInputClaim | None:
+        """See :meth:`TurnInputRepository.claim_active_turn_inputs`."""
+        return self._store.call_write(
+            lambda r: r.turn_inputs.claim_active_turn_inputs(
+                session_id, fence, owner, turn_id, checkpoint, max_inputs
+            )
+        )
+
+    def claim_next_turn_inputs(
+        self, session_id: str, fence: LeaseFence, owner: LeaseOwnerIdentity, max_inputs: int
+    ) -> TurnInputClaim | None:
+        """See :meth:`TurnInputRepository.claim_next_turn_inputs`."""
+        return self._store.call_write(
+            lambda r: r.turn_inputs.claim_next_turn_inputs(session_id, fence, owner, max_inputs)
+        )
+
+    def abandon_turn_input_claim(self, claim: TurnInputClaim) -> None:
+        """See :meth:`TurnInputRepository.abandon_turn_input_claim`."""
+        self._store.call_write(lambda r: r.turn_inputs.abandon_turn_input_claim(claim))
+
+    def complete_turn_input_claim(self, fence: LeaseFence, completion: TurnInputCompletion) -> None:
+        """See :meth:`TurnInputRepository.complete_turn_input_claim`."""
+        self._store.call_write(lambda r: r.turn_inputs.complete_turn_input_claim(fence, completion))
+
+    def recover_stale_turn_input_claims(
+        self, session_id: str, fence: LeaseFence
+    ) -> list[PendingTurnInput]:
+        """See :meth:`TurnInputRepository.recover_stale_turn_input_claims`."""
+        return self._store.call_write(
+            lambda r: r.turn_inputs.recover_stale_turn_input_claims(session_id, fence)
+        )

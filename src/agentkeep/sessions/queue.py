@@ -1,17 +1,905 @@
-"""(being written)"""
+"""Durable queued work of sessions: enqueue, fenced claims, abandon, cancel, lists (spec §2.6).
+
+This module owns the rows of ``queued_work_batches`` and ``queued_work_items``
+(§1.6, §1.7): a batch is a FIFO entry (``enqueue_seq``) of one or more payload
+items, claimed as a whole under a session-lease *generation* (§3.3). The pure
+rules — which candidates a claim selects (§4.1, §4.2), the claim token (§4.6)
+— live in :mod:`agentkeep.sessions.domain`; the column encodings in
+:mod:`agentkeep.sessions.codec`.
+
+Fences:
+
+* Every write takes the ``session:<id>`` write lock first and samples ``now``
+  once after it (:func:`~agentkeep.sessions.leases.begin_session_write`;
+  spec/README.md decision 2 — the seed samples before the lock, §0.2).
+* Claims and completion run FENCE_OK
+  (:func:`~agentkeep.sessions.leases.ensure_session_execution_lease`) before
+  anything else; the claimant's generation is the fence's ``fencing_token``.
+* A claim scan and every per-row claim UPDATE use the CLAIMABLE predicate
+  (``claim_token IS NULL OR claim_session_lease_generation <> :generation``):
+  claims never expire by time; they go stale only when the generation moves.
+* Abandon and completion are fenced by ``(session_id, claim_id, claim_token)``
+  only (I-7): a superseded claimant can never touch re-claimed rows.
+* Cancel and the pending list hold no fence; they use NOT CLAIM_LIVE (the
+  claim's generation is not the fencing token of a live lease).
+
+Outcomes:
+
+* A claim returns a :class:`~agentkeep.sessions.domain.QueuedWorkClaim`, or
+  ``None`` when nothing is selectable or when it lost a race: a claim is
+  all-or-nothing (I-4) — if any per-row UPDATE matches no row, this claim's
+  own writes are rolled back to a savepoint and ``None`` is returned; the rest
+  of the unit of work is untouched.
+* The batches in a returned claim are the snapshots **as loaded before the
+  claim UPDATE** (spec §2.6.2): their claim columns show the state the claim
+  replaced. Re-read with :meth:`QueuedWorkRepository.list_queued_work` to see
+  the stamped rows.
+* Cancel returns the pre-delete snapshot, or ``None`` for "absent" and
+  "live-claimed" alike.
+
+Errors:
+
+* :class:`~agentkeep.errors.InvalidInput` — a bad argument, before anything is
+  written (blank ids, wrong types, an empty batch, counts outside
+  ``0..2**63-1``).
+* :class:`~agentkeep.errors.SessionExecutionLeaseExpired` — the fence is not
+  the live lease (claims, completion).
+* :class:`~agentkeep.errors.QueuedWorkSourceKeyConflict` — a resubmission under
+  an existing ``source_key`` with different content (decision in
+  spec/README.md; the seed-era revision returned the first batch unchanged).
+* :class:`~agentkeep.errors.QueuedWorkClaimSuperseded` — a completion that does
+  not name **exactly** the rows its claim owns (strict check, spec/README.md:
+  no duplicates, none missing, none extra; the seed compared counts only).
+* :class:`~agentkeep.errors.SessionCorrupt` — a stored policy, merge key,
+  payload or counter does not decode, or a batch in a claim's scan window has
+  mixed or empty payload classes; it names the table, row and column. A
+  corrupt batch is never skipped: it fails every claim whose window holds it
+  and every list of its session (cancel it after repairing the row by hand).
+
+Choices not settled by the spec (written down here, per spec/README.md):
+
+* A blank ``source_key`` is refused like a blank id.
+* Batch ids hash 64 random bits besides the process-local nonce (decision 7):
+  ``"qwb:" + sha256(f"{session_id}:{debug(source_key)}:{now}:{nonce}:{random64}")``.
+* Enqueue writes the batch and its items inside a savepoint, so a failure
+  leaves neither even when the caller catches the error and goes on in the
+  same unit of work.
+* In a by-ids claim every named row that is read is decoded at once, so a
+  corrupt row named by the caller fails the claim even if a later id is
+  missing (the seed would have returned ``None`` first).
+"""
 
 from __future__ import annotations
 
-from agentkeep.clock import Clock
-from agentkeep.db import Driver
+import hashlib
+import itertools
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
-__all__ = ["QueuedWorkRepository"]
+from agentkeep.clock import Clock
+from agentkeep.db import Driver, Sql
+from agentkeep.errors import (
+    ConcurrentModification,
+    InvalidInput,
+    QueuedWorkClaimSuperseded,
+    QueuedWorkSourceKeyConflict,
+    SessionCorrupt,
+)
+from agentkeep.sessions.codec import (
+    BATCH_COLUMNS,
+    batch_from_row,
+    encode_liveness,
+    encode_merge_key,
+    encode_payload,
+)
+from agentkeep.sessions.domain import (
+    MAX_I64,
+    ClaimBoundary,
+    DeliveryPolicy,
+    LeaseFence,
+    LeaseOwnerIdentity,
+    MergeKey,
+    QueuedWorkBatch,
+    QueuedWorkClaim,
+    QueuedWorkClass,
+    QueuedWorkCompletion,
+    QueuedWorkDraft,
+    QueuedWorkPayload,
+    SlotPolicy,
+    check_id,
+    check_json,
+    check_ms,
+    claim_lease_token,
+    saturating_add,
+    select_leading_session_command,
+    select_turn_work_claim_prefix,
+)
+from agentkeep.sessions.ids import rust_debug
+from agentkeep.sessions.leases import begin_session_write, ensure_session_execution_lease
+
+__all__ = [
+    "CLAIM_SCAN_SLACK",
+    "QueuedWorkRepository",
+    "claim_scan_limit",
+    "delete_completed_queued_work",
+    "enqueue_queued_work_conn",
+    "ensure_queued_work_completion",
+    "next_enqueue_nonce",
+]
+
+#: Extra rows a claim scan reads past ``max_batches`` (§4.5).
+CLAIM_SCAN_SLACK: Final = 32
+
+_BATCH_COLS: Final = tuple(c.strip() for c in BATCH_COLUMNS.split(","))
+_N_BATCH_COLS: Final = len(_BATCH_COLS)
+_B_COLS: Final = ", ".join(f"b.{c}" for c in _BATCH_COLS)
+_ITEM_COLS: Final = "i.item_index, i.item_id, i.payload_json"
+_CLAIMABLE: Final = "(claim_token IS NULL OR claim_session_lease_generation <> :generation)"
+
+
+def _not_claim_live(alias: str) -> str:
+    """NOT CLAIM_LIVE(row, :now) (§0.4) for the batch row named ``alias``."""
+    return (
+        f"({alias}.claim_token IS NULL OR NOT EXISTS (SELECT 1 FROM session_execution_leases sel "
+        f"WHERE sel.session_id = {alias}.session_id AND sel.lease_token IS NOT NULL "
+        f"AND sel.lease_expires_at_ms > :now "
+        f"AND sel.lease_fencing_token = {alias}.claim_session_lease_generation))"
+    )
+
+
+def _with_items(where: str) -> str:
+    """Batches matching ``where`` (over alias ``b``) joined to their items, in order."""
+    return (
+        f"SELECT {_B_COLS}, {_ITEM_COLS} FROM queued_work_batches b "
+        f"LEFT JOIN queued_work_items i ON i.batch_id = b.batch_id "
+        f"WHERE {where} ORDER BY b.enqueue_seq, i.item_index"
+    )
+
+
+# Reads: one statement per batch set, items joined (no N+1).
+_BY_SOURCE_KEY: Final = Sql(_with_items("b.session_id = :sid AND b.source_key = :key"))
+_LIST: Final = Sql(_with_items("b.session_id = :sid"))
+_LIST_PENDING: Final = Sql(_with_items("b.session_id = :sid AND " + _not_claim_live("b")))
+_CANCELLABLE: Final = Sql(
+    _with_items("b.session_id = :sid AND b.batch_id = :bid AND " + _not_claim_live("b"))
+)
+# The claim scan (§2.6.3 step 3): CLAIMABLE and READY in SQL, the window by
+# enqueue_seq (ix_queued_work_batches_session_seq), then the window's items.
+_SCAN: Final = Sql(
+    f"SELECT {_B_COLS}, {_ITEM_COLS} FROM (SELECT {BATCH_COLUMNS} FROM queued_work_batches "
+    f"WHERE session_id = :sid AND available_at_ms <= :now AND {_CLAIMABLE} "
+    f"ORDER BY enqueue_seq LIMIT :limit) b "
+    f"LEFT JOIN queued_work_items i ON i.batch_id = b.batch_id "
+    f"ORDER BY b.enqueue_seq, i.item_index"
+)
+_CLAIMABLE_BY_ID: Final = Sql(
+    _with_items(
+        "b.session_id = :sid AND b.batch_id = :bid AND b.available_at_ms <= :now AND "
+        "(b.claim_token IS NULL OR b.claim_session_lease_generation <> :generation)"
+    )
+)
+
+# Writes.
+_INSERT_BATCH: Final = Sql(
+    "INSERT INTO queued_work_batches (batch_id, session_id, source_key, delivery_policy, "
+    "slot_policy, merge_key_json, available_at_ms, enqueued_at_ms) VALUES (:bid, :sid, :key, "
+    f":delivery, :slot, :merge_key, :available_at, :now) RETURNING {BATCH_COLUMNS}"
+)
+_INSERT_ITEM: Final = Sql(
+    "INSERT INTO queued_work_items (batch_id, item_index, item_id, payload_json) "
+    "VALUES (:bid, :idx, :item_id, :payload)"
+)
+# STAMP_CLAIM (§0.4) fenced by CLAIMABLE; the per-row counter saturates at 2**63-1.
+_STAMP_CLAIM: Final = Sql(
+    "UPDATE queued_work_batches SET claim_id = :cid, claim_owner_id = :owner, "
+    "claim_owner_incarnation_id = :inc, claim_owner_liveness_json = :liveness, "
+    "claim_token = :token, claim_fencing_token = CASE WHEN claim_fencing_token >= "
+    f"{MAX_I64 - 1} THEN {MAX_I64} ELSE claim_fencing_token + 1 END, "
+    "claim_session_lease_generation = :generation "
+    f"WHERE session_id = :sid AND batch_id = :bid AND {_CLAIMABLE}"
+)
+_CLAIM_FENCE: Final = "WHERE session_id = :sid AND claim_id = :cid AND claim_token = :token"
+# CLEAR_CLAIM (§0.4): claim_fencing_token is kept.
+_CLEAR_CLAIM: Final = Sql(
+    "UPDATE queued_work_batches SET claim_id = NULL, claim_owner_id = NULL, "
+    "claim_owner_incarnation_id = NULL, claim_owner_liveness_json = NULL, claim_token = NULL, "
+    "claim_session_lease_generation = 0 " + _CLAIM_FENCE
+)
+_OWNED_BY_CLAIM: Final = Sql("SELECT batch_id FROM queued_work_batches " + _CLAIM_FENCE)
+_DELETE_CLAIMED: Final = Sql("DELETE FROM queued_work_batches " + _CLAIM_FENCE)
+_DELETE_CANCELLABLE: Final = Sql(
+    "DELETE FROM queued_work_batches AS b WHERE b.session_id = :sid AND b.batch_id = :bid AND "
+    + _not_claim_live("b")
+)
+
+# Process-local nonce of derived batch ids (§0.5; its own counter, not shared with GC).
+_NONCES: Final = itertools.count()
+
+
+class _LostRace(Exception):
+    """A per-row claim UPDATE matched no row: roll this claim back, return None."""
+
+
+# --------------------------------------------------------------------------
+# Pure helpers
+
+
+def claim_scan_limit(n: int) -> int:
+    """The LIMIT of a claim scan for ``n`` wanted batches: ``n + 32``, saturating (§4.5)."""
+    return saturating_add(n, CLAIM_SCAN_SLACK)
+
+
+def next_enqueue_nonce() -> int:
+    """Take the next process-local nonce of derived batch ids (consumed even if unused)."""
+    return next(_NONCES)
+
+
+def _derive_batch_id(session_id: str, source_key: str | None, now: int, nonce: int) -> str:
+    seed = f"{session_id}:{rust_debug(source_key)}:{now}:{nonce}:{secrets.token_hex(8)}"
+    return "qwb:" + hashlib.sha256(seed.encode("utf-8")).hexdigest()
+
+
+def _check_int(value: object, field: str) -> int:
+    if type(value) is not int:
+        raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
+    if not 0 <= value <= MAX_I64:
+        raise InvalidInput(field, f"must be in 0..2**63-1, got {value}")
+    return value
+
+
+def _check_fence(value: object) -> LeaseFence:
+    if not isinstance(value, LeaseFence):
+        raise InvalidInput("fence", f"expected a LeaseFence, got {type(value).__name__}")
+    check_id(value.session_id, "fence.session_id")
+    return value
+
+
+def _check_owner(value: object) -> LeaseOwnerIdentity:
+    if not isinstance(value, LeaseOwnerIdentity):
+        raise InvalidInput("owner", f"expected a LeaseOwnerIdentity, got {type(value).__name__}")
+    check_id(value.owner_id, "owner.owner_id")
+    check_id(value.incarnation_id, "owner.incarnation_id")
+    return value
+
+
+def _check_boundary(value: object) -> ClaimBoundary:
+    if not isinstance(value, ClaimBoundary):
+        raise InvalidInput("boundary", f"expected a ClaimBoundary, got {value!r}")
+    return value
+
+
+def _check_merge_key(key: object) -> MergeKey:
+    if not isinstance(key, MergeKey):
+        raise InvalidInput("merge_key", f"expected a MergeKey, got {type(key).__name__}")
+    if key.kind == "group":
+        if not isinstance(key.group, str):
+            raise InvalidInput("merge_key", "a group merge key needs a group name")
+    elif key.kind in ("never", "payload_default"):
+        if key.group is not None:
+            raise InvalidInput("merge_key", f"a {key.kind} merge key has no group name")
+    else:
+        raise InvalidInput("merge_key", f"unknown merge key kind {key.kind!r}")
+    return key
+
+
+def _check_draft(draft: object) -> QueuedWorkDraft:
+    if not isinstance(draft, QueuedWorkDraft):
+        raise InvalidInput("draft", f"expected a QueuedWorkDraft, got {type(draft).__name__}")
+    check_id(draft.session_id, "draft.session_id")
+    if draft.source_key is not None:
+        check_id(draft.source_key, "draft.source_key")
+    if not isinstance(draft.delivery_policy, DeliveryPolicy):
+        raise InvalidInput("draft.delivery_policy", f"got {draft.delivery_policy!r}")
+    if not isinstance(draft.slot_policy, SlotPolicy):
+        raise InvalidInput("draft.slot_policy", f"got {draft.slot_policy!r}")
+    _check_merge_key(draft.merge_key)
+    check_ms(draft.available_at_ms, "draft.available_at_ms")
+    payloads = draft.payloads
+    if not isinstance(payloads, tuple | list) or not payloads:
+        raise InvalidInput("draft.payloads", "a batch needs at least one payload")
+    for i, payload in enumerate(payloads):
+        if not isinstance(payload, QueuedWorkPayload):
+            raise InvalidInput(f"draft.payloads[{i}]", f"got {type(payload).__name__}")
+        check_id(payload.kind, f"draft.payloads[{i}].kind")
+        check_json(payload.body, f"draft.payloads[{i}].body")
+    return draft
+
+
+def _check_completion(completion: object) -> QueuedWorkCompletion:
+    if not isinstance(completion, QueuedWorkCompletion):
+        raise InvalidInput(
+            "completion", f"expected a QueuedWorkCompletion, got {type(completion).__name__}"
+        )
+    check_id(completion.session_id, "completion.session_id")
+    check_id(completion.claim_id, "completion.claim_id")
+    check_id(completion.lease_token, "completion.lease_token")
+    if not isinstance(completion.batch_ids, tuple | list) or not completion.batch_ids:
+        raise InvalidInput("completion.batch_ids", "a completion names at least one batch")
+    for i, batch_id in enumerate(completion.batch_ids):
+        check_id(batch_id, f"completion.batch_ids[{i}]")
+    return completion
+
+
+def _check_counters(batch: QueuedWorkBatch) -> QueuedWorkBatch:
+    """Refuse stored counters that are not integers in ``0..2**63-1`` (never read as 0)."""
+    for column in (
+        "enqueue_seq",
+        "available_at_ms",
+        "enqueued_at_ms",
+        "claim_fencing_token",
+        "claim_session_lease_generation",
+    ):
+        value = getattr(batch, column)
+        if type(value) is not int or not 0 <= value <= MAX_I64:
+            raise SessionCorrupt("queued_work_batches", batch.batch_id, column, repr(value))
+    return batch
+
+
+def _batches(rows: Sequence[Sequence[Any]]) -> list[QueuedWorkBatch]:
+    """Decode joined (batch columns, item_index, item_id, payload_json) rows, grouped by batch.
+
+    Rows come ordered by ``enqueue_seq, item_index``; a batch without items
+    (LEFT JOIN) has NULL item columns.
+
+    Raises:
+        SessionCorrupt: a column does not decode.
+    """
+    out: list[QueuedWorkBatch] = []
+    start = 0
+    while start < len(rows):
+        head = rows[start]
+        end = start
+        items = []
+        while end < len(rows) and rows[end][1] == head[1]:
+            item = rows[end][_N_BATCH_COLS:]
+            if item[0] is not None:
+                items.append(item)
+            end += 1
+        out.append(_check_counters(batch_from_row(head[:_N_BATCH_COLS], items)))
+        start = end
+    return out
+
+
+def _content_matches(draft: QueuedWorkDraft, batch: QueuedWorkBatch) -> bool:
+    """Same policies, merge key, availability and payloads (parsed JSON values compared)."""
+    return (
+        batch.delivery_policy == draft.delivery_policy
+        and batch.slot_policy == draft.slot_policy
+        and encode_merge_key(batch.merge_key) == encode_merge_key(draft.merge_key)
+        and batch.available_at_ms == draft.available_at_ms
+        and [encode_payload(item.payload) for item in batch.items]
+        == [encode_payload(p) for p in draft.payloads]
+    )
+
+
+def _corrupt_class(batch: QueuedWorkBatch) -> SessionCorrupt:
+    return SessionCorrupt(
+        "queued_work_items",
+        batch.batch_id,
+        "payload_json",
+        f"queued-work batch `{batch.batch_id}` has mixed or empty payload classes",
+    )
+
+
+# --------------------------------------------------------------------------
+# Statement-level operations, shared with the session commit
+
+
+def enqueue_queued_work_conn(
+    db: Driver, draft: QueuedWorkDraft, now: int, nonce: int
+) -> QueuedWorkBatch:
+    """Store ``draft`` (§4.10), or return the batch already stored under its source key.
+
+    Call it inside the session's write lock with a checked draft (the session
+    commit passes its own ``now`` and nonces). The batch row and its items are
+    written inside a savepoint: an error leaves neither.
+
+    Args:
+        db: the unit's driver, after the session write lock was taken.
+        draft: the batch to enqueue.
+        now: the operation's ``now`` (``enqueued_at_ms``).
+        nonce: a value of :func:`next_enqueue_nonce`.
+
+    Returns:
+        The stored batch with its items: the new one, or for a known
+        ``source_key`` with equal content the existing one as it is now (it
+        may be claimed).
+
+    Raises:
+        QueuedWorkSourceKeyConflict: the source key is used with other content.
+        SessionCorrupt: the existing batch under the source key does not decode.
+    """
+    sid = draft.session_id
+    if draft.source_key is not None:
+        existing = _batches(
+            db.execute(_BY_SOURCE_KEY, {"sid": sid, "key": draft.source_key}).fetchall()
+        )
+        if existing:
+            if not _content_matches(draft, existing[0]):
+                raise QueuedWorkSourceKeyConflict(sid, draft.source_key, existing[0].batch_id)
+            return existing[0]
+    batch_id = _derive_batch_id(sid, draft.source_key, now, nonce)
+    items = [
+        (i, f"{batch_id}:item:{i}", encode_payload(payload))
+        for i, payload in enumerate(draft.payloads)
+    ]
+    with db.savepoint():
+        row = db.execute(
+            _INSERT_BATCH,
+            {
+                "bid": batch_id,
+                "sid": sid,
+                "key": draft.source_key,
+                "delivery": draft.delivery_policy.value,
+                "slot": draft.slot_policy.value,
+                "merge_key": encode_merge_key(draft.merge_key),
+                "available_at": draft.available_at_ms,
+                "now": now,
+            },
+        ).fetchone()
+        if row is None:
+            raise ConcurrentModification(f"queued work insert disappeared: {batch_id}")
+        for index, item_id, payload_json in items:
+            db.execute(
+                _INSERT_ITEM,
+                {"bid": batch_id, "idx": index, "item_id": item_id, "payload": payload_json},
+            )
+    return _check_counters(batch_from_row(row, items))
+
+
+def ensure_queued_work_completion(db: Driver, completion: QueuedWorkCompletion) -> None:
+    """Check that ``completion`` names exactly the rows its claim owns (§4.7, strict).
+
+    The owned rows are those with the completion's ``(session_id, claim_id,
+    claim_token)``. Strict (spec/README.md): ``batch_ids`` must have no
+    duplicates and equal that set — none missing, none extra. The seed only
+    compared counts (scenario C-14). A pure read; call it inside the session
+    write lock, before any write of the commit.
+
+    Raises:
+        QueuedWorkClaimSuperseded: the claim was re-claimed, abandoned or
+            completed, or the ids are not exactly the owned rows.
+        InvalidInput: not a completion, blank ids, no batch ids.
+    """
+    _check_completion(completion)
+    rows = db.execute(
+        _OWNED_BY_CLAIM,
+        {
+            "sid": completion.session_id,
+            "cid": completion.claim_id,
+            "token": completion.lease_token,
+        },
+    ).fetchall()
+    owned = {r[0] for r in rows}
+    ids = completion.batch_ids
+    if len(set(ids)) != len(ids) or set(ids) != owned:
+        raise QueuedWorkClaimSuperseded(completion.session_id, completion.claim_id)
+
+
+def delete_completed_queued_work(db: Driver, completion: QueuedWorkCompletion) -> None:
+    """Check ``completion`` strictly, then delete its rows (items cascade).
+
+    The session commit calls this after its own FENCE_OK, inside the write
+    lock. The DELETE is fenced by ``(session_id, claim_id, claim_token)``.
+
+    Raises:
+        QueuedWorkClaimSuperseded: see :func:`ensure_queued_work_completion`.
+        ConcurrentModification: the rows changed under the lock (a bug signal).
+    """
+    ensure_queued_work_completion(db, completion)
+    deleted = db.execute(
+        _DELETE_CLAIMED,
+        {
+            "sid": completion.session_id,
+            "cid": completion.claim_id,
+            "token": completion.lease_token,
+        },
+    ).rowcount
+    if deleted != len(completion.batch_ids):
+        raise ConcurrentModification(
+            f"session {completion.session_id}: claim {completion.claim_id} changed under the lock"
+        )
+
+
+# --------------------------------------------------------------------------
+# The repository
 
 
 class QueuedWorkRepository:
-    """(being written)"""
+    """Queued-work operations inside one unit of work (``uow.queue``)."""
 
     def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+
+    # ------------------------------------------------------------------ enqueue
+
+    def enqueue_queued_work(self, draft: QueuedWorkDraft) -> QueuedWorkBatch:
+        """Append a batch to its session's queue, idempotently by ``source_key`` (§2.6.1).
+
+        A new batch gets ``batch_id = "qwb:" + sha256 hex`` of
+        ``f"{session_id}:{debug(source_key)}:{now}:{nonce}:{random64}"`` and
+        items ``f"{batch_id}:item:{i}"``; it is unclaimed and claimable from
+        ``draft.available_at_ms``. Resubmitting a draft under a stored
+        ``source_key`` with equal content (delivery and slot policy, merge key,
+        ``available_at_ms``, payloads compared as parsed JSON) returns the
+        stored batch as it is now, claimed or not; nothing is written. The
+        batch and its items are written together or not at all.
+
+        Args:
+            draft: the batch; at least one payload.
+
+        Returns:
+            The stored batch with its items.
+
+        Raises:
+            QueuedWorkSourceKeyConflict: the source key is stored with other
+                content (spec/README.md decision; the seed-era behaviour in
+                scenario Q-01 returned the first batch unchanged).
+            InvalidInput: a bad draft (blank ids, no payloads, non-JSON body).
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        _check_draft(draft)
+        nonce = next_enqueue_nonce()
+        now = begin_session_write(self._db, self._clock, self._writable, draft.session_id)
+        return enqueue_queued_work_conn(self._db, draft, now, nonce)
+
+    # ------------------------------------------------------------------ claims
+
+    def claim_leading_ready_session_command(
+        self, session_id: str, fence: LeaseFence, owner: LeaseOwnerIdentity
+    ) -> QueuedWorkClaim | None:
+        """Claim the first claimable ready batch if it is a session command (§2.6.3).
+
+        Scans ``claim_scan_limit(1)`` claimable (unclaimed, or claimed under
+        another generation) ready batches in ``enqueue_seq`` order; claims the
+        first one alone when it is a session command, else returns ``None``
+        and writes nothing.
+
+        Args:
+            session_id: the session.
+            fence: the caller's live session lease (its generation pins the claim).
+            owner: the claim owner stamped on the row.
+
+        Returns:
+            The claim (batches as loaded before the claim UPDATE), or ``None``.
+
+        Raises:
+            SessionExecutionLeaseExpired: ``fence`` is not the live lease.
+            SessionCorrupt: a batch in the scan window does not decode or has
+                mixed or empty payload classes.
+            InvalidInput: bad arguments.
+        """
+        check_id(session_id, "session_id")
+        _check_fence(fence)
+        _check_owner(owner)
+        return self._claim_scanned(
+            session_id, fence, owner, claim_scan_limit(1), select_leading_session_command
+        )
+
+    def claim_ready_queued_work(
+        self,
+        session_id: str,
+        fence: LeaseFence,
+        owner: LeaseOwnerIdentity,
+        boundary: ClaimBoundary,
+        max_batches: int,
+    ) -> QueuedWorkClaim | None:
+        """Claim the leading admissible group of ready turn work (§2.6.4).
+
+        Scans ``max_batches + 32`` claimable ready batches in ``enqueue_seq``
+        order and claims the prefix chosen by
+        :func:`~agentkeep.sessions.domain.select_turn_work_claim_prefix`: the
+        head must be turn work (a ready session command at the head blocks),
+        admitted at ``boundary``; a Join head with a mergeable key takes the
+        following Join batches of the same policy and key, up to
+        ``max_batches``. Future or current-generation-claimed rows are not in
+        the scan, so they block nothing. ``max_batches == 0`` returns ``None``
+        at once, without touching the database or checking the lease.
+
+        Args:
+            session_id: the session.
+            fence: the caller's live session lease.
+            owner: the claim owner stamped on the rows.
+            boundary: where the claimant is (idle or at an active-turn checkpoint).
+            max_batches: the most batches to claim, ``0..2**63-1``.
+
+        Returns:
+            The claim (batches as loaded before the claim UPDATE), or ``None``
+            when nothing is admissible or a row was lost to a race (then
+            nothing of this claim is written).
+
+        Raises:
+            SessionExecutionLeaseExpired: ``fence`` is not the live lease.
+            SessionCorrupt: a batch in the scan window does not decode or has
+                mixed or empty payload classes.
+            InvalidInput: bad arguments (``max_batches`` negative, too large or
+                not an ``int``).
+        """
+        check_id(session_id, "session_id")
+        _check_fence(fence)
+        _check_owner(owner)
+        _check_boundary(boundary)
+        _check_int(max_batches, "max_batches")
+        if max_batches == 0:
+            return None
+        return self._claim_scanned(
+            session_id,
+            fence,
+            owner,
+            claim_scan_limit(max_batches),
+            lambda candidates: select_turn_work_claim_prefix(candidates, boundary, max_batches),
+        )
+
+    def claim_ready_queued_work_by_batch_ids(
+        self,
+        session_id: str,
+        fence: LeaseFence,
+        owner: LeaseOwnerIdentity,
+        boundary: ClaimBoundary,
+        batch_ids: Sequence[str],
+    ) -> QueuedWorkClaim | None:
+        """Claim exactly the named batches, in the caller's order, as one group (§2.6.5).
+
+        Every id must name a claimable ready batch of the session whose items
+        are all turn work, and the ids in the given order must form exactly
+        one admissible group (the first passes the boundary gate; several ids
+        need a Join head with a mergeable key and the same policy and key on
+        every other one). The claim id derives from the **first id given**.
+        Duplicate ids yield ``None`` (the second UPDATE of a row fails its
+        fence and the claim is rolled back). An empty list returns ``None``
+        without a lease check.
+
+        Args:
+            session_id: the session.
+            fence: the caller's live session lease.
+            owner: the claim owner stamped on the rows.
+            boundary: where the claimant is.
+            batch_ids: the batches to claim, in the claim's order.
+
+        Returns:
+            The claim (batches as loaded before the claim UPDATE), or ``None``.
+
+        Raises:
+            SessionExecutionLeaseExpired: ``fence`` is not the live lease.
+            SessionCorrupt: a named batch does not decode.
+            InvalidInput: bad arguments (``batch_ids`` must be a list or tuple
+                of non-blank strings).
+        """
+        check_id(session_id, "session_id")
+        _check_fence(fence)
+        _check_owner(owner)
+        _check_boundary(boundary)
+        if not isinstance(batch_ids, list | tuple):
+            raise InvalidInput("batch_ids", f"expected a list of ids, got {type(batch_ids)}")
+        for i, batch_id in enumerate(batch_ids):
+            check_id(batch_id, f"batch_ids[{i}]")
+        if not batch_ids:
+            return None
+        now = begin_session_write(self._db, self._clock, self._writable, session_id)
+        ensure_session_execution_lease(self._db, session_id, fence, now)
+        generation = fence.fencing_token
+        candidates: list[QueuedWorkBatch] = []
+        for batch_id in batch_ids:
+            rows = self._db.execute(
+                _CLAIMABLE_BY_ID,
+                {"sid": session_id, "bid": batch_id, "now": now, "generation": generation},
+            ).fetchall()
+            if not rows:
+                return None
+            batch = _batches(rows)[0]
+            if batch.work_class() is not QueuedWorkClass.TURN_WORK:
+                return None
+            candidates.append(batch)
+        if select_turn_work_claim_prefix(candidates, boundary, len(candidates)) != len(candidates):
+            return None
+        return self._stamp(session_id, owner, now, generation, candidates)
+
+    def _claim_scanned(
+        self,
+        session_id: str,
+        fence: LeaseFence,
+        owner: LeaseOwnerIdentity,
+        limit: int,
+        select: Callable[[list[QueuedWorkBatch]], int],
+    ) -> QueuedWorkClaim | None:
+        """FENCE_OK, scan the window, select a prefix, stamp it (§2.6.2–2.6.4)."""
+        now = begin_session_write(self._db, self._clock, self._writable, session_id)
+        ensure_session_execution_lease(self._db, session_id, fence, now)
+        generation = fence.fencing_token
+        rows = self._db.execute(
+            _SCAN, {"sid": session_id, "now": now, "generation": generation, "limit": limit}
+        ).fetchall()
+        candidates = _batches(rows)
+        for batch in candidates:  # a corrupt batch anywhere in the window fails the claim
+            if batch.work_class() is None:
+                raise _corrupt_class(batch)
+        n = select(candidates)
+        if n == 0:
+            return None
+        return self._stamp(session_id, owner, now, generation, candidates[:n])
+
+    def _stamp(
+        self,
+        session_id: str,
+        owner: LeaseOwnerIdentity,
+        now: int,
+        generation: int,
+        selected: list[QueuedWorkBatch],
+    ) -> QueuedWorkClaim | None:
+        """Derive the claim lease from the head (§4.6) and STAMP_CLAIM every row, all or none."""
+        head = selected[0]
+        fencing = saturating_add(head.claim_fencing_token, 1)
+        claim_id = f"qwc:{head.enqueue_seq}:{fencing}"
+        token = claim_lease_token(session_id, owner, claim_id, now)
+        params: dict[str, Any] = {
+            "sid": session_id,
+            "cid": claim_id,
+            "owner": owner.owner_id,
+            "inc": owner.incarnation_id,
+            "liveness": encode_liveness(owner),
+            "token": token,
+            "generation": generation,
+        }
+        if len(selected) == 1:  # nothing written yet if the one UPDATE loses
+            if self._db.execute(_STAMP_CLAIM, {**params, "bid": head.batch_id}).rowcount != 1:
+                return None
+        else:
+            try:
+                with self._db.savepoint():
+                    for batch in selected:
+                        params["bid"] = batch.batch_id
+                        if self._db.execute(_STAMP_CLAIM, params).rowcount != 1:
+                            raise _LostRace
+            except _LostRace:
+                return None
+        return QueuedWorkClaim.model_construct(
+            session_id=session_id,
+            claim_id=claim_id,
+            owner=owner,
+            lease_token=token,
+            fencing_token=fencing,
+            session_lease_generation=generation,
+            batches=tuple(selected),
+        )
+
+    # ------------------------------------------------------------------ settle a claim
+
+    def abandon_queued_work_claim(self, claim: QueuedWorkClaim | QueuedWorkCompletion) -> None:
+        """Give a claim's rows back unclaimed (§2.6.6); the per-row counter is kept.
+
+        Fenced by ``(session_id, claim_id, claim_token)`` only; no lease check.
+        A stale or superseded claim (its rows re-claimed, completed or
+        cancelled) matches nothing and is a silent no-op. The next claim of a
+        row gets a higher counter and a new claim id.
+
+        Args:
+            claim: the claim, or its completion.
+
+        Raises:
+            InvalidInput: not a claim or completion, or blank ids.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        if not isinstance(claim, QueuedWorkClaim | QueuedWorkCompletion):
+            raise InvalidInput(
+                "claim", f"expected a QueuedWorkClaim or completion, got {type(claim).__name__}"
+            )
+        check_id(claim.session_id, "claim.session_id")
+        check_id(claim.claim_id, "claim.claim_id")
+        check_id(claim.lease_token, "claim.lease_token")
+        begin_session_write(self._db, self._clock, self._writable, claim.session_id)
+        self._db.execute(
+            _CLEAR_CLAIM,
+            {"sid": claim.session_id, "cid": claim.claim_id, "token": claim.lease_token},
+        )
+
+    def ensure_queued_work_completion(self, completion: QueuedWorkCompletion) -> None:
+        """Check that ``completion`` names exactly the rows its claim owns; writes nothing.
+
+        See :func:`ensure_queued_work_completion` (strict: no duplicates, none
+        missing, none extra).
+
+        Raises:
+            QueuedWorkClaimSuperseded: it does not.
+            InvalidInput: not a completion, or blank ids.
+        """
+        ensure_queued_work_completion(self._db, completion)
+
+    def complete_queued_work_claim(
+        self, fence: LeaseFence, completion: QueuedWorkCompletion
+    ) -> None:
+        """Finish a claim: delete exactly its rows (items cascade), under the live lease.
+
+        The standalone form of what a session commit does with a queued-work
+        completion: FENCE_OK on ``fence``, then the strict ownership check,
+        then ``DELETE`` fenced by ``(session_id, claim_id, claim_token)``. A
+        claim taken under an earlier generation may be completed by the live
+        holder as long as its rows were not re-claimed.
+
+        Args:
+            fence: the caller's live session lease.
+            completion: from :meth:`QueuedWorkClaim.completion`.
+
+        Raises:
+            SessionExecutionLeaseExpired: ``fence`` is not the live lease.
+            QueuedWorkClaimSuperseded: the completion is for another session,
+                or does not name exactly the rows its claim owns (scenario
+                C-14 of the spec passed a count-only check; the strict
+                decision refuses it and deletes nothing).
+            InvalidInput: bad arguments.
+        """
+        _check_fence(fence)
+        _check_completion(completion)
+        sid = fence.session_id
+        now = begin_session_write(self._db, self._clock, self._writable, sid)
+        ensure_session_execution_lease(self._db, sid, fence, now)
+        if completion.session_id != sid:
+            raise QueuedWorkClaimSuperseded(completion.session_id, completion.claim_id)
+        delete_completed_queued_work(self._db, completion)
+
+    # ------------------------------------------------------------------ cancel
+
+    def cancel_queued_work_batch(self, session_id: str, batch_id: str) -> QueuedWorkBatch | None:
+        """Delete a batch that is not live-claimed, and return it as it was (§2.6.7).
+
+        Host operation, no fence. A batch is cancellable when it is unclaimed
+        or its claim is stale (the claim's generation is not the fencing token
+        of a live lease: expired, released or taken over). Items cascade.
+
+        Args:
+            session_id: the session.
+            batch_id: the batch.
+
+        Returns:
+            The pre-delete snapshot with its items, or ``None`` when the batch
+            does not exist in the session or is live-claimed (indistinguishable).
+
+        Raises:
+            SessionCorrupt: the batch does not decode (nothing is deleted).
+            InvalidInput: blank ids.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        check_id(session_id, "session_id")
+        check_id(batch_id, "batch_id")
+        now = begin_session_write(self._db, self._clock, self._writable, session_id)
+        params = {"sid": session_id, "bid": batch_id, "now": now}
+        rows = self._db.execute(_CANCELLABLE, params).fetchall()
+        if not rows:
+            return None
+        batch = _batches(rows)[0]
+        if self._db.execute(_DELETE_CANCELLABLE, params).rowcount != 1:
+            raise ConcurrentModification(f"session {session_id}: batch {batch_id} changed")
+        return batch
+
+    # ------------------------------------------------------------------ reads
+
+    def list_queued_work(self, session_id: str) -> list[QueuedWorkBatch]:
+        """Every batch of the session with its items, in ``enqueue_seq`` order (§2.6.8).
+
+        Claimed or not, ready or not. One statement (items joined), so one
+        snapshot in any unit of work.
+
+        Raises:
+            SessionCorrupt: a batch does not decode (named in the error).
+            InvalidInput: blank session id.
+        """
+        check_id(session_id, "session_id")
+        return _batches(self._db.execute(_LIST, {"sid": session_id}).fetchall())
+
+    def list_pending_queued_work(self, session_id: str) -> list[QueuedWorkBatch]:
+        """Batches not live-claimed now, with items, in ``enqueue_seq`` order (§2.6.9).
+
+        Unclaimed and stale-claimed batches are listed; so are future-dated
+        ones (no ``available_at_ms`` filter).
+
+        Raises:
+            SessionCorrupt: a listed batch does not decode.
+            InvalidInput: blank session id.
+        """
+        check_id(session_id, "session_id")
+        rows = self._db.execute(
+            _LIST_PENDING, {"sid": session_id, "now": self._clock.now_ms()}
+        ).fetchall()
+        return _batches(rows)
