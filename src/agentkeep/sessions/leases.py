@@ -188,6 +188,11 @@ def ensure_session_execution_lease(
             row exists; the owner (incarnation), token or generation differ; or
             the lease expired (``expires <= now``).
     """
+    _fenced_row(db, session_id, fence, now)
+
+
+def _fenced_row(db: Driver, session_id: str, fence: LeaseFence, now: int) -> _Row:
+    """FENCE_OK, returning the lease row it checked."""
     if fence.session_id != session_id:
         raise SessionExecutionLeaseExpired(session_id)
     row = _load(db, session_id)
@@ -200,6 +205,7 @@ def ensure_session_execution_lease(
         or not row.expires > now
     ):
         raise SessionExecutionLeaseExpired(session_id)
+    return row
 
 
 # --------------------------------------------------------------------------
@@ -377,9 +383,7 @@ class SessionLeaseRepository:
         check_ms(ttl_ms, "ttl_ms")
         sid = fence.session_id
         now = begin_session_write(self._db, self._clock, self._writable, sid)
-        ensure_session_execution_lease(self._db, sid, fence, now)
-        row = _load(self._db, sid)
-        assert row is not None  # ensured above, under the lock
+        row = _fenced_row(self._db, sid, fence, now)
         expires = saturating_add(now, ttl_ms)
         params = {
             "sid": sid,
