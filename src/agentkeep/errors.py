@@ -31,6 +31,7 @@ __all__ = [
     "AssigneeSlotRequired",
     "ConcurrentModification",
     "GenerationOverflow",
+    "HeadRevisionConflict",
     "PendingTurnInputSourceKeyConflict",
     "QueuedWorkClaimSuperseded",
     "QueuedWorkSourceKeyConflict",
@@ -46,9 +47,11 @@ __all__ = [
     "RunDuplicate",
     "RunNotFound",
     "RunStoreError",
+    "RuntimeTurnCommitConflict",
     "SchemaBehind",
     "SchemaError",
     "SchemaNewer",
+    "SessionBindingMismatch",
     "SessionCorrupt",
     "SessionExecutionLeaseExpired",
     "SessionStoreError",
@@ -418,3 +421,52 @@ class TurnInputDuplicate(Duplicate, SessionStoreError):
 
 class SessionCorrupt(CorruptData, SessionStoreError):
     """A stored session-store value failed to decode (``decode <column>: …``)."""
+
+
+class SessionBindingMismatch(SessionStoreError):
+    """A commit carries something (an enqueued batch) for another session.
+
+    Attributes:
+        bound_session_id: the commit's session.
+        attempted_session_id: the other session.
+    """
+
+    def __init__(self, bound_session_id: str, attempted_session_id: str) -> None:
+        self.bound_session_id = bound_session_id
+        self.attempted_session_id = attempted_session_id
+        super().__init__(
+            f"session binding mismatch: commit for {bound_session_id} carries "
+            f"work for {attempted_session_id}"
+        )
+
+
+class RuntimeTurnCommitConflict(SessionStoreError):
+    """The turn was already committed with a different hash (or the stamp names another session).
+
+    Attributes:
+        session_id: the stamp's session.
+        turn_id: the turn.
+    """
+
+    def __init__(self, session_id: str, turn_id: str) -> None:
+        self.session_id = session_id
+        self.turn_id = turn_id
+        super().__init__(f"turn {turn_id} of session {session_id} was committed differently")
+
+
+class HeadRevisionConflict(SessionStoreError):
+    """The session head is not at the expected revision (another commit won).
+
+    Attributes:
+        session_id: the session.
+        expected: the revision the commit expected.
+        actual: the revision found.
+    """
+
+    def __init__(self, session_id: str, expected: int | None, actual: int) -> None:
+        self.session_id = session_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"head revision conflict on {session_id}: expected {expected}, found {actual}"
+        )

@@ -40,6 +40,14 @@ SESSION_TABLES = {
     "queued_work_batches",
     "queued_work_items",
     "pending_turn_inputs",
+    "session_head",
+    "graph_nodes",
+    "usage_deltas",
+    "runtime_turn_commits",
+    "attachment_manifest",
+    "blobs",
+    "artifact_refs",
+    "session_meta",
 }
 #: Every agentkeep table at head, per backend (runs_seq_counter is SQLite-only).
 OUR_TABLES = {"runs", "runs_seq_counter"} | SESSION_TABLES

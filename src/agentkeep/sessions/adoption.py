@@ -22,6 +22,14 @@ _TABLES: Final = (
     "queued_work_batches",
     "queued_work_items",
     "pending_turn_inputs",
+    "session_head",
+    "graph_nodes",
+    "usage_deltas",
+    "runtime_turn_commits",
+    "attachment_manifest",
+    "blobs",
+    "artifact_refs",
+    "session_meta",
 )
 
 

@@ -17,12 +17,25 @@ Invariants:
 
 from __future__ import annotations
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, Text, UniqueConstraint, text
+from sqlalchemy import CheckConstraint, ForeignKey, Index, LargeBinary, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from agentkeep.base import BIGINT, Base
 
-__all__ = ["PendingTurnInputRow", "QueuedWorkBatchRow", "QueuedWorkItemRow", "SessionLeaseRow"]
+__all__ = [
+    "ArtifactRefRow",
+    "AttachmentManifestRow",
+    "BlobRow",
+    "GraphNodeRow",
+    "PendingTurnInputRow",
+    "QueuedWorkBatchRow",
+    "QueuedWorkItemRow",
+    "RuntimeTurnCommitRow",
+    "SessionHeadRow",
+    "SessionLeaseRow",
+    "SessionMetaRow",
+    "UsageDeltaRow",
+]
 
 _ZERO = text("0")
 
@@ -127,3 +140,136 @@ class PendingTurnInputRow(Base):
         Index("ix_pending_turn_inputs_session_claim", "session_id", "claim_id", "claim_token"),
         {"sqlite_autoincrement": True},
     )
+
+
+# --------------------------------------------------------------------------
+# The commit half (spec sessions §1.1–1.4, §1.9–1.12), keyed by session_id.
+
+
+class SessionHeadRow(Base):
+    """One head per session: the revision advanced by compare-and-set on every commit."""
+
+    __tablename__ = "session_head"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    schema_version: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    head_revision: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+    leaf_node_id: Mapped[str | None] = mapped_column(Text)
+    checkpoint_ref: Mapped[str] = mapped_column(Text, nullable=False)
+    config_json: Mapped[str] = mapped_column(Text, nullable=False)
+    agent_frames_json: Mapped[str] = mapped_column(Text, nullable=False)
+    current_agent_frame_id: Mapped[str | None] = mapped_column(Text)
+    graph_node_count: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+
+
+class GraphNodeRow(Base):
+    """A node of a session's conversation graph (soft-deleted by ``tombstoned``)."""
+
+    __tablename__ = "graph_nodes"
+
+    seq: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(Text, nullable=False)
+    node_id: Mapped[str] = mapped_column(Text, nullable=False)
+    parent_node_id: Mapped[str | None] = mapped_column(Text)
+    node_json: Mapped[str] = mapped_column(Text, nullable=False)
+    tombstoned: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+
+    __table_args__ = (
+        # Unique per session; also the lookup of the active-path walk.
+        UniqueConstraint("session_id", "node_id"),
+        # Full-graph loads and node counts: WHERE session_id = ? AND tombstoned = 0 ORDER BY seq.
+        Index("ix_graph_nodes_session_tombstoned_seq", "session_id", "tombstoned", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+
+class UsageDeltaRow(Base):
+    """Append-only token usage ledger of a session."""
+
+    __tablename__ = "usage_deltas"
+
+    seq: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(Text, nullable=False)
+    source: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    cache_read_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    cache_write_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    reasoning_output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+
+    __table_args__ = (
+        Index("ix_usage_deltas_session_seq", "session_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+
+class RuntimeTurnCommitRow(Base):
+    """Idempotency ledger: the result of the first commit of each (session, turn)."""
+
+    __tablename__ = "runtime_turn_commits"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    turn_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    turn_commit_hash: Mapped[str] = mapped_column(Text, nullable=False)
+    result_json: Mapped[str] = mapped_column(Text, nullable=False)
+    checkpoint_ref: Mapped[str] = mapped_column(Text, nullable=False)
+    committed_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False)
+
+
+class AttachmentManifestRow(Base):
+    """Attachment write-ahead manifest; ``committed_at_ms`` is set once, by the first commit."""
+
+    __tablename__ = "attachment_manifest"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    attachment_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    canonical_uri: Mapped[str] = mapped_column(Text, nullable=False)
+    intent_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    committed_at_ms: Mapped[int | None] = mapped_column(BIGINT)
+    owner_kind: Mapped[str | None] = mapped_column(Text)
+    owner_id: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint(
+            "(owner_kind IS NULL AND owner_id IS NULL) OR "
+            "(owner_kind IN ('turn', 'process') AND owner_id IS NOT NULL)",
+            name="owner",
+        ),
+    )
+
+
+class BlobRow(Base):
+    """Content-addressed blobs: ``hash`` is the sha256 of the uncompressed canonical bytes."""
+
+    __tablename__ = "blobs"
+
+    hash: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text, nullable=False)
+    compression: Mapped[str] = mapped_column(Text, nullable=False)
+    content: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+
+    __table_args__ = (CheckConstraint("compression IN ('none', 'zlib')", name="compression"),)
+
+
+class ArtifactRefRow(Base):
+    """GC roots for blobs that no session head references."""
+
+    __tablename__ = "artifact_refs"
+
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    artifact_ref: Mapped[str] = mapped_column(Text, primary_key=True)
+    blob_ref: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class SessionMetaRow(Base):
+    """Descriptive metadata of a session."""
+
+    __tablename__ = "session_meta"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    session_name: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    cwd: Mapped[str | None] = mapped_column(Text)
+    relation_json: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,200 @@
+"""Content-addressed blobs and checkpoints (spec sessions §1.10, §4.9; spec/README.md).
+
+A blob is the canonical JSON encoding of a value (sorted keys, compact, UTF-8),
+compressed with zlib when its size reaches the blob profile's threshold. Its
+``hash`` is the lowercase hex sha256 of the *uncompressed* canonical bytes, so
+the same value always has the same hash whatever the compression, and writes
+are idempotent (``INSERT … ON CONFLICT (hash) DO NOTHING``).
+
+A checkpoint is stored as one blob per present component (tool state, plugin
+snapshot, execution state) plus a manifest blob naming them; the manifest's
+hash is the ``checkpoint_ref``. Everything is written inside the caller's
+commit transaction, so a root is never visible without its leaves.
+
+Reading: a missing blob is ``None`` (the component, or the whole checkpoint
+when the manifest is missing); a blob that is present but does not decode is
+an error (:class:`~agentkeep.errors.SessionCorrupt`), never read as empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from typing import Any, Final
+
+from agentkeep.columns import canonical_json
+from agentkeep.db import Driver, Sql
+from agentkeep.errors import InvalidInput, SessionCorrupt
+from agentkeep.sessions.codec import loads
+from agentkeep.sessions.records import (
+    MANIFEST_SCHEMA_VERSION,
+    BlobProfile,
+    CheckpointManifest,
+    HydratedSessionCheckpoint,
+)
+
+__all__ = [
+    "KIND_EXECUTION_STATE",
+    "KIND_MANIFEST",
+    "KIND_PLUGIN_SNAPSHOT",
+    "KIND_TOOL_STATE",
+    "get_blob",
+    "get_checkpoint",
+    "manifest_refs",
+    "put_blob",
+    "put_checkpoint",
+    "read_manifest",
+]
+
+KIND_MANIFEST: Final = "checkpoint_manifest"
+KIND_TOOL_STATE: Final = "tool_state"
+KIND_PLUGIN_SNAPSHOT: Final = "plugin_snapshot"
+KIND_EXECUTION_STATE: Final = "execution_state"
+
+_PUT: Final = Sql(
+    "INSERT INTO blobs (hash, kind, compression, content) VALUES (:hash, :kind, :compression, "
+    ":content) ON CONFLICT (hash) DO NOTHING"
+)
+_GET: Final = Sql("SELECT kind, compression, content FROM blobs WHERE hash = :hash")
+
+
+def _encode(value: Any, field: str) -> bytes:
+    try:
+        return canonical_json(value).encode("utf-8")
+    except ValueError as exc:
+        raise InvalidInput(field, str(exc)) from None
+
+
+def put_blob(db: Driver, kind: str, value: Any, profile: BlobProfile) -> str:
+    """Store ``value`` as a blob (idempotent); return its hash.
+
+    Raises:
+        InvalidInput: ``value`` is not a JSON value.
+    """
+    raw = _encode(value, kind)
+    digest = hashlib.sha256(raw).hexdigest()
+    threshold = profile.threshold()
+    if threshold is not None and len(raw) >= threshold:
+        content, compression = zlib.compress(raw), "zlib"
+    else:
+        content, compression = raw, "none"
+    db.execute(_PUT, {"hash": digest, "kind": kind, "compression": compression, "content": content})
+    return digest
+
+
+def get_blob(db: Driver, digest: str) -> tuple[str, Any] | None:
+    """``(kind, value)`` of a stored blob, or None if there is none.
+
+    Raises:
+        SessionCorrupt: the blob does not decompress, decode, or match its hash.
+    """
+    row = db.execute(_GET, {"hash": digest}).fetchone()
+    if row is None:
+        return None
+    kind, compression, content = row
+    try:
+        raw = bytes(content)
+        if compression == "zlib":
+            raw = zlib.decompress(raw)
+        elif compression != "none":
+            raise ValueError(f"unknown compression {compression!r}")
+        if hashlib.sha256(raw).hexdigest() != digest:
+            raise ValueError("content does not match its hash")
+        return str(kind), loads(raw.decode("utf-8"))
+    except (ValueError, zlib.error, UnicodeDecodeError, TypeError) as exc:
+        raise SessionCorrupt("blobs", digest, "content", str(exc)) from None
+
+
+def put_checkpoint(
+    db: Driver, checkpoint: HydratedSessionCheckpoint, profile: BlobProfile
+) -> tuple[str, CheckpointManifest]:
+    """Store a checkpoint's component blobs and its manifest; return ``(checkpoint_ref, manifest)``.
+
+    For each component, a body (not None) is stored and its hash becomes the
+    reference; otherwise the caller's reference is kept.
+    """
+
+    def component(body: Any, ref: str | None, kind: str) -> str | None:
+        return put_blob(db, kind, body, profile) if body is not None else ref
+
+    manifest = CheckpointManifest(
+        schema_version=MANIFEST_SCHEMA_VERSION,
+        turn_state=checkpoint.turn_state,
+        tool_state_ref=component(checkpoint.tool_state, checkpoint.tool_state_ref, KIND_TOOL_STATE),
+        plugin_snapshot_ref=component(
+            checkpoint.plugin_snapshot, checkpoint.plugin_snapshot_ref, KIND_PLUGIN_SNAPSHOT
+        ),
+        plugin_snapshot_revision=checkpoint.plugin_snapshot_revision,
+        execution_state_ref=component(
+            checkpoint.execution_state, checkpoint.execution_state_ref, KIND_EXECUTION_STATE
+        ),
+    )
+    ref = put_blob(db, KIND_MANIFEST, manifest.model_dump(mode="json"), profile)
+    return ref, manifest
+
+
+def read_manifest(db: Driver, ref: str) -> CheckpointManifest | None:
+    """The manifest named by ``ref``, or None if its blob is missing.
+
+    Raises:
+        SessionCorrupt: the blob is not a manifest of a supported schema version.
+    """
+    blob = get_blob(db, ref)
+    if blob is None:
+        return None
+    kind, value = blob
+    if kind != KIND_MANIFEST or not isinstance(value, dict):
+        raise SessionCorrupt("blobs", ref, "content", f"a {kind} blob is not a checkpoint manifest")
+    version = value.get("schema_version")
+    if version != MANIFEST_SCHEMA_VERSION:
+        raise SessionCorrupt(
+            "blobs", ref, "content", f"unsupported checkpoint manifest schema version {version!r}"
+        )
+    try:
+        return CheckpointManifest.model_validate(value)
+    except ValueError as exc:
+        raise SessionCorrupt("blobs", ref, "content", str(exc)) from None
+
+
+def manifest_refs(manifest: CheckpointManifest) -> list[str]:
+    """The component blob hashes a manifest names (GC marks them)."""
+    return [
+        r
+        for r in (
+            manifest.tool_state_ref,
+            manifest.plugin_snapshot_ref,
+            manifest.execution_state_ref,
+        )
+        if r is not None
+    ]
+
+
+def get_checkpoint(db: Driver, ref: str) -> HydratedSessionCheckpoint | None:
+    """Hydrate the checkpoint ``ref`` names; None if its manifest blob is missing.
+
+    A missing component blob leaves that component's body None (its reference
+    is kept).
+
+    Raises:
+        SessionCorrupt: the manifest or a present component does not decode.
+    """
+    manifest = read_manifest(db, ref)
+    if manifest is None:
+        return None
+
+    def body(component_ref: str | None) -> Any:
+        if component_ref is None:
+            return None
+        blob = get_blob(db, component_ref)
+        return None if blob is None else blob[1]
+
+    return HydratedSessionCheckpoint(
+        turn_state=manifest.turn_state,
+        tool_state=body(manifest.tool_state_ref),
+        tool_state_ref=manifest.tool_state_ref,
+        plugin_snapshot=body(manifest.plugin_snapshot_ref),
+        plugin_snapshot_ref=manifest.plugin_snapshot_ref,
+        plugin_snapshot_revision=manifest.plugin_snapshot_revision,
+        execution_state=body(manifest.execution_state_ref),
+        execution_state_ref=manifest.execution_state_ref,
+    )
