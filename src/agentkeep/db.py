@@ -85,6 +85,8 @@ class LockNamespace:
     RUNTIME: Final = 0x61_6B_00_30
     MOB: Final = 0x61_6B_00_31
     OAUTH: Final = 0x61_6B_00_32
+    #: Blob garbage collection: commits hold it shared, GC exclusive (key "blobs").
+    BLOB_GC: Final = 0x61_6B_00_21
 
 
 def is_postgres(bind: Engine | Connection) -> bool:
@@ -402,6 +404,7 @@ class Driver:
 # The aggregate write lock
 
 _LOCK_SQL: Final = Sql("SELECT pg_advisory_xact_lock(:ns, :key)")
+_LOCK_SHARED_SQL: Final = Sql("SELECT pg_advisory_xact_lock_shared(:ns, :key)")
 
 
 def _key_hash(key: str) -> int:
@@ -409,7 +412,7 @@ def _key_hash(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) - 0x8000_0000
 
 
-def lock_aggregate(driver: Driver, namespace: int, key: str) -> None:
+def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = False) -> None:
     """Take the write lock of one aggregate for the rest of the transaction.
 
     Every write operation calls this before its first read (spec/README.md
@@ -423,9 +426,13 @@ def lock_aggregate(driver: Driver, namespace: int, key: str) -> None:
         driver: the unit of work's driver connection, inside its transaction.
         namespace: a :class:`LockNamespace` constant.
         key: the aggregate id.
+        shared: take it shared (``pg_advisory_xact_lock_shared``): shared
+            holders do not exclude each other, only an exclusive holder. Used
+            by commits against blob GC.
     """
     if driver.postgres:
-        driver.execute(_LOCK_SQL, {"ns": namespace, "key": _key_hash(key)})
+        stmt = _LOCK_SHARED_SQL if shared else _LOCK_SQL
+        driver.execute(stmt, {"ns": namespace, "key": _key_hash(key)})
 
 
 @contextmanager

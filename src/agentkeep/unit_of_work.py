@@ -28,7 +28,9 @@ from sqlalchemy.orm import Session
 from agentkeep.clock import Clock
 from agentkeep.db import Driver
 from agentkeep.runs.repository import RunRepository
+from agentkeep.sessions.commits import SessionCommitRepository
 from agentkeep.sessions.leases import SessionLeaseRepository
+from agentkeep.sessions.maintenance import MaintenanceRepository
 from agentkeep.sessions.queue import QueuedWorkRepository
 from agentkeep.sessions.turn_inputs import TurnInputRepository
 
@@ -45,7 +47,17 @@ class Repositories:
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`).
     """
 
-    __slots__ = ("_leases", "_queue", "_runs", "_turn_inputs", "clock", "driver", "writable")
+    __slots__ = (
+        "_leases",
+        "_maintenance",
+        "_queue",
+        "_runs",
+        "_sessions",
+        "_turn_inputs",
+        "clock",
+        "driver",
+        "writable",
+    )
 
     def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
         self.driver = driver
@@ -55,6 +67,8 @@ class Repositories:
         self._leases: SessionLeaseRepository | None = None
         self._queue: QueuedWorkRepository | None = None
         self._turn_inputs: TurnInputRepository | None = None
+        self._sessions: SessionCommitRepository | None = None
+        self._maintenance: MaintenanceRepository | None = None
 
     @property
     def runs(self) -> RunRepository:
@@ -76,6 +90,24 @@ class Repositories:
         if self._queue is None:
             self._queue = QueuedWorkRepository(self.driver, self.clock, writable=self.writable)
         return self._queue
+
+    @property
+    def sessions(self) -> SessionCommitRepository:
+        """Session commits and reads (head, graph, checkpoints, usage) in this unit."""
+        if self._sessions is None:
+            self._sessions = SessionCommitRepository(
+                self.driver, self.clock, writable=self.writable
+            )
+        return self._sessions
+
+    @property
+    def maintenance(self) -> MaintenanceRepository:
+        """Tombstones, vacuum and blob GC in this unit."""
+        if self._maintenance is None:
+            self._maintenance = MaintenanceRepository(
+                self.driver, self.clock, writable=self.writable
+            )
+        return self._maintenance
 
     @property
     def turn_inputs(self) -> TurnInputRepository:
