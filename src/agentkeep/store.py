@@ -50,9 +50,16 @@ class Store:
         clock: Clock | None = None,
         retry_attempts: int = 5,
         memory: bool = False,
+        auto_gc_every_commits: int | None = None,
     ) -> None:
         if retry_attempts < 1:
             raise InvalidInput("retry_attempts", "must be >= 1")
+        if auto_gc_every_commits is not None and (
+            type(auto_gc_every_commits) is not int or auto_gc_every_commits < 1
+        ):
+            raise InvalidInput("auto_gc_every_commits", "must be None or an integer >= 1")
+        #: Run blob GC after every N one-call session commits (None: never).
+        self.auto_gc_every_commits = auto_gc_every_commits
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
         self._write_engine = db.write_engine(engine)
@@ -81,6 +88,7 @@ class Store:
         busy_timeout_ms: int = db.DEFAULT_BUSY_TIMEOUT_MS,
         synchronous: str = "NORMAL",
         retry_attempts: int = 5,
+        auto_gc_every_commits: int | None = None,
         **engine_kwargs: Any,
     ) -> Store:
         """Open the database at ``url``.
@@ -95,6 +103,8 @@ class Store:
             busy_timeout_ms: lock wait before :class:`~agentkeep.errors.StoreBusy`.
             synchronous: SQLite ``PRAGMA synchronous`` (NORMAL or FULL).
             retry_attempts: attempts of a one-call operation on transient errors.
+            auto_gc_every_commits: run blob GC after every N successful
+                ``store.sessions.commit_runtime_state`` calls (best effort).
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine`.
 
         Raises:
@@ -104,6 +114,10 @@ class Store:
         """
         if retry_attempts < 1:  # before anything touches the database
             raise InvalidInput("retry_attempts", "must be >= 1")
+        if auto_gc_every_commits is not None and (
+            type(auto_gc_every_commits) is not int or auto_gc_every_commits < 1
+        ):
+            raise InvalidInput("auto_gc_every_commits", "must be None or an integer >= 1")
         memory = db.is_memory_sqlite(url)
         engine = db.create_engine(
             url, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous, **engine_kwargs
@@ -114,7 +128,13 @@ class Store:
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, clock=clock, retry_attempts=retry_attempts, memory=memory)
+        return cls(
+            engine,
+            clock=clock,
+            retry_attempts=retry_attempts,
+            memory=memory,
+            auto_gc_every_commits=auto_gc_every_commits,
+        )
 
     def migrate(self) -> tuple[str, ...]:
         """Upgrade this database to head (adopting legacy tables); return the revisions."""
