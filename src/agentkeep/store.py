@@ -26,7 +26,13 @@ from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.facade import RunCalls
-from agentkeep.sessions.facade import LeaseCalls, QueueCalls, TurnInputCalls
+from agentkeep.sessions.facade import (
+    LeaseCalls,
+    MaintenanceCalls,
+    QueueCalls,
+    SessionCalls,
+    TurnInputCalls,
+)
 from agentkeep.unit_of_work import Repositories, UnitOfWork
 
 __all__ = ["Store"]
@@ -77,6 +83,8 @@ class Store:
         self.leases = LeaseCalls(self)
         self.queue = QueueCalls(self)
         self.turn_inputs = TurnInputCalls(self)
+        self.sessions = SessionCalls(self)
+        self.maintenance = MaintenanceCalls(self)
 
     @classmethod
     def open(

@@ -1,17 +1,925 @@
-"""(being written)"""
+"""Session commits and session reads (spec sessions §1.1–1.4, §1.9, §1.12, §2.2–2.4, §2.9, §4.11).
+
+This module owns the rows a turn records: the session head (``session_head``,
+one per session, the head-revision compare-and-set target), the conversation
+graph (``graph_nodes``), the usage ledger (``usage_deltas``), the turn-commit
+idempotency ledger (``runtime_turn_commits``), the commit stamp of attachments
+(``attachment_manifest.committed_at_ms``) and the session metadata
+(``session_meta``). Checkpoint blobs are written through
+:mod:`agentkeep.sessions.checkpoints`; queued work and turn inputs through
+:mod:`agentkeep.sessions.queue` and :mod:`agentkeep.sessions.turn_inputs`.
+
+The commit (:meth:`SessionCommitRepository.commit_runtime_state`, §2.4) runs
+every step of the spec in its order, which fixes the error precedence:
+
+1. the ``session:<id>`` write lock, then the blob-GC lock **shared** (GC takes
+   it exclusive, so a commit's fresh blobs are never swept before its head
+   names them; both are no-ops on SQLite, whose ``BEGIN IMMEDIATE`` is
+   database-wide); ``now`` is sampled once, after the locks (spec/README.md
+   decision 2; the seed sampled it before the lock, §0.2);
+2. (the seed's binding check does not exist: there is one head per session);
+3. turn-commit idempotency: a stamp for another session is
+   :class:`~agentkeep.errors.RuntimeTurnCommitConflict`; a recorded
+   ``(session, turn)`` with the same hash is a **replay** — the stored result
+   is returned, the fenced lease release (if any) runs, and nothing else is
+   checked or written (no fence, no head CAS: a lost worker gets its result);
+   a different hash is ``RuntimeTurnCommitConflict``;
+4. a missing fence and 5. a fence that is not the live lease (FENCE_OK) are
+   :class:`~agentkeep.errors.SessionExecutionLeaseExpired`;
+6. head CAS: ``expected_head_revision`` (if given) must equal the stored
+   revision (0 without a head), else
+   :class:`~agentkeep.errors.HeadRevisionConflict`; ``None`` is a blind write;
+7. completed queue claims: one for another session, or one that does not
+   name **exactly** the rows its claim owns (strict, spec/README.md; the seed
+   compared counts — scenario C-14), is
+   :class:`~agentkeep.errors.QueuedWorkClaimSuperseded`;
+8. the same for turn-input claims (:class:`~agentkeep.errors.TurnInputClaimSuperseded`);
+9. the checkpoint's blobs and manifest; 10. the usage deltas, in order;
+11. the graph delta (``Unchanged`` / ``Append`` / ``ReplaceFull``, scoped to
+    the session); a node id that exists already in the session, or twice in
+    the delta, is :class:`NodeAlreadyExists` (defined here; the seed surfaced
+    the unique violation as a ``Backend`` error);
+12. the live node count; 13. the head, written as an upsert fenced by the
+    revision read in step 6 (a miss is
+    :class:`~agentkeep.errors.ConcurrentModification`, a bug signal: the lock
+    is held);
+14. the completed batches are deleted; 15. the completed turn inputs become
+    ``completed``;
+16. an interrupted turn ``T`` moves the session's ``pending_active`` inputs
+    whose ingress is ``ActiveTurn(T)`` to ``deferred_next_turn`` with the
+    ingress rewritten to ``{"scope":"next_turn"}`` and the claim cleared (the
+    ``submitted_ingress_json`` is kept, so source-key idempotency still
+    recognises the original draft); ``accepted`` inputs are not touched;
+17. attachments of the session get ``committed_at_ms = COALESCE(…, now)``
+    (the first commit wins; unknown ids are ignored);
+18. the enqueued drafts: one for another session is
+    :class:`~agentkeep.errors.SessionBindingMismatch` (after the writes above,
+    which roll back with it);
+19.–21. the result, the turn-commit record (``result_json`` = canonical JSON
+    of the result, plus its ``checkpoint_ref`` — a GC root), and the fenced
+    lease release (a mismatch is a silent no-op).
+
+Atomicity. Every write of a commit runs inside :meth:`Driver.savepoint`: any
+error (typed, or a database error such as a failing trigger) rolls back all of
+the commit and nothing else. Called through the one-call facade
+(``store.sessions.commit_runtime_state``) the commit is its own unit. Inside a
+caller's ``store.write()`` block, an error that propagates out of the block
+rolls the whole unit back; a caller that *catches* a typed error from the
+commit keeps the work it did earlier in the unit, and the commit left nothing.
+
+Reads (:meth:`~SessionCommitRepository.load_session`,
+:meth:`~SessionCommitRepository.load_node`,
+:meth:`~SessionCommitRepository.get_head_revision`,
+:meth:`~SessionCommitRepository.load_session_meta`) take no lock and work in
+read and write units; ``load_session`` issues several SELECTs, which see one
+snapshot in a ``store.read()`` unit (decision 5).
+
+Choices recorded here (spec [PROPOSED] points and spec/README.md decisions):
+
+* Multi-session: every statement is scoped by ``session_id``; ``ReplaceFull``
+  deletes only the session's nodes; the node count and the ledger are the
+  session's.
+* A duplicate node id is the typed :class:`NodeAlreadyExists` (a
+  :class:`~agentkeep.errors.Duplicate` and a
+  :class:`~agentkeep.errors.SessionStoreError`), not a backend error.
+* A fenced release (``release_session_execution_lease``) naming another
+  session is :class:`~agentkeep.errors.SessionBindingMismatch`, raised where
+  the release would run (step 3c or 21): taking a second session's lock
+  inside a commit could deadlock two commits on Postgres.
+* The arguments are checked before anything is locked or written
+  (:class:`~agentkeep.errors.InvalidInput`): ids non-blank, opaque values JSON,
+  completions and drafts well-formed. A replay is checked the same way.
+* Corrupt stored data fails loudly (decision 4) with
+  :class:`~agentkeep.errors.SessionCorrupt` naming table, key and column: the
+  head row (schema version, config, frames), a stored turn-commit result, a
+  checkpoint manifest, an ingress read by step 16, session metadata. The
+  seed's silent skips are kept only for graph nodes and usage deltas, with a
+  warning logged once per row; a SQL failure is never read as an empty graph.
+* The active path is one recursive CTE over the ``parent_node_id`` column,
+  each step an index lookup on ``(session_id, node_id)``: its cost follows
+  the path, not the graph. It stops at a missing or tombstoned ancestor; a
+  cycle of parent ids (only corrupt data can make one) is ``SessionCorrupt``.
+* A merged ledger counter above ``2**63-1`` is ``SessionCorrupt`` (the newer
+  upstream's checked addition), not a silently wrapped value.
+* ``save_session_meta`` raises its errors (typed) instead of swallowing them,
+  and ``load_session_meta`` returns None only for a missing row; the seed
+  swallowed both (§2.9).
+* Batch-id nonces are taken per draft at step 18 (the seed reserved a block
+  before the transaction); ids also hash 64 random bits (decision 7).
+* Argument checks reuse the queue's and turn inputs' own checkers for
+  completions and drafts (their private ``_check_completion`` /
+  ``_check_draft``), so a malformed one is refused before the lock.
+* Auto-GC after commits is the one-call facade's job
+  (:class:`~agentkeep.sessions.facade.SessionCalls`); a commit inside
+  ``store.write()`` never triggers it.
+"""
 
 from __future__ import annotations
 
-from agentkeep.clock import Clock
-from agentkeep.db import Driver
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
 
-__all__ = ["SessionCommitRepository"]
+from pydantic import TypeAdapter, ValidationError
+
+from agentkeep.clock import Clock
+from agentkeep.columns import canonical_json
+from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
+from agentkeep.errors import (
+    ConcurrentModification,
+    Duplicate,
+    HeadRevisionConflict,
+    InvalidInput,
+    QueuedWorkClaimSuperseded,
+    RuntimeTurnCommitConflict,
+    SessionBindingMismatch,
+    SessionCorrupt,
+    SessionExecutionLeaseExpired,
+    SessionStoreError,
+    TurnInputClaimSuperseded,
+)
+from agentkeep.sessions.checkpoints import get_checkpoint, put_checkpoint
+from agentkeep.sessions.codec import encode_ingress, loads
+from agentkeep.sessions.domain import (
+    MAX_I64,
+    ActiveTurnIngress,
+    LeaseFence,
+    NextTurnIngress,
+    TurnInputIngress,
+    check_id,
+    check_json,
+)
+from agentkeep.sessions.leases import (
+    SessionLeaseRepository,
+    begin_session_write,
+    ensure_session_execution_lease,
+)
+from agentkeep.sessions.queue import (
+    _check_completion as _check_queue_completion,
+)
+from agentkeep.sessions.queue import (
+    _check_draft,
+    delete_completed_queued_work,
+    enqueue_queued_work_conn,
+    ensure_queued_work_completion,
+    next_enqueue_nonce,
+)
+from agentkeep.sessions.records import (
+    HEAD_SCHEMA_VERSION,
+    ActivePathScope,
+    AppendNodes,
+    BlobProfile,
+    FullGraphScope,
+    LoadScope,
+    PersistedSessionRead,
+    ReplaceFullGraph,
+    RuntimeCommit,
+    RuntimeCommitResult,
+    SessionGraph,
+    SessionMeta,
+    SessionNodeRecord,
+    TokenUsage,
+    UnchangedGraph,
+    UsageLedgerEntry,
+)
+from agentkeep.sessions.turn_inputs import (
+    _check_completion as _check_turn_input_completion,
+)
+from agentkeep.sessions.turn_inputs import (
+    complete_turn_input_rows,
+    ensure_turn_input_completion,
+)
+
+__all__ = [
+    "ACTIVE_PATH",
+    "NodeAlreadyExists",
+    "SessionCommitRepository",
+    "merge_token_ledger",
+]
+
+log = logging.getLogger("agentkeep.sessions")
+
+# --------------------------------------------------------------------------
+# Statements
+
+_HEAD_COLUMNS: Final = (
+    "schema_version, head_revision, leaf_node_id, checkpoint_ref, config_json, "
+    "agent_frames_json, current_agent_frame_id, graph_node_count"
+)
+_GET_HEAD: Final = Sql(f"SELECT {_HEAD_COLUMNS} FROM session_head WHERE session_id = :sid")
+_GET_HEAD_REVISION: Final = Sql("SELECT head_revision FROM session_head WHERE session_id = :sid")
+# Step 13: the head upsert, fenced by the revision read under the lock.
+_PUT_HEAD: Final = Sql(
+    "INSERT INTO session_head (session_id, schema_version, head_revision, leaf_node_id, "
+    "checkpoint_ref, config_json, agent_frames_json, current_agent_frame_id, graph_node_count) "
+    "VALUES (:sid, :schema, :next, :leaf, :ref, :config, :frames, :frame_id, :count) "
+    "ON CONFLICT (session_id) DO UPDATE SET schema_version = excluded.schema_version, "
+    "head_revision = excluded.head_revision, leaf_node_id = excluded.leaf_node_id, "
+    "checkpoint_ref = excluded.checkpoint_ref, config_json = excluded.config_json, "
+    "agent_frames_json = excluded.agent_frames_json, "
+    "current_agent_frame_id = excluded.current_agent_frame_id, "
+    "graph_node_count = excluded.graph_node_count "
+    "WHERE session_head.head_revision = :actual RETURNING head_revision"
+)
+_GET_TURN_COMMIT: Final = Sql(
+    "SELECT turn_commit_hash, result_json FROM runtime_turn_commits "
+    "WHERE session_id = :sid AND turn_id = :tid"
+)
+_PUT_TURN_COMMIT: Final = Sql(
+    "INSERT INTO runtime_turn_commits (session_id, turn_id, turn_commit_hash, result_json, "
+    "checkpoint_ref, committed_at_ms) VALUES (:sid, :tid, :hash, :result, :ref, :now)"
+)
+_PUT_USAGE: Final = Sql(
+    "INSERT INTO usage_deltas (session_id, source, model, input_tokens, output_tokens, "
+    "cache_read_input_tokens, cache_write_input_tokens, reasoning_output_tokens) "
+    "VALUES (:sid, :source, :model, :input, :output, :cache_read, :cache_write, :reasoning)"
+)
+_GET_USAGE: Final = Sql(
+    "SELECT seq, source, model, input_tokens, output_tokens, cache_read_input_tokens, "
+    "cache_write_input_tokens, reasoning_output_tokens FROM usage_deltas "
+    "WHERE session_id = :sid ORDER BY seq"
+)
+# A node id already in the session inserts nothing and returns no row.
+_PUT_NODE: Final = Sql(
+    "INSERT INTO graph_nodes (session_id, node_id, parent_node_id, node_json, tombstoned) "
+    "VALUES (:sid, :nid, :parent, :json, 0) "
+    "ON CONFLICT (session_id, node_id) DO NOTHING RETURNING seq"
+)
+_DELETE_NODES: Final = Sql("DELETE FROM graph_nodes WHERE session_id = :sid")
+_COUNT_NODES: Final = Sql(
+    "SELECT COUNT(*) FROM graph_nodes WHERE session_id = :sid AND tombstoned = 0"
+)
+_FULL_GRAPH: Final = Sql(
+    "SELECT seq, node_id, node_json FROM graph_nodes "
+    "WHERE session_id = :sid AND tombstoned = 0 ORDER BY seq"
+)
+_GET_NODE: Final = Sql(
+    "SELECT seq, node_id, node_json FROM graph_nodes "
+    "WHERE session_id = :sid AND node_id = :nid AND tombstoned = 0"
+)
+#: The active-path walk (§2.2): from ``:leaf`` up through ``parent_node_id``
+#: across live nodes of ``:sid``. Every step is a lookup on the unique index
+#: ``(session_id, node_id)``; ``UNION`` (not ``UNION ALL``) ends a cycle.
+#: The rows come unordered; the caller orders them by following the parents.
+ACTIVE_PATH: Final = Sql(
+    "WITH RECURSIVE path(seq, node_id, parent_node_id, node_json) AS ("
+    "SELECT seq, node_id, parent_node_id, node_json FROM graph_nodes "
+    "WHERE session_id = :sid AND node_id = :leaf AND tombstoned = 0 "
+    "UNION "
+    "SELECT g.seq, g.node_id, g.parent_node_id, g.node_json FROM path "
+    "JOIN graph_nodes g ON g.session_id = :sid AND g.node_id = path.parent_node_id "
+    "WHERE g.tombstoned = 0) "
+    "SELECT seq, node_id, parent_node_id, node_json FROM path"
+)
+_PENDING_ACTIVE: Final = Sql(
+    "SELECT input_id, ingress_json FROM pending_turn_inputs "
+    "WHERE session_id = :sid AND state = 'pending_active' ORDER BY enqueue_seq"
+)
+_DEFER: Final = Sql(
+    "UPDATE pending_turn_inputs SET state = 'deferred_next_turn', ingress_json = :ingress, "
+    "claim_id = NULL, claim_owner_id = NULL, claim_owner_incarnation_id = NULL, "
+    "claim_owner_liveness_json = NULL, claim_token = NULL, claim_session_lease_generation = 0 "
+    "WHERE session_id = :sid AND input_id = :iid AND state = 'pending_active'"
+)
+_COMMIT_ATTACHMENT: Final = Sql(
+    "UPDATE attachment_manifest SET committed_at_ms = COALESCE(committed_at_ms, :now) "
+    "WHERE session_id = :sid AND attachment_id = :aid"
+)
+_PUT_META: Final = Sql(
+    "INSERT INTO session_meta (session_id, session_name, created_at, model, cwd, relation_json) "
+    "VALUES (:sid, :name, :created_at, :model, :cwd, :relation) "
+    "ON CONFLICT (session_id) DO UPDATE SET session_name = excluded.session_name, "
+    "created_at = excluded.created_at, model = excluded.model, cwd = excluded.cwd, "
+    "relation_json = excluded.relation_json"
+)
+_GET_META: Final = Sql(
+    "SELECT session_name, created_at, model, cwd, relation_json FROM session_meta "
+    "WHERE session_id = :sid"
+)
+
+_NEXT_TURN_INGRESS: Final = encode_ingress(NextTurnIngress())
+_DEFAULT_SCOPE: Final = FullGraphScope()
+_INGRESS: Final = TypeAdapter(TurnInputIngress)
+_USAGE_FIELDS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_write_input_tokens",
+    "reasoning_output_tokens",
+)
+
+# Rows already warned about (decision 4: log once per row), bounded.
+_warned: set[tuple[str, str, str]] = set()
+_WARN_CAP: Final = 10_000
+
+
+def _warn_once(table: str, session_id: str, key: str, detail: str) -> None:
+    marker = (table, session_id, key)
+    if marker in _warned:
+        return
+    if len(_warned) < _WARN_CAP:
+        _warned.add(marker)
+    log.warning("skipping undecodable %s row %r of session %r: %s", table, key, session_id, detail)
+
+
+# --------------------------------------------------------------------------
+# Errors and pure helpers
+
+
+class NodeAlreadyExists(Duplicate, SessionStoreError):
+    """A commit inserts a graph node whose id the session already has (or twice).
+
+    The spec (§2.4 step 11) surfaces the unique violation as a ``Backend``
+    error; this store raises this typed error instead. Nothing of the commit
+    persists.
+
+    Attributes:
+        session_id: the session.
+        node_id: the duplicated node id.
+    """
+
+    def __init__(self, session_id: str, node_id: str) -> None:
+        self.session_id = session_id
+        self.node_id = node_id
+        super().__init__("graph node", f"{session_id}/{node_id}")
+
+
+def merge_token_ledger(
+    deltas: Sequence[UsageLedgerEntry], *, session_id: str = ""
+) -> tuple[UsageLedgerEntry, ...]:
+    """Merge usage deltas into a ledger (§4.11).
+
+    Entries whose ``usage.total()`` is 0 are skipped (reasoning tokens are not
+    in the total, so a reasoning-only entry is dropped); the others are summed
+    per ``(source, model)``, in order of first appearance.
+
+    Raises:
+        SessionCorrupt: a merged counter exceeds ``2**63-1``.
+    """
+    sums: dict[tuple[str, str], list[int]] = {}
+    for entry in deltas:
+        if entry.usage.total() == 0:
+            continue
+        counters = sums.setdefault((entry.source, entry.model), [0] * len(_USAGE_FIELDS))
+        for i, name in enumerate(_USAGE_FIELDS):
+            counters[i] += getattr(entry.usage, name)
+            if counters[i] > MAX_I64:
+                raise SessionCorrupt(
+                    "usage_deltas", session_id, name, "merged ledger counter exceeds 2**63-1"
+                )
+    return tuple(
+        UsageLedgerEntry(
+            source=source,
+            model=model,
+            usage=TokenUsage(**dict(zip(_USAGE_FIELDS, counters, strict=True))),
+        )
+        for (source, model), counters in sums.items()
+    )
+
+
+def _json_text(value: Any, field: str) -> str:
+    try:
+        return canonical_json(value)
+    except ValueError as exc:
+        raise InvalidInput(field, str(exc)) from None
+
+
+def _optional_id(value: object, field: str) -> str | None:
+    return None if value is None else check_id(value, field)
+
+
+class _Prepared:
+    """A commit's arguments, checked and encoded before the lock is taken."""
+
+    __slots__ = ("agent_frames_json", "config_json", "leaf", "nodes", "replace")
+
+    def __init__(self, commit: RuntimeCommit) -> None:
+        sid = commit.session_id
+        check_id(sid, "commit.session_id")
+        self.config_json = _json_text(commit.config, "commit.config")
+        self.agent_frames_json = _json_text(list(commit.agent_frames), "commit.agent_frames")
+        _optional_id(commit.current_agent_frame_id, "commit.current_agent_frame_id")
+        for name in ("session_execution_lease", "release_session_execution_lease"):
+            fence = getattr(commit, name)
+            if fence is not None:
+                if not isinstance(fence, LeaseFence):
+                    raise InvalidInput(f"commit.{name}", "expected a LeaseFence")
+                check_id(fence.session_id, f"commit.{name}.session_id")
+        stamp = commit.turn_commit
+        if stamp is not None:
+            check_id(stamp.session_id, "commit.turn_commit.session_id")
+            check_id(stamp.turn_id, "commit.turn_commit.turn_id")
+            check_id(stamp.turn_commit_hash, "commit.turn_commit.turn_commit_hash")
+        cp = commit.checkpoint
+        for name in ("turn_state", "tool_state", "plugin_snapshot", "execution_state"):
+            check_json(getattr(cp, name), f"commit.checkpoint.{name}")
+        for name in ("tool_state_ref", "plugin_snapshot_ref", "execution_state_ref"):
+            _optional_id(getattr(cp, name), f"commit.checkpoint.{name}")
+        for i, delta in enumerate(commit.usage_deltas):
+            check_id(delta.source, f"commit.usage_deltas[{i}].source")
+            check_id(delta.model, f"commit.usage_deltas[{i}].model")
+        for queue_completion in commit.completed_queue_claims:
+            _check_queue_completion(queue_completion)
+        for input_completion in commit.completed_turn_input_claims:
+            _check_turn_input_completion(input_completion)
+        for draft in commit.enqueued_queue_batches:
+            _check_draft(draft)
+        _optional_id(commit.interrupted_turn_input_turn_id, "commit.interrupted_turn_input_turn_id")
+        for i, attachment_id in enumerate(commit.committed_attachment_ids):
+            check_id(attachment_id, f"commit.committed_attachment_ids[{i}]")
+
+        graph = commit.graph
+        nodes: Sequence[SessionNodeRecord]
+        if isinstance(graph, UnchangedGraph):
+            nodes, self.leaf, self.replace = (), graph.leaf_node_id, False
+        elif isinstance(graph, AppendNodes):
+            nodes, self.leaf, self.replace = graph.nodes, graph.leaf_node_id, False
+        elif isinstance(graph, ReplaceFullGraph):
+            nodes, self.leaf, self.replace = graph.graph.nodes, graph.graph.leaf_node_id, True
+        else:
+            raise InvalidInput("commit.graph", f"unknown graph delta {type(graph).__name__}")
+        _optional_id(self.leaf, "commit.graph.leaf_node_id")
+        self.nodes: list[tuple[str, str | None, str]] = []
+        for i, node in enumerate(nodes):
+            check_id(node.node_id, f"commit.graph.nodes[{i}].node_id")
+            _optional_id(node.parent_node_id, f"commit.graph.nodes[{i}].parent_node_id")
+            check_json(node.payload, f"commit.graph.nodes[{i}].payload")
+            text = _json_text(node.model_dump(mode="json"), f"commit.graph.nodes[{i}].payload")
+            self.nodes.append((node.node_id, node.parent_node_id, text))
+
+
+def _decode_node(
+    session_id: str, seq: object, node_id: object, raw: object
+) -> SessionNodeRecord | None:
+    """A stored node, or None (logged once) when its JSON does not decode (§2.2, decision 4)."""
+    try:
+        if not isinstance(raw, str):
+            raise TypeError(f"{type(raw).__name__} instead of text")
+        node = SessionNodeRecord.model_validate(loads(raw))
+        if node.node_id != node_id:
+            raise ValueError(f"node_json names node {node.node_id!r}")
+        return node
+    except (ValueError, TypeError, ValidationError) as exc:
+        _warn_once("graph_nodes", session_id, f"{node_id} (seq {seq})", str(exc))
+        return None
+
+
+def _check_revision(session_id: str, value: object) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_I64:
+        raise SessionCorrupt("session_head", session_id, "head_revision", repr(value))
+    return value
+
+
+# --------------------------------------------------------------------------
+# The repository
 
 
 class SessionCommitRepository:
-    """(being written)"""
+    """Session commits and reads inside one unit of work (``uow.sessions``)."""
 
     def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+
+    # ------------------------------------------------------------------ commit
+
+    def commit_runtime_state(
+        self, commit: RuntimeCommit, *, blob_profile: BlobProfile = BlobProfile.BALANCED
+    ) -> RuntimeCommitResult:
+        """Record a turn atomically: checkpoint, usage, graph, head, claims, inputs, work (§2.4).
+
+        The steps, their order and the error precedence are in the module
+        docstring. Every write runs in a savepoint: on any error nothing of
+        the commit persists (and, inside a caller's ``store.write()``, the
+        caller's earlier work survives if the caller catches the error).
+
+        Args:
+            commit: what the turn records.
+            blob_profile: when checkpoint blobs are zlib-compressed.
+
+        Returns:
+            The new head revision, the checkpoint reference and manifest, and
+            the enqueued batches — or, for a replay of a recorded
+            ``(session, turn, hash)``, the result stored by the first commit.
+
+        Raises:
+            InvalidInput: a malformed argument (before anything is locked).
+            RuntimeTurnCommitConflict: the stamp names another session, or the
+                turn was committed with another hash.
+            SessionExecutionLeaseExpired: no fence, or not the live lease.
+            HeadRevisionConflict: the head is not at ``expected_head_revision``.
+            QueuedWorkClaimSuperseded: a completed queue claim is for another
+                session or does not own exactly its batch ids.
+            TurnInputClaimSuperseded: the same for a turn-input claim.
+            NodeAlreadyExists: an appended node id exists in the session (or
+                repeats in the delta).
+            QueuedWorkSourceKeyConflict: an enqueued draft reuses a source key
+                with other content.
+            SessionBindingMismatch: an enqueued draft (or the lease release)
+                names another session.
+            SessionCorrupt: a stored turn-commit result or ingress does not decode.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        if not isinstance(commit, RuntimeCommit):
+            raise InvalidInput("commit", f"expected a RuntimeCommit, got {type(commit).__name__}")
+        if not isinstance(blob_profile, BlobProfile):
+            raise InvalidInput("blob_profile", f"expected a BlobProfile, got {blob_profile!r}")
+        prepared = _Prepared(commit)
+        sid = commit.session_id
+        db = self._db
+        now = begin_session_write(db, self._clock, self._writable, sid)
+        lock_aggregate(db, LockNamespace.BLOB_GC, "blobs", shared=True)
+        with db.savepoint():
+            return self._commit(commit, prepared, blob_profile, now)
+
+    def _commit(
+        self, commit: RuntimeCommit, prepared: _Prepared, profile: BlobProfile, now: int
+    ) -> RuntimeCommitResult:
+        db = self._db
+        sid = commit.session_id
+
+        # 3. Turn-commit idempotency (replay).
+        stamp = commit.turn_commit
+        if stamp is not None:
+            if stamp.session_id != sid:
+                raise RuntimeTurnCommitConflict(stamp.session_id, stamp.turn_id)
+            row = db.execute(_GET_TURN_COMMIT, {"sid": sid, "tid": stamp.turn_id}).fetchone()
+            if row is not None:
+                if row[0] != stamp.turn_commit_hash:
+                    raise RuntimeTurnCommitConflict(sid, stamp.turn_id)
+                try:
+                    stored = RuntimeCommitResult.model_validate_json(row[1])
+                except (ValueError, TypeError, ValidationError) as exc:
+                    raise SessionCorrupt(
+                        "runtime_turn_commits", f"{sid}/{stamp.turn_id}", "result_json", str(exc)
+                    ) from None
+                self._release(commit)
+                return stored
+
+        # 4.–5. The lease fence.
+        fence = commit.session_execution_lease
+        if fence is None:
+            raise SessionExecutionLeaseExpired(sid)
+        ensure_session_execution_lease(db, sid, fence, now)
+
+        # 6. Head CAS.
+        row = db.execute(_GET_HEAD_REVISION, {"sid": sid}).fetchone()
+        actual = 0 if row is None else _check_revision(sid, row[0])
+        expected = commit.expected_head_revision
+        if expected is not None and expected != actual:
+            raise HeadRevisionConflict(sid, expected, actual)
+
+        # 7.–8. Claim ownership (strict), before any write.
+        for qc in commit.completed_queue_claims:
+            if qc.session_id != sid:
+                raise QueuedWorkClaimSuperseded(qc.session_id, qc.claim_id)
+            ensure_queued_work_completion(db, qc)
+        for tc in commit.completed_turn_input_claims:
+            if tc.session_id != sid:
+                raise TurnInputClaimSuperseded(tc.session_id, tc.claim_id)
+            ensure_turn_input_completion(db, tc)
+
+        # 9. Checkpoint blobs and manifest.
+        checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile)
+
+        # 10. Usage deltas, in order.
+        for delta in commit.usage_deltas:
+            u = delta.usage
+            db.execute(
+                _PUT_USAGE,
+                {
+                    "sid": sid,
+                    "source": delta.source,
+                    "model": delta.model,
+                    "input": u.input_tokens,
+                    "output": u.output_tokens,
+                    "cache_read": u.cache_read_input_tokens,
+                    "cache_write": u.cache_write_input_tokens,
+                    "reasoning": u.reasoning_output_tokens,
+                },
+            )
+
+        # 11. Graph delta.
+        if prepared.replace:
+            db.execute(_DELETE_NODES, {"sid": sid})
+        for node_id, parent, text in prepared.nodes:
+            params = {"sid": sid, "nid": node_id, "parent": parent, "json": text}
+            if db.execute(_PUT_NODE, params).fetchone() is None:
+                raise NodeAlreadyExists(sid, node_id)
+
+        # 12. Live node count.
+        count = int(db.execute(_COUNT_NODES, {"sid": sid}).fetchone()[0])
+
+        # 13. Head write, fenced by the revision read in step 6.
+        next_revision = actual + 1
+        head = {
+            "sid": sid,
+            "schema": HEAD_SCHEMA_VERSION,
+            "next": next_revision,
+            "leaf": prepared.leaf,
+            "ref": checkpoint_ref,
+            "config": prepared.config_json,
+            "frames": prepared.agent_frames_json,
+            "frame_id": commit.current_agent_frame_id,
+            "count": count,
+            "actual": actual,
+        }
+        if db.execute(_PUT_HEAD, head).fetchone() is None:
+            raise ConcurrentModification(f"session {sid}: head changed under the write lock")
+
+        # 14.–15. Complete the claims.
+        for qc in commit.completed_queue_claims:
+            delete_completed_queued_work(db, qc)
+        for tc in commit.completed_turn_input_claims:
+            complete_turn_input_rows(db, tc)
+
+        # 16. Interrupted turn: its pending_active inputs move to the next turn.
+        turn = commit.interrupted_turn_input_turn_id
+        if turn is not None:
+            for input_id, ingress_json in db.execute(_PENDING_ACTIVE, {"sid": sid}).fetchall():
+                try:
+                    ingress = _INGRESS.validate_json(ingress_json)
+                except (ValueError, TypeError, ValidationError) as exc:
+                    raise SessionCorrupt(
+                        "pending_turn_inputs", str(input_id), "ingress_json", str(exc)
+                    ) from None
+                if not (isinstance(ingress, ActiveTurnIngress) and ingress.turn_id == turn):
+                    continue
+                params = {"sid": sid, "iid": input_id, "ingress": _NEXT_TURN_INGRESS}
+                if db.execute(_DEFER, params).rowcount != 1:
+                    raise ConcurrentModification(
+                        f"session {sid}: turn input {input_id} changed under the write lock"
+                    )
+
+        # 17. Attachments: the first commit's time wins.
+        for attachment_id in commit.committed_attachment_ids:
+            db.execute(_COMMIT_ATTACHMENT, {"sid": sid, "aid": attachment_id, "now": now})
+
+        # 18. Enqueue new work.
+        batches = []
+        for draft in commit.enqueued_queue_batches:
+            if draft.session_id != sid:
+                raise SessionBindingMismatch(sid, draft.session_id)
+            batches.append(enqueue_queued_work_conn(db, draft, now, next_enqueue_nonce()))
+
+        # 19.–20. The result and the turn-commit record.
+        result = RuntimeCommitResult(
+            head_revision=next_revision,
+            checkpoint_ref=checkpoint_ref,
+            manifest=manifest,
+            enqueued_queue_batches=tuple(batches),
+        )
+        if stamp is not None:
+            db.execute(
+                _PUT_TURN_COMMIT,
+                {
+                    "sid": sid,
+                    "tid": stamp.turn_id,
+                    "hash": stamp.turn_commit_hash,
+                    "result": canonical_json(result.model_dump(mode="json")),
+                    "ref": checkpoint_ref,
+                    "now": now,
+                },
+            )
+
+        # 21. The fenced lease release.
+        self._release(commit)
+        return result
+
+    def _release(self, commit: RuntimeCommit) -> None:
+        """The fenced lease release of steps 3c and 21 (a mismatch is a silent no-op)."""
+        completion = commit.release_session_execution_lease
+        if completion is None:
+            return
+        if completion.session_id != commit.session_id:
+            raise SessionBindingMismatch(commit.session_id, completion.session_id)
+        SessionLeaseRepository(
+            self._db, self._clock, writable=self._writable
+        ).release_session_execution_lease(completion)
+
+    # ------------------------------------------------------------------ reads
+
+    def get_head_revision(self, session_id: str) -> int:
+        """The session's head revision, 0 when it has no head.
+
+        Raises:
+            InvalidInput: blank session id.
+            SessionCorrupt: the stored revision is not an integer in ``0..2**63-1``.
+        """
+        check_id(session_id, "session_id")
+        row = self._db.execute(_GET_HEAD_REVISION, {"sid": session_id}).fetchone()
+        return 0 if row is None else _check_revision(session_id, row[0])
+
+    def load_session(
+        self, session_id: str, scope: LoadScope = _DEFAULT_SCOPE
+    ) -> PersistedSessionRead | None:
+        """The session's head, graph, checkpoint and token ledger (§2.2).
+
+        Args:
+            session_id: the session.
+            scope: :class:`FullGraphScope` (default: every live node by
+                insertion order, leaf = the head's leaf) or
+                :class:`ActivePathScope` (the path root-first to the given
+                leaf, default the head's; empty when there is no leaf or the
+                leaf is missing or tombstoned; the walk stops at the first
+                missing or tombstoned ancestor). The graph's ``leaf_node_id``
+                is the effective leaf even if no such node exists.
+
+        Returns:
+            The session, or None if it has no head. A missing checkpoint
+            manifest blob gives ``checkpoint=None`` (``checkpoint_ref`` is
+            still reported); undecodable graph nodes and usage rows are
+            skipped (a warning is logged once per row).
+
+        Raises:
+            InvalidInput: blank session id or an unknown scope.
+            SessionCorrupt: the head row, the checkpoint manifest or a present
+                component blob does not decode; a parent-id cycle on the path;
+                a merged ledger counter above ``2**63-1``.
+        """
+        check_id(session_id, "session_id")
+        if not isinstance(scope, FullGraphScope | ActivePathScope):
+            raise InvalidInput("scope", f"expected a load scope, got {type(scope).__name__}")
+        db = self._db
+        row = db.execute(_GET_HEAD, {"sid": session_id}).fetchone()
+        if row is None:
+            return None
+        version, revision, head_leaf, checkpoint_ref, config_json, frames_json, frame_id, _ = row
+        if version != HEAD_SCHEMA_VERSION:
+            raise SessionCorrupt(
+                "session_head",
+                session_id,
+                "schema_version",
+                f"unsupported head schema version {version!r}",
+            )
+        revision = _check_revision(session_id, revision)
+        config = self._decode_head_json(session_id, "config_json", config_json)
+        frames = self._decode_head_json(session_id, "agent_frames_json", frames_json)
+        if not isinstance(frames, list):
+            raise SessionCorrupt("session_head", session_id, "agent_frames_json", "not a list")
+        for column, value in (
+            ("checkpoint_ref", checkpoint_ref),
+            ("leaf_node_id", head_leaf),
+            ("current_agent_frame_id", frame_id),
+        ):
+            if not isinstance(value, str) and not (value is None and column != "checkpoint_ref"):
+                raise SessionCorrupt("session_head", session_id, column, repr(value))
+
+        if isinstance(scope, ActivePathScope):
+            leaf = scope.leaf_node_id if scope.leaf_node_id is not None else head_leaf
+            nodes = self._active_path(session_id, leaf)
+        else:
+            leaf = head_leaf
+            nodes = [
+                node
+                for seq, node_id, raw in db.execute(_FULL_GRAPH, {"sid": session_id}).fetchall()
+                if (node := _decode_node(session_id, seq, node_id, raw)) is not None
+            ]
+        checkpoint = get_checkpoint(db, checkpoint_ref)
+        return PersistedSessionRead(
+            session_id=session_id,
+            head_revision=revision,
+            config=config,
+            agent_frames=tuple(frames),
+            current_agent_frame_id=frame_id,
+            graph=SessionGraph(nodes=tuple(nodes), leaf_node_id=leaf),
+            checkpoint_ref=checkpoint_ref,
+            checkpoint=checkpoint,
+            token_ledger=merge_token_ledger(self._usage(session_id), session_id=session_id),
+        )
+
+    @staticmethod
+    def _decode_head_json(session_id: str, column: str, raw: object) -> Any:
+        try:
+            if not isinstance(raw, str):
+                raise TypeError(f"{type(raw).__name__} instead of text")
+            return loads(raw)
+        except (ValueError, TypeError) as exc:
+            raise SessionCorrupt("session_head", session_id, column, str(exc)) from None
+
+    def _active_path(self, session_id: str, leaf: str | None) -> list[SessionNodeRecord]:
+        """The live path root-first to ``leaf`` (one recursive query, ordered here)."""
+        if leaf is None:
+            return []
+        rows = self._db.execute(ACTIVE_PATH, {"sid": session_id, "leaf": leaf}).fetchall()
+        by_id = {r[1]: r for r in rows}
+        walked = []
+        seen: set[str] = set()
+        current: str | None = leaf
+        while current is not None and current in by_id:
+            if current in seen:
+                raise SessionCorrupt(
+                    "graph_nodes", f"{session_id}/{current}", "parent_node_id", "parent id cycle"
+                )
+            seen.add(current)
+            walked.append(by_id[current])
+            current = by_id[current][2]
+        walked.reverse()
+        return [
+            node
+            for seq, node_id, _, raw in walked
+            if (node := _decode_node(session_id, seq, node_id, raw)) is not None
+        ]
+
+    def _usage(self, session_id: str) -> list[UsageLedgerEntry]:
+        """The session's usage deltas by ``seq``; undecodable rows skipped (logged once)."""
+        out = []
+        for row in self._db.execute(_GET_USAGE, {"sid": session_id}).fetchall():
+            try:
+                counts = row[3:]
+                if any(type(v) is not int for v in counts):
+                    raise TypeError(f"non-integer counter in {counts!r}")
+                out.append(
+                    UsageLedgerEntry(
+                        source=row[1],
+                        model=row[2],
+                        usage=TokenUsage(**dict(zip(_USAGE_FIELDS, counts, strict=True))),
+                    )
+                )
+            except (ValueError, TypeError, ValidationError) as exc:
+                _warn_once("usage_deltas", session_id, f"seq {row[0]}", str(exc))
+        return out
+
+    def load_node(self, session_id: str, node_id: str) -> SessionNodeRecord | None:
+        """One live node of the session (§2.3).
+
+        Returns:
+            The node, or None when it does not exist, is tombstoned, or its
+            JSON does not decode (logged once).
+
+        Raises:
+            InvalidInput: blank ids.
+        """
+        check_id(session_id, "session_id")
+        check_id(node_id, "node_id")
+        row = self._db.execute(_GET_NODE, {"sid": session_id, "nid": node_id}).fetchone()
+        if row is None:
+            return None
+        return _decode_node(session_id, row[0], row[1], row[2])
+
+    # ------------------------------------------------------------------ metadata
+
+    def save_session_meta(self, meta: SessionMeta) -> None:
+        """Insert or replace the session's metadata (§2.9).
+
+        Unlike the seed, errors are raised, not swallowed.
+
+        Raises:
+            InvalidInput: not a :class:`SessionMeta`, a blank session id, or a
+                ``relation`` that is not a JSON value.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        if not isinstance(meta, SessionMeta):
+            raise InvalidInput("meta", f"expected a SessionMeta, got {type(meta).__name__}")
+        check_id(meta.session_id, "meta.session_id")
+        relation = None if meta.relation is None else _json_text(meta.relation, "meta.relation")
+        begin_session_write(self._db, self._clock, self._writable, meta.session_id)
+        self._db.execute(
+            _PUT_META,
+            {
+                "sid": meta.session_id,
+                "name": meta.session_name,
+                "created_at": meta.created_at,
+                "model": meta.model,
+                "cwd": meta.cwd,
+                "relation": relation,
+            },
+        )
+
+    def load_session_meta(self, session_id: str) -> SessionMeta | None:
+        """The session's metadata, or None if none was saved (§2.9).
+
+        Unlike the seed, a stored row that does not decode is an error, not None.
+
+        Raises:
+            InvalidInput: blank session id.
+            SessionCorrupt: a column does not decode.
+        """
+        check_id(session_id, "session_id")
+        row = self._db.execute(_GET_META, {"sid": session_id}).fetchone()
+        if row is None:
+            return None
+        name, created_at, model, cwd, relation_json = row
+        relation = None
+        if relation_json is not None:
+            try:
+                if not isinstance(relation_json, str):
+                    raise TypeError(f"{type(relation_json).__name__} instead of text")
+                relation = loads(relation_json)
+            except (ValueError, TypeError) as exc:
+                raise SessionCorrupt(
+                    "session_meta", session_id, "relation_json", str(exc)
+                ) from None
+        try:
+            return SessionMeta(
+                session_id=session_id,
+                session_name=name,
+                created_at=created_at,
+                model=model,
+                cwd=cwd,
+                relation=relation,
+            )
+        except ValidationError as exc:
+            column = str(exc.errors()[0]["loc"][0]) if exc.errors() else "session_name"
+            raise SessionCorrupt("session_meta", session_id, column, str(exc)) from None

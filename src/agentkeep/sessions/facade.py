@@ -8,9 +8,12 @@ errors.
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from agentkeep.errors import DatabaseError, SessionCorrupt
 from agentkeep.sessions.domain import (
     AcquireOutcome,
     AnchorNotFound,
@@ -32,11 +35,24 @@ from agentkeep.sessions.domain import (
     TurnInputCompletion,
 )
 from agentkeep.sessions.liveness import ProcessProbe, procfs_probe
+from agentkeep.sessions.maintenance import log_gc_failure
+from agentkeep.sessions.records import (
+    BlobProfile,
+    FullGraphScope,
+    GcReport,
+    LoadScope,
+    PersistedSessionRead,
+    RuntimeCommit,
+    RuntimeCommitResult,
+    SessionMeta,
+    SessionNodeRecord,
+    VacuumReport,
+)
 
 if TYPE_CHECKING:
     from agentkeep.store import Store
 
-__all__ = ["LeaseCalls", "QueueCalls", "TurnInputCalls"]
+__all__ = ["LeaseCalls", "MaintenanceCalls", "QueueCalls", "SessionCalls", "TurnInputCalls"]
 
 
 class LeaseCalls:
@@ -242,3 +258,111 @@ class TurnInputCalls:
         return self._store.call_write(
             lambda r: r.turn_inputs.recover_stale_turn_input_claims(session_id, fence)
         )
+
+
+# --------------------------------------------------------------------------
+# Maintenance (appended; its imports stay with it so appends never collide)
+
+
+class MaintenanceCalls:
+    """``store.maintenance``: tombstones, vacuum and blob GC, each call in its own unit of work."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def tombstone_nodes(self, session_id: str, node_ids: Sequence[str]) -> None:
+        """See :meth:`MaintenanceRepository.tombstone_nodes`."""
+        self._store.call_write(lambda r: r.maintenance.tombstone_nodes(session_id, node_ids))
+
+    def vacuum(self, session_id: str) -> VacuumReport:
+        """See :meth:`MaintenanceRepository.vacuum`."""
+        return self._store.call_write(lambda r: r.maintenance.vacuum(session_id))
+
+    def vacuum_all_sessions(self) -> VacuumReport:
+        """See :meth:`MaintenanceRepository.vacuum_all_sessions`."""
+        return self._store.call_write(lambda r: r.maintenance.vacuum_all_sessions())
+
+    def gc_unreachable(self) -> GcReport:
+        """See :meth:`MaintenanceRepository.gc_unreachable` (never raises for a failed GC).
+
+        Unlike the repository method, a transient lock timeout is first retried
+        like any one-call operation; only when the GC still fails is the
+        failure logged and an all-zero report returned.
+        """
+        try:
+            return self.gc_unreachable_strict()
+        except (SessionCorrupt, DatabaseError) as exc:
+            log_gc_failure(exc)
+            return GcReport()
+
+    def gc_unreachable_strict(self) -> GcReport:
+        """See :meth:`MaintenanceRepository.gc_unreachable_strict`."""
+        return self._store.call_write(lambda r: r.maintenance.gc_unreachable_strict())
+
+
+_session_log = logging.getLogger("agentkeep.sessions")
+_FULL_GRAPH_SCOPE = FullGraphScope()
+
+
+class SessionCalls:
+    """``store.sessions``: session commits and reads, each call in its own unit of work.
+
+    Auto-GC (spec §4.12): when the store was opened with
+    ``auto_gc_every_commits=N``, every N-th successful
+    :meth:`commit_runtime_state` through this object (replays included) is
+    followed by a blob GC in its own unit. The counter is process-local and
+    per ``SessionCalls`` object, separate from the id nonces (§0.5 [PROPOSED]);
+    GC errors are logged and swallowed, never reported to the committer.
+    Commits made inside ``store.write()`` do not count and never trigger GC.
+    """
+
+    __slots__ = ("_commits", "_store")
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._commits = itertools.count(1)
+
+    def commit_runtime_state(
+        self, commit: RuntimeCommit, *, blob_profile: BlobProfile = BlobProfile.BALANCED
+    ) -> RuntimeCommitResult:
+        """See :meth:`SessionCommitRepository.commit_runtime_state`; then maybe auto-GC."""
+        result = self._store.call_write(
+            lambda r: r.sessions.commit_runtime_state(commit, blob_profile=blob_profile)
+        )
+        self._maybe_auto_gc()
+        return result
+
+    def _maybe_auto_gc(self) -> None:
+        interval = getattr(self._store, "auto_gc_every_commits", None)
+        if not interval:
+            return
+        if next(self._commits) % interval != 0:
+            return
+        try:
+            self._store.call_write(lambda r: r.maintenance.gc_unreachable())
+        except Exception as exc:  # noqa: BLE001 - best effort, never fails the commit
+            _session_log.warning("auto-GC after a session commit failed: %s", exc)
+
+    def load_session(
+        self, session_id: str, scope: LoadScope = _FULL_GRAPH_SCOPE
+    ) -> PersistedSessionRead | None:
+        """See :meth:`SessionCommitRepository.load_session` (one read snapshot)."""
+        return self._store.call_read(lambda r: r.sessions.load_session(session_id, scope))
+
+    def load_node(self, session_id: str, node_id: str) -> SessionNodeRecord | None:
+        """See :meth:`SessionCommitRepository.load_node`."""
+        return self._store.call_read(lambda r: r.sessions.load_node(session_id, node_id))
+
+    def get_head_revision(self, session_id: str) -> int:
+        """See :meth:`SessionCommitRepository.get_head_revision`."""
+        return self._store.call_read(lambda r: r.sessions.get_head_revision(session_id))
+
+    def save_session_meta(self, meta: SessionMeta) -> None:
+        """See :meth:`SessionCommitRepository.save_session_meta`."""
+        self._store.call_write(lambda r: r.sessions.save_session_meta(meta))
+
+    def load_session_meta(self, session_id: str) -> SessionMeta | None:
+        """See :meth:`SessionCommitRepository.load_session_meta`."""
+        return self._store.call_read(lambda r: r.sessions.load_session_meta(session_id))

@@ -1,17 +1,351 @@
-"""(being written)"""
+"""Maintenance of the session store: tombstones, vacuum, blob GC (spec sessions §2.8, §4.12, §6.2).
+
+This module owns three jobs:
+
+* :meth:`MaintenanceRepository.tombstone_nodes` soft-deletes graph nodes of
+  one session (``tombstoned = 1``); every read skips them (I-12).
+* :meth:`MaintenanceRepository.vacuum` physically deletes one session's
+  tombstoned nodes and its ``cancelled``/``completed`` turn inputs;
+  :meth:`MaintenanceRepository.vacuum_all_sessions` does the same for every
+  session at once (spec/README.md: vacuum takes a ``session_id`` and has an
+  explicit all-sessions form). Vacuum is not SQLite's ``VACUUM``: it never
+  touches blobs, queued work, turn-commit records, usage deltas or leases. It
+  ends source-key idempotency for the deleted inputs (§2.7.1).
+* :meth:`MaintenanceRepository.gc_unreachable` deletes every blob that no root
+  reaches (I-13).
+
+Locks (spec/README.md decision 1, §6.2). On SQLite every write unit already
+holds the database-wide write lock (``BEGIN IMMEDIATE``), so the advisory locks
+below are no-ops there. On Postgres:
+
+* ``tombstone_nodes`` takes the ``session:<id>`` lock;
+* ``vacuum(session_id)`` takes the ``session:<id>`` lock, then the blob-GC lock
+  (:attr:`~agentkeep.db.LockNamespace.BLOB_GC`, key ``"blobs"``) **shared**, in
+  the same order as a commit;
+* ``vacuum_all_sessions`` and the GC take the blob-GC lock **exclusive** and no
+  session lock.
+
+Why the global vacuum does not iterate the sessions under their locks: one
+transaction would hold one advisory lock per session (Postgres keeps them in a
+shared lock table of bounded size, and a unit of work that locks two sessions
+in another order could deadlock with it). It does not need them either: it
+only deletes *terminal* rows (nodes already tombstoned, inputs already
+``cancelled``/``completed``) that no session operation ever writes again —
+``tombstone_nodes`` only updates rows with ``tombstoned = 0``, and every
+turn-input write is fenced on a non-terminal state or on claim columns that a
+terminal row has cleared — so a session operation running beside it sees each
+such row either present or gone, as if the vacuum ran before or after it. The
+exclusive blob-GC lock orders it against the multi-row writers that do touch
+the same rows: a commit's ``ReplaceFull`` delete (commits hold the lock
+shared) and a per-session ``vacuum`` (which takes it shared for that reason),
+so two multi-row DELETEs never meet in opposite row orders (a deadlock).
+Holding the blob-GC lock exclusive, a maintenance unit must not then take a
+session lock (a commit holds the session lock and waits for the GC lock): run
+``vacuum_all_sessions`` and the GC in their own units of work (the one-call
+forms do).
+
+Blob GC (§4.12, with the decisions of spec/README.md):
+
+* **One write transaction** holding the blob-GC lock exclusive. Commits hold
+  it shared from before they insert their blobs until their head is
+  committed, so GC never runs between a commit's blob insert and its head
+  write (on SQLite the database lock gives the same). Writers of
+  ``artifact_refs`` outside this package must also take it shared (or write
+  in a store write unit on SQLite); otherwise a GC running beside them may
+  delete a blob whose ref is not committed yet.
+* **Roots** (``root_count`` counts distinct refs): every
+  ``session_head.checkpoint_ref`` (every session, not one head), every
+  ``runtime_turn_commits.checkpoint_ref`` (the checkpoint a stored turn-commit
+  result names, so an idempotent replay never returns a collected
+  checkpoint — the hazard of §4.12), and every ``artifact_refs.blob_ref``.
+* **Mark**: every root is marked. Head and turn-commit roots are checkpoint
+  manifests; an artifact root is one when its stored ``kind`` is
+  ``checkpoint_manifest``. Each present manifest is decoded
+  (:func:`~agentkeep.sessions.checkpoints.read_manifest`) and its component
+  refs (:func:`~agentkeep.sessions.checkpoints.manifest_refs`) are marked. A
+  missing root or component is skipped. Component blobs are never read: a
+  corrupt component is not a manifest and does not stop the GC. A manifest
+  root that is present but does not decode **aborts** the GC before anything
+  is deleted.
+* **Sweep**: every unmarked blob is deleted, scanning the ``hash`` column only
+  (never ``content``) in pages of :data:`SWEEP_BATCH` hashes and deleting each
+  page's unmarked hashes with one statement, so memory and round trips are
+  bounded by the page size, not by the blob count.
+* **Report**: ``root_count`` distinct roots; ``retained_blob_count`` the
+  stored blobs kept (a marked hash with no stored blob is not counted);
+  ``deleted_blob_count`` the blobs deleted.
+
+Errors of the GC — decided here: :meth:`~MaintenanceRepository.gc_unreachable`
+keeps the spec's contract (§2.8.3): it never raises for corrupt data or a
+database failure, it logs the error (logger ``agentkeep.sessions.maintenance``,
+level ERROR) and returns an all-zero :class:`GcReport`, having deleted
+nothing. It is what automatic GC after commits calls, where a failure must
+not fail the commit. :meth:`~MaintenanceRepository.gc_unreachable_strict` is
+the same GC for operators and tests that must see the failure: it raises
+:class:`~agentkeep.errors.SessionCorrupt` (naming ``blobs``, the manifest hash
+and ``content``) or the database error. Both run inside a savepoint, so a
+failure leaves nothing of the GC behind and the caller's unit of work stays
+usable (decision 3). Calling either inside ``store.read()`` is a programming
+error and raises :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
+
+Argument checks run before anything is written: a session id must be a
+non-blank string, node ids a sequence (not a bare string) of non-blank strings
+(:class:`~agentkeep.errors.InvalidInput`).
+"""
 
 from __future__ import annotations
 
-from agentkeep.clock import Clock
-from agentkeep.db import Driver
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Final
 
-__all__ = ["MaintenanceRepository"]
+from agentkeep.clock import Clock
+from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
+from agentkeep.errors import DatabaseError, InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
+from agentkeep.sessions.checkpoints import KIND_MANIFEST, manifest_refs, read_manifest
+from agentkeep.sessions.domain import check_id
+from agentkeep.sessions.leases import begin_session_write
+from agentkeep.sessions.records import GcReport, VacuumReport
+
+__all__ = ["BLOB_GC_KEY", "SWEEP_BATCH", "MaintenanceRepository", "log_gc_failure"]
+
+log = logging.getLogger(__name__)
+
+#: Key of the blob-GC advisory lock (namespace :attr:`LockNamespace.BLOB_GC`).
+BLOB_GC_KEY: Final = "blobs"
+#: Hashes per sweep page and per ``IN (...)`` list (well under both drivers'
+#: parameter limits).
+SWEEP_BATCH: Final = 256
+
+# A fixed-size IN list: shorter batches are padded by repeating their first
+# value, so each statement is one module constant rendered once.
+_IN: Final = "(" + ", ".join(f":v{i}" for i in range(SWEEP_BATCH)) + ")"
+
+_TOMBSTONE: Final = Sql(
+    "UPDATE graph_nodes SET tombstoned = 1 "
+    f"WHERE session_id = :sid AND tombstoned = 0 AND node_id IN {_IN}"
+)
+_VACUUM_NODES: Final = Sql("DELETE FROM graph_nodes WHERE session_id = :sid AND tombstoned = 1")
+_VACUUM_INPUTS: Final = Sql(
+    "DELETE FROM pending_turn_inputs "
+    "WHERE session_id = :sid AND state IN ('cancelled', 'completed')"
+)
+_VACUUM_ALL_NODES: Final = Sql("DELETE FROM graph_nodes WHERE tombstoned = 1")
+_VACUUM_ALL_INPUTS: Final = Sql(
+    "DELETE FROM pending_turn_inputs WHERE state IN ('cancelled', 'completed')"
+)
+# The roots, tagged 1 when the ref names a checkpoint manifest.
+_ROOTS: Final = Sql(
+    "SELECT checkpoint_ref, 1 FROM session_head "
+    "UNION SELECT checkpoint_ref, 1 FROM runtime_turn_commits "
+    "UNION SELECT blob_ref, 0 FROM artifact_refs"
+)
+_MANIFESTS_AMONG: Final = Sql(f"SELECT hash FROM blobs WHERE kind = :kind AND hash IN {_IN}")
+_FIRST_PAGE: Final = Sql("SELECT hash FROM blobs ORDER BY hash LIMIT :limit")
+_NEXT_PAGE: Final = Sql("SELECT hash FROM blobs WHERE hash > :after ORDER BY hash LIMIT :limit")
+_SWEEP: Final = Sql(f"DELETE FROM blobs WHERE hash IN {_IN}")
+
+
+def _in_params(values: Sequence[str]) -> dict[str, str]:
+    """Parameters of :data:`_IN` for 1..SWEEP_BATCH values (padded with the first one)."""
+    return {f"v{i}": values[i] if i < len(values) else values[0] for i in range(SWEEP_BATCH)}
+
+
+def _batches(values: Sequence[str]) -> Iterable[Sequence[str]]:
+    for start in range(0, len(values), SWEEP_BATCH):
+        yield values[start : start + SWEEP_BATCH]
+
+
+def _check_node_ids(node_ids: object) -> list[str]:
+    if isinstance(node_ids, str | bytes) or not isinstance(node_ids, Iterable):
+        raise InvalidInput("node_ids", "expected a sequence of node ids")
+    checked = [check_id(n, f"node_ids[{i}]") for i, n in enumerate(node_ids)]
+    return list(dict.fromkeys(checked))  # unique, first-seen order
+
+
+def log_gc_failure(exc: BaseException) -> None:
+    """Log a blob GC that failed and deleted nothing (what ``gc_unreachable`` returns zeros for)."""
+    log.error("blob GC aborted, nothing deleted: %s", exc, exc_info=exc)
 
 
 class MaintenanceRepository:
-    """(being written)"""
+    """Tombstones, vacuum and blob GC in one unit of work (see the module docstring)."""
 
     def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+
+    def _require_writable(self) -> None:
+        if not self._writable:
+            raise ReadOnlyUnitOfWork("session store writes need store.write(), not store.read()")
+
+    # ---------------------------------------------------------------- tombstones
+
+    def tombstone_nodes(self, session_id: str, node_ids: Sequence[str]) -> None:
+        """Soft-delete graph nodes of one session (§2.8.1).
+
+        Sets ``tombstoned = 1`` on the session's nodes named by ``node_ids``;
+        every read skips them afterwards (I-12) and :meth:`vacuum` deletes
+        them. Unknown ids, ids of other sessions' nodes and already tombstoned
+        nodes are ignored; duplicates are harmless. An empty ``node_ids``
+        returns at once, without a transaction round trip. The head record is
+        not rewritten: its ``graph_node_count`` is the count at the last
+        commit.
+
+        Args:
+            session_id: the session whose nodes are tombstoned.
+            node_ids: node ids (a sequence of strings; not a bare string).
+
+        Raises:
+            InvalidInput: a blank or non-string session id or node id, or
+                ``node_ids`` is not a sequence; nothing is written.
+            ReadOnlyUnitOfWork: inside ``store.read()`` (also for an empty list).
+        """
+        check_id(session_id, "session_id")
+        ids = _check_node_ids(node_ids)
+        self._require_writable()
+        if not ids:
+            return
+        begin_session_write(self._db, self._clock, self._writable, session_id)
+        if len(ids) <= SWEEP_BATCH:
+            self._db.execute(_TOMBSTONE, {"sid": session_id, **_in_params(ids)})
+            return
+        with self._db.savepoint():
+            for batch in _batches(ids):
+                self._db.execute(_TOMBSTONE, {"sid": session_id, **_in_params(batch)})
+
+    # ---------------------------------------------------------------- vacuum
+
+    def vacuum(self, session_id: str) -> VacuumReport:
+        """Delete one session's tombstoned nodes and terminal turn inputs (§2.8.2).
+
+        Deletes the session's graph nodes with ``tombstoned = 1`` and its
+        ``cancelled`` and ``completed`` turn inputs; other sessions are not
+        touched. Takes the ``session:<id>`` lock, then the blob-GC lock shared.
+
+        Args:
+            session_id: the session to vacuum.
+
+        Returns:
+            The counts of deleted nodes and deleted turn inputs.
+
+        Raises:
+            InvalidInput: a blank or non-string session id; nothing is written.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        check_id(session_id, "session_id")
+        begin_session_write(self._db, self._clock, self._writable, session_id)
+        lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY, shared=True)
+        params = {"sid": session_id}
+        with self._db.savepoint():
+            nodes = self._db.execute(_VACUUM_NODES, params).rowcount
+            inputs = self._db.execute(_VACUUM_INPUTS, params).rowcount
+        return VacuumReport(
+            removed_node_count=nodes, removed_pending_turn_input_tombstone_count=inputs
+        )
+
+    def vacuum_all_sessions(self) -> VacuumReport:
+        """:meth:`vacuum` every session at once (the explicit global maintenance job).
+
+        Deletes every tombstoned node and every ``cancelled``/``completed``
+        turn input of every session. Takes the blob-GC lock exclusive and no
+        session lock (why this is safe: module docstring); run it in its own
+        unit of work.
+
+        Returns:
+            The counts of deleted nodes and deleted turn inputs, all sessions.
+
+        Raises:
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        self._require_writable()
+        lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY)
+        with self._db.savepoint():
+            nodes = self._db.execute(_VACUUM_ALL_NODES, {}).rowcount
+            inputs = self._db.execute(_VACUUM_ALL_INPUTS, {}).rowcount
+        return VacuumReport(
+            removed_node_count=nodes, removed_pending_turn_input_tombstone_count=inputs
+        )
+
+    # ---------------------------------------------------------------- blob GC
+
+    def gc_unreachable(self) -> GcReport:
+        """Delete every blob no root reaches; never fails on corrupt data (§2.8.3, §4.12).
+
+        Same GC as :meth:`gc_unreachable_strict`, but a failure (a present root
+        manifest that does not decode, or a database error such as a lock
+        timeout) is logged and returned as an all-zero report; nothing is
+        deleted then, and the caller's unit of work stays usable.
+
+        Returns:
+            ``GcReport(root_count, retained_blob_count, deleted_blob_count)``,
+            or an all-zero report when the GC was aborted.
+
+        Raises:
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        self._require_writable()
+        try:
+            return self.gc_unreachable_strict()
+        except (SessionCorrupt, DatabaseError) as exc:
+            log_gc_failure(exc)
+            return GcReport()
+
+    def gc_unreachable_strict(self) -> GcReport:
+        """Delete every blob no root reaches; raise when the GC cannot be trusted.
+
+        Takes the blob-GC lock exclusive, marks the roots and the components
+        of their checkpoint manifests, and deletes every unmarked blob (module
+        docstring). Runs in a savepoint: when it raises, nothing was deleted.
+
+        Returns:
+            ``GcReport(root_count, retained_blob_count, deleted_blob_count)``.
+
+        Raises:
+            SessionCorrupt: a root manifest blob is present but does not
+                decode (not a manifest, wrong schema version, bad content);
+                nothing is deleted.
+            DatabaseError: the database failed (``StoreBusy`` for a lock
+                timeout); nothing is deleted.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        self._require_writable()
+        with self._db.savepoint():
+            lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY)
+            roots, marked = self._mark()
+            retained, deleted = self._sweep(marked)
+        return GcReport(root_count=roots, retained_blob_count=retained, deleted_blob_count=deleted)
+
+    def _mark(self) -> tuple[int, set[str]]:
+        """``(distinct root count, marked hashes)``; raises before any delete."""
+        rows = self._db.execute(_ROOTS, {}).fetchall()
+        roots = {str(ref) for ref, _ in rows}
+        manifests = {str(ref) for ref, is_manifest in rows if is_manifest}
+        others = sorted(roots - manifests)
+        for batch in _batches(others):  # artifact roots that name a checkpoint
+            params = {"kind": KIND_MANIFEST, **_in_params(batch)}
+            found = self._db.execute(_MANIFESTS_AMONG, params).fetchall()
+            manifests.update(str(h) for (h,) in found)
+        marked = set(roots)
+        for ref in sorted(manifests):
+            manifest = read_manifest(self._db, ref)  # SessionCorrupt aborts the GC
+            if manifest is not None:
+                marked.update(manifest_refs(manifest))
+        return len(roots), marked
+
+    def _sweep(self, marked: set[str]) -> tuple[int, int]:
+        """Delete unmarked blobs page by page; ``(retained, deleted)``."""
+        present = deleted = 0
+        page = self._db.execute(_FIRST_PAGE, {"limit": SWEEP_BATCH}).fetchall()
+        while page:
+            hashes = [str(h) for (h,) in page]
+            present += len(hashes)
+            garbage = [h for h in hashes if h not in marked]
+            if garbage:
+                deleted += self._db.execute(_SWEEP, _in_params(garbage)).rowcount
+            if len(hashes) < SWEEP_BATCH:
+                break
+            params = {"after": hashes[-1], "limit": SWEEP_BATCH}
+            page = self._db.execute(_NEXT_PAGE, params).fetchall()
+        return present - deleted, deleted

@@ -1,0 +1,333 @@
+"""Session commits under real concurrency and killed processes (spec sessions §2.4, I-3, I-8).
+
+* Two committers sharing one holder's valid fence (threads, and ``spawn``-ed
+  processes, each with its own :class:`Store`) commit in lockstep rounds
+  against the head revision they both read: every round exactly one wins and
+  the other gets :class:`HeadRevisionConflict` naming the winner's revision.
+  The graph never forks: the nodes form one chain (one root, one leaf), and
+  the head's revision, node count and usage ledger count only the winners.
+* A committer killed with SIGKILL inside its write unit — paused right after
+  the blob INSERT, the graph INSERT, the head upsert, or the lease release
+  (its last statement), by a trigger-free hook on ``Driver.execute`` in the
+  child — leaves nothing of the commit after a reopen, and the lock is free:
+  the same commit then succeeds. Killed after COMMIT, the commit is there in
+  full.
+
+Every wait is bounded; nothing sleeps to let time pass (SettableClock).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentkeep.clock import SettableClock
+from agentkeep.errors import HeadRevisionConflict
+from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity, SessionExecutionLease
+from agentkeep.sessions.records import (
+    ActivePathScope,
+    AppendNodes,
+    HydratedSessionCheckpoint,
+    RuntimeCommit,
+    SessionNodeRecord,
+    TokenUsage,
+    UsageDelta,
+)
+from agentkeep.store import Store
+
+from .test_commits import (
+    SID,
+    add_attachment,
+    claim_active,
+    claim_batches_after_enqueue,
+    enqueue_input,
+    input_draft,
+    input_row,
+    loaded,
+    mk,
+    node,
+    qdraft,
+    rows,
+    snapshot,
+    stamp,
+    usage,
+)
+
+A = LeaseOwnerIdentity(owner_id="owner-A", incarnation_id="inc-A1")
+T0 = 1_700_000_000_000
+LONG_TTL = 600_000
+N_RACERS = 2
+ROUNDS = 6
+BARRIER_TIMEOUT_S = 60.0
+JOIN_TIMEOUT_S = 120.0
+
+
+def take_lease(store: Store) -> SessionExecutionLease:
+    got = store.leases.try_claim_session_execution_lease(SID, A, LONG_TTL)
+    assert isinstance(got, Acquired)
+    return got.lease
+
+
+# --------------------------------------------------------------------------
+# Two committers, one fence (module level so spawned children can import them)
+
+
+def _committer(url: str, i: int, barrier: Any, fence_json: str) -> list[tuple[Any, ...]]:
+    try:
+        store = Store.open(url, clock=SettableClock(T0))
+    except BaseException:
+        barrier.abort()
+        raise
+    fence = SessionExecutionLease.model_validate_json(fence_json)
+    out: list[tuple[Any, ...]] = []
+    try:
+        for r in range(ROUNDS):
+            barrier.wait()  # every commit of the previous round has finished
+            seen = store.call_read(
+                lambda u: u.sessions.load_session(SID, ActivePathScope(leaf_node_id=None))
+            )
+            rev = 0 if seen is None else seen.head_revision
+            leaf = None if seen is None else seen.graph.leaf_node_id
+            barrier.wait()  # both have read the same head
+            nid = f"r{r}-c{i}"
+            c = RuntimeCommit(
+                session_id=SID,
+                expected_head_revision=rev,
+                session_execution_lease=fence,
+                graph=AppendNodes(
+                    nodes=(SessionNodeRecord(node_id=nid, parent_node_id=leaf),), leaf_node_id=nid
+                ),
+                checkpoint=HydratedSessionCheckpoint(turn_state={"round": r, "racer": i}),
+                usage_deltas=(
+                    UsageDelta(source="race", model="m", usage=TokenUsage(input_tokens=1)),
+                ),
+            )
+            try:
+                res = store.call_write(lambda u, c=c: u.sessions.commit_runtime_state(c))
+                out.append(("won", r, rev, res.head_revision, nid))
+            except HeadRevisionConflict as exc:
+                out.append(("lost", r, rev, exc.expected, exc.actual))
+        return out
+    except BaseException:
+        barrier.abort()  # never leave the other racer waiting
+        raise
+    finally:
+        store.close()
+
+
+_PROC_BARRIER: Any = None
+
+
+def _proc_init(barrier: Any) -> None:
+    global _PROC_BARRIER
+    _PROC_BARRIER = barrier
+
+
+def _proc_entry(args: tuple[str, int, str]) -> list[tuple[Any, ...]]:
+    url, i, fence_json = args
+    return _committer(url, i, _PROC_BARRIER, fence_json)
+
+
+@pytest.fixture(scope="module")
+def proc_pool() -> Iterator[tuple[Any, Any]]:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(N_RACERS, timeout=BARRIER_TIMEOUT_S)
+    pool = ctx.Pool(N_RACERS, initializer=_proc_init, initargs=(barrier,))
+    try:
+        yield pool, barrier
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def run_committers(request: pytest.FixtureRequest, kind: str, url: str, fence_json: str) -> Any:
+    if kind == "processes":
+        pool, barrier = request.getfixturevalue("proc_pool")
+        barrier.reset()
+        tasks = [(url, i, fence_json) for i in range(N_RACERS)]
+        return pool.map_async(_proc_entry, tasks, chunksize=1).get(JOIN_TIMEOUT_S)
+    barrier = threading.Barrier(N_RACERS, timeout=BARRIER_TIMEOUT_S)
+    results: list[Any] = [None] * N_RACERS
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            results[i] = _committer(url, i, barrier, fence_json)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(N_RACERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads), "a committer thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_i_8_two_committers_with_one_fence_never_fork_the_graph(
+    request: pytest.FixtureRequest, store: Store, db_url: str, kind: str
+) -> None:
+    fence = take_lease(store)
+    results = run_committers(request, kind, db_url, fence.model_dump_json())
+
+    outcomes = [o for racer in results for o in racer]
+    winners = []
+    for r in range(ROUNDS):
+        this_round = sorted((o for o in outcomes if o[1] == r), key=lambda o: o[0] != "won")
+        assert [o[0] for o in this_round] == ["won", "lost"], this_round
+        won, lost = this_round
+        assert won[2] == lost[2] == r, "both read the same head"
+        assert won[3] == r + 1
+        assert (lost[3], lost[4]) == (r, r + 1), "the loser is told the winner's revision"
+        winners.append(won[4])
+
+    got = loaded(store)
+    assert got.head_revision == ROUNDS
+    ids = [n.node_id for n in got.graph.nodes]
+    assert sorted(ids) == sorted(winners), "only winners' nodes exist"
+    parents = {n.node_id: n.parent_node_id for n in got.graph.nodes}
+    assert [n for n in ids if n not in parents.values()] == [winners[-1]], "exactly one leaf"
+    assert [n for n, p in parents.items() if p is None] == [winners[0]], "exactly one root"
+    for prev, nxt in zip(winners, winners[1:], strict=False):
+        assert parents[nxt] == prev
+    path = loaded(store, scope=ActivePathScope())
+    assert [n.node_id for n in path.graph.nodes] == winners
+    (head,) = rows(store, "SELECT graph_node_count, leaf_node_id FROM session_head")
+    assert (head["graph_node_count"], head["leaf_node_id"]) == (ROUNDS, winners[-1])
+    (entry,) = got.token_ledger
+    assert entry.usage.input_tokens == ROUNDS
+
+
+# --------------------------------------------------------------------------
+# A committer killed inside its commit
+
+#: Pause right after the first statement starting with this text; "committed": after COMMIT.
+KILL_POINTS = [
+    "INSERT INTO blobs",
+    "INSERT INTO graph_nodes",
+    "INSERT INTO session_head",
+    "UPDATE session_execution_leases",
+    "committed",
+]
+
+
+def _doomed_committer(url: str, point: str, commit_json: str, ready: Any) -> None:
+    from agentkeep import db as dbmod
+
+    store = Store.open(url, clock=SettableClock(T0))
+    c = RuntimeCommit.model_validate_json(commit_json)
+    if point != "committed":
+        real = dbmod.Driver.execute
+
+        def paused(self: Any, stmt: Any, params: Any) -> Any:
+            cur = real(self, stmt, params)
+            if stmt.text.startswith(point):
+                ready.set()
+                signal.pause()  # killed here, inside the open write unit
+            return cur
+
+        dbmod.Driver.execute = paused  # type: ignore[method-assign]
+    with store.write() as uow:
+        uow.sessions.commit_runtime_state(c)
+    ready.set()
+    signal.pause()  # killed here, after COMMIT
+
+
+def _prepare_commit(store: Store) -> tuple[RuntimeCommit, dict[str, Any]]:
+    """Head at 1, a live queue claim, an accepted and a pending input, an attachment."""
+    fence = take_lease(store)
+    store.call_write(lambda u: u.sessions.commit_runtime_state(mk(fence, nodes=(node("root"),))))
+    q = claim_batches_after_enqueue(store, fence)
+    accepted = enqueue_input(store, input_draft("T"))
+    t_claim = claim_active(store, fence)
+    pending = enqueue_input(store, input_draft("T"))
+    add_attachment(store)
+    c = mk(
+        fence,
+        expected=1,
+        nodes=(node("n1", "root"), node("n2", "n1")),
+        checkpoint=HydratedSessionCheckpoint(turn_state={"t": 2}, tool_state={"big": "x" * 64}),
+        usage_deltas=(usage(input_tokens=7),),
+        turn_commit=stamp("turn-2"),
+        completed_queue_claims=(q.completion(),),
+        completed_turn_input_claims=(t_claim.completion(),),
+        interrupted_turn_input_turn_id="T",
+        committed_attachment_ids=("att-1",),
+        enqueued_queue_batches=(qdraft(n=42),),
+        release_session_execution_lease=fence,
+    )
+    refs = {
+        "batches": [b.batch_id for b in q.batches],
+        "accepted": accepted.input_id,
+        "pending": pending.input_id,
+    }
+    return c, refs
+
+
+def _assert_fully_committed(store: Store, c: RuntimeCommit, refs: dict[str, Any]) -> None:
+    got = loaded(store)
+    assert got.head_revision == 2
+    assert [n.node_id for n in got.graph.nodes] == ["root", "n1", "n2"]
+    assert got.checkpoint is not None and got.checkpoint.tool_state == {"big": "x" * 64}
+    (entry,) = got.token_ledger
+    assert entry.usage.input_tokens == 7
+    (rec,) = rows(store, "SELECT checkpoint_ref FROM runtime_turn_commits")
+    assert rec["checkpoint_ref"] == got.checkpoint_ref
+    batches = store.queue.list_queued_work(SID)
+    assert not {b.batch_id for b in batches} & set(refs["batches"])
+    assert [i.payload.body for b in batches for i in b.items] == [42]
+    assert input_row(store, refs["accepted"])["state"] == "completed"
+    assert input_row(store, refs["pending"])["state"] == "deferred_next_turn"
+    (att,) = rows(store, "SELECT committed_at_ms FROM attachment_manifest")
+    assert att["committed_at_ms"] == T0
+    assert store.leases.get_session_execution_lease(SID) is None
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_committer_killed_mid_commit_leaves_all_or_nothing(
+    db_url: str, clock: SettableClock, point: str
+) -> None:
+    store = Store.open(db_url, clock=clock, busy_timeout_ms=30_000)
+    try:
+        c, refs = _prepare_commit(store)
+        before = snapshot(store)
+
+        ctx = multiprocessing.get_context("spawn")
+        ready = ctx.Event()
+        child = ctx.Process(
+            target=_doomed_committer, args=(db_url, point, c.model_dump_json(), ready), daemon=True
+        )
+        child.start()
+        try:
+            assert ready.wait(60), f"the child never reached {point!r}"
+            assert child.pid is not None
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(30)
+        finally:
+            if child.is_alive():
+                child.kill()
+                child.join(30)
+        assert child.exitcode == -signal.SIGKILL
+    finally:
+        store.close()
+
+    # Reopen, as a fresh process would.
+    with Store.open(db_url, clock=SettableClock(T0)) as reopened:
+        if point == "committed":
+            _assert_fully_committed(reopened, c, refs)
+            return
+        assert snapshot(reopened) == before, f"a commit killed after {point!r} left a trace"
+        # The dead writer's lock is gone, and the very same commit now succeeds in full.
+        result = reopened.call_write(lambda u: u.sessions.commit_runtime_state(c))
+        assert result.head_revision == 2
+        _assert_fully_committed(reopened, c, refs)
