@@ -5,13 +5,16 @@ sessions. One "doomed" worker acquires a session's lease, claims work and is
 killed with SIGKILL in the middle of its claim. Then several worker processes
 loop: take a session's lease (``try_claim``; after the doomed worker's lease
 expires, a live worker acquires it with a higher fencing token), claim ready
-batches and turn inputs, complete them under the fence, and release.
+batches and turn inputs, and end each turn with ``commit_runtime_state``
+(append a node, a checkpoint, usage, a turn stamp, the claim completions)
+expecting the head revision it read, then release.
 
 Afterwards the parent checks: every batch and every input was completed
 exactly once (nothing lost, nothing done twice — including the doomed
 worker's claim, which the new generation re-claimed), every session's fencing
 tokens as handed out are distinct and increasing, and the reclaiming
-generation is above the killed worker's.
+generation is above the killed worker's; head revisions are gap-free per
+session, no turn was committed twice, and each session's graph is one chain.
 """
 
 from __future__ import annotations
@@ -36,6 +39,16 @@ from agentkeep.sessions.domain import (
     QueuedWorkPayload,
 )
 from agentkeep.sessions.liveness import capture_liveness
+from agentkeep.sessions.records import (
+    ActivePathScope,
+    AppendNodes,
+    HydratedSessionCheckpoint,
+    RuntimeCommit,
+    SessionNodeRecord,
+    TokenUsage,
+    TurnCommitStamp,
+    UsageDelta,
+)
 from agentkeep.store import Store
 
 __all__ = ["run"]
@@ -69,7 +82,7 @@ def _doomed(url: str, session_id: str, ready: Any) -> None:
 
 
 def _worker(url: str, sessions: list[str], worker: int, deadline: float, out: Any) -> None:
-    events: dict[str, Any] = {"batches": [], "inputs": [], "fencing": [], "ops": 0}
+    events: dict[str, Any] = {"batches": [], "inputs": [], "fencing": [], "turns": [], "ops": 0}
     try:
         store = Store.open(url)
         owner = _owner(f"worker-{worker}")
@@ -96,29 +109,55 @@ def _worker(url: str, sessions: list[str], worker: int, deadline: float, out: An
 
 
 def _drain(store: Store, sid: str, lease: Any, owner: LeaseOwnerIdentity, events: Any) -> bool:
+    """Run turns while there is work: claim, then commit the turn completing the claims."""
     did = False
     try:
         while True:
             claim = store.queue.claim_ready_queued_work(sid, lease, owner, ClaimBoundary.IDLE, 3)
-            events["ops"] += 1
-            if claim is None:
-                break
-            store.queue.complete_queued_work_claim(lease, claim.completion())
-            events["ops"] += 1
-            events["batches"].extend(b.batch_id for b in claim.batches)
-            did = True
-        while True:
             tclaim = store.turn_inputs.claim_next_turn_inputs(sid, lease, owner, 3)
-            events["ops"] += 1
-            if tclaim is None:
+            events["ops"] += 2
+            if claim is None and tclaim is None:
                 break
-            store.turn_inputs.complete_turn_input_claim(lease, tclaim.completion())
-            events["ops"] += 1
-            events["inputs"].extend(i.input_id for i in tclaim.inputs)
+            revision = store.sessions.get_head_revision(sid)
+            turn_id = f"turn-{secrets.token_hex(6)}"
+            node = SessionNodeRecord(
+                node_id=f"n-{turn_id}",
+                parent_node_id=_leaf(store, sid),
+                timestamp=int(time.time()),
+                payload={"worker": owner.owner_id},
+            )
+            result = store.sessions.commit_runtime_state(
+                RuntimeCommit(
+                    session_id=sid,
+                    expected_head_revision=revision,
+                    session_execution_lease=lease,
+                    graph=AppendNodes(nodes=(node,), leaf_node_id=node.node_id),
+                    checkpoint=HydratedSessionCheckpoint(turn_state={"turn": turn_id}),
+                    usage_deltas=(
+                        UsageDelta(source="demo", model="m", usage=TokenUsage(input_tokens=1)),
+                    ),
+                    turn_commit=TurnCommitStamp(
+                        session_id=sid, turn_id=turn_id, turn_commit_hash=turn_id
+                    ),
+                    completed_queue_claims=(claim.completion(),) if claim else (),
+                    completed_turn_input_claims=(tclaim.completion(),) if tclaim else (),
+                )
+            )
+            events["ops"] += 2
+            events["turns"].append((sid, result.head_revision, turn_id))
+            if claim:
+                events["batches"].extend(b.batch_id for b in claim.batches)
+            if tclaim:
+                events["inputs"].extend(i.input_id for i in tclaim.inputs)
             did = True
     except SessionExecutionLeaseExpired:
         events["lost_lease"] = events.get("lost_lease", 0) + 1
     return did
+
+
+def _leaf(store: Store, sid: str) -> str | None:
+    read = store.sessions.load_session(sid, ActivePathScope())
+    return None if read is None else read.graph.leaf_node_id
 
 
 def run(url: str, *, workers: int = 4, ops: int = 200, sessions: int = 3) -> Report:
@@ -213,6 +252,29 @@ def run(url: str, *, workers: int = 4, ops: int = 200, sessions: int = 3) -> Rep
         "the session of the killed worker was reclaimed with a higher fencing token",
         first_after > doomed_fencing,
         f"{doomed_fencing} -> {first_after}",
+    )
+    turns = [t for ev in results.values() for t in ev["turns"]]
+    by_sid: dict[str, list[int]] = defaultdict(list)
+    for sid, revision, _ in turns:
+        by_sid[sid].append(revision)
+    heads = {sid: store.sessions.get_head_revision(sid) for sid in sids}
+    report.figure("turns committed", str(len(turns)))
+    report.check(
+        "head revisions are gap-free per session (1..head, each once)",
+        all(sorted(by_sid[sid]) == list(range(1, heads[sid] + 1)) for sid in sids),
+        ", ".join(f"{sid[-1]}: head {heads[sid]}" for sid in sids),
+    )
+    report.check(
+        "no turn was committed twice",
+        len({turn for _, _, turn in turns}) == len(turns),
+    )
+    paths = {sid: store.sessions.load_session(sid, ActivePathScope()) for sid in sids}
+    report.check(
+        "each session's graph is one chain of its turns (never forked)",
+        all(
+            (p is None and heads[sid] == 0) or (p is not None and len(p.graph.nodes) == heads[sid])
+            for sid, p in paths.items()
+        ),
     )
     store.close()
     return report
