@@ -39,7 +39,9 @@ every step of the spec in its order, which fixes the error precedence:
     the session); a node id that exists already in the session, or twice in
     the delta, is :class:`NodeAlreadyExists` (defined here; the seed surfaced
     the unique violation as a ``Backend`` error);
-12. the live node count; 13. the head, written as an upsert fenced by the
+12. the live node count (kept incrementally: the head's count plus the appended
+nodes, or the replacement's size — ``tombstone_nodes`` decrements it — so a commit
+costs O(its delta), never O(graph); the seed counted the graph); 13. the head, written as an upsert fenced by the
     revision read in step 6 (a miss is
     :class:`~agentkeep.errors.ConcurrentModification`, a bug signal: the lock
     is held);
@@ -208,6 +210,9 @@ _HEAD_COLUMNS: Final = (
 )
 _GET_HEAD: Final = Sql(f"SELECT {_HEAD_COLUMNS} FROM session_head WHERE session_id = :sid")
 _GET_HEAD_REVISION: Final = Sql("SELECT head_revision FROM session_head WHERE session_id = :sid")
+_GET_HEAD_COUNTERS: Final = Sql(
+    "SELECT head_revision, graph_node_count FROM session_head WHERE session_id = :sid"
+)
 # Step 13: the head upsert, fenced by the revision read under the lock.
 _PUT_HEAD: Final = Sql(
     "INSERT INTO session_head (session_id, schema_version, head_revision, leaf_node_id, "
@@ -246,9 +251,6 @@ _PUT_NODE: Final = Sql(
     "ON CONFLICT (session_id, node_id) DO NOTHING RETURNING seq"
 )
 _DELETE_NODES: Final = Sql("DELETE FROM graph_nodes WHERE session_id = :sid")
-_COUNT_NODES: Final = Sql(
-    "SELECT COUNT(*) FROM graph_nodes WHERE session_id = :sid AND tombstoned = 0"
-)
 _FULL_GRAPH: Final = Sql(
     "SELECT seq, node_id, node_json FROM graph_nodes "
     "WHERE session_id = :sid AND tombstoned = 0 ORDER BY seq"
@@ -464,6 +466,12 @@ def _decode_node(
         return None
 
 
+def _check_count(sid: str, value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise SessionCorrupt("session_head", sid, "graph_node_count", repr(value))
+    return value
+
+
 def _check_revision(session_id: str, value: object) -> int:
     if type(value) is not int or not 0 <= value <= MAX_I64:
         raise SessionCorrupt("session_head", session_id, "head_revision", repr(value))
@@ -564,8 +572,9 @@ class SessionCommitRepository:
         ensure_session_execution_lease(db, sid, fence, now)
 
         # 6. Head CAS.
-        row = db.execute(_GET_HEAD_REVISION, {"sid": sid}).fetchone()
+        row = db.execute(_GET_HEAD_COUNTERS, {"sid": sid}).fetchone()
         actual = 0 if row is None else _check_revision(sid, row[0])
+        live_nodes = 0 if row is None else _check_count(sid, row[1])
         expected = commit.expected_head_revision
         if expected is not None and expected != actual:
             raise HeadRevisionConflict(sid, expected, actual)
@@ -608,8 +617,9 @@ class SessionCommitRepository:
             if db.execute(_PUT_NODE, params).fetchone() is None:
                 raise NodeAlreadyExists(sid, node_id)
 
-        # 12. Live node count.
-        count = int(db.execute(_COUNT_NODES, {"sid": sid}).fetchone()[0])
+        # 12. Live node count, kept incrementally so a commit costs O(its delta),
+        # not O(graph): tombstone_nodes decrements it in the same transaction.
+        count = (0 if prepared.replace else live_nodes) + len(prepared.nodes)
 
         # 13. Head write, fenced by the revision read in step 6.
         next_revision = actual + 1

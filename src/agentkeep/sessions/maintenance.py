@@ -125,6 +125,9 @@ _TOMBSTONE: Final = Sql(
     "UPDATE graph_nodes SET tombstoned = 1 "
     f"WHERE session_id = :sid AND tombstoned = 0 AND node_id IN {_IN}"
 )
+_UNCOUNT: Final = Sql(
+    "UPDATE session_head SET graph_node_count = graph_node_count - :n WHERE session_id = :sid"
+)
 _VACUUM_NODES: Final = Sql("DELETE FROM graph_nodes WHERE session_id = :sid AND tombstoned = 1")
 _VACUUM_INPUTS: Final = Sql(
     "DELETE FROM pending_turn_inputs "
@@ -208,12 +211,15 @@ class MaintenanceRepository:
         if not ids:
             return
         begin_session_write(self._db, self._clock, self._writable, session_id)
-        if len(ids) <= SWEEP_BATCH:
-            self._db.execute(_TOMBSTONE, {"sid": session_id, **_in_params(ids)})
-            return
         with self._db.savepoint():
-            for batch in _batches(ids):
-                self._db.execute(_TOMBSTONE, {"sid": session_id, **_in_params(batch)})
+            tombstoned = sum(
+                self._db.execute(_TOMBSTONE, {"sid": session_id, **_in_params(batch)}).rowcount
+                for batch in _batches(ids)
+            )
+            if tombstoned:
+                # The head's live-node count is kept exact here so commits
+                # never have to count the graph.
+                self._db.execute(_UNCOUNT, {"sid": session_id, "n": tombstoned})
 
     # ---------------------------------------------------------------- vacuum
 
