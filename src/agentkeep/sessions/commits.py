@@ -39,9 +39,10 @@ every step of the spec in its order, which fixes the error precedence:
     the session); a node id that exists already in the session, or twice in
     the delta, is :class:`NodeAlreadyExists` (defined here; the seed surfaced
     the unique violation as a ``Backend`` error);
-12. the live node count (kept incrementally: the head's count plus the appended
-nodes, or the replacement's size — ``tombstone_nodes`` decrements it — so a commit
-costs O(its delta), never O(graph); the seed counted the graph); 13. the head, written as an upsert fenced by the
+12. the live node count, kept incrementally (the head's count plus the
+    appended nodes, or the replacement's size; ``tombstone_nodes`` decrements
+    it), so a commit costs O(its delta), never O(graph) (the seed counted);
+13. the head, written as an upsert fenced by the
     revision read in step 6 (a miss is
     :class:`~agentkeep.errors.ConcurrentModification`, a bug signal: the lock
     is held);
