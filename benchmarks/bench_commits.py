@@ -1,0 +1,321 @@
+"""Session-commit benchmark: ``commit_runtime_state`` and ``load_session`` vs raw sqlite3.
+
+    .venv/bin/python benchmarks/bench_commits.py [--n 300] [--rounds 3] [--scale 1000,100000]
+
+* commit: a small append (one node, one usage delta, a small checkpoint), one
+  call of ``store.sessions.commit_runtime_state`` against raw ``sqlite3``
+  running the repository's own statements in the same transaction shape
+  (``BEGIN IMMEDIATE``, SAVEPOINT, FENCE_OK read, head read, manifest blob,
+  usage row, node, fenced head upsert, ``COMMIT``) with the same canonical JSON
+  and sha256 work.
+* load: ``load_session(ActivePathScope())`` with an active path of depth 10
+  and 1000, against raw ``sqlite3`` running the same four reads in one
+  deferred transaction and decoding the node JSON.
+* scale: the depth-10 active-path load when the session's graph holds 1k vs
+  100k nodes: it must cost in proportion to the path, not the graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import itertools
+import json
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agentkeep import Store
+from agentkeep.migrations import upgrade
+from agentkeep.sessions import checkpoints as C
+from agentkeep.sessions import commits as K
+from agentkeep.sessions import leases as L
+from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity
+from agentkeep.sessions.records import (
+    ActivePathScope,
+    AppendNodes,
+    HydratedSessionCheckpoint,
+    RuntimeCommit,
+    SessionNodeRecord,
+    TokenUsage,
+    UsageDelta,
+)
+
+OWNER = LeaseOwnerIdentity(owner_id="bench", incarnation_id="bench")
+
+
+def _sql(stmt: object) -> str:
+    return str(stmt.render("named"))  # type: ignore[attr-defined]
+
+
+def _canon(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _best(fn: Callable[[], object], n: int, rounds: int) -> float:
+    for _ in range(max(20, n // 10)):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        finally:
+            gc.enable()
+    return best
+
+
+def _raw(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    for pragma in ("busy_timeout=30000", "foreign_keys=ON", "synchronous=NORMAL"):
+        conn.execute(f"PRAGMA {pragma}")
+    return conn
+
+
+def _store(path: Path) -> tuple[Store, object]:
+    upgrade(f"sqlite:///{path}")
+    store = Store.open(f"sqlite:///{path}")
+    out = store.leases.try_claim_session_execution_lease("s", OWNER, 10**12)
+    assert isinstance(out, Acquired)
+    return store, out.lease
+
+
+# --------------------------------------------------------------------------
+# commit
+
+
+def store_commit(store: Store, lease: object) -> Callable[[], None]:
+    counter = itertools.count()
+    state = {"leaf": None, "rev": 0}
+
+    def commit() -> None:
+        i = next(counter)
+        node = SessionNodeRecord(
+            node_id=f"n{i}", parent_node_id=state["leaf"], timestamp=i, payload={"text": "hi"}
+        )
+        result = store.sessions.commit_runtime_state(
+            RuntimeCommit(
+                session_id="s",
+                expected_head_revision=state["rev"],
+                session_execution_lease=lease,  # type: ignore[arg-type]
+                graph=AppendNodes(nodes=(node,), leaf_node_id=node.node_id),
+                checkpoint=HydratedSessionCheckpoint(turn_state={"turn": i}),
+                usage_deltas=(UsageDelta(source="s", model="m", usage=TokenUsage(input_tokens=5)),),
+            )
+        )
+        state["leaf"], state["rev"] = node.node_id, result.head_revision
+
+    return commit
+
+
+def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
+    now = time.time_ns() // 1_000_000
+    token = f"s:raw:raw:{now}:1"
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(
+        _sql(L._ACQUIRE),
+        {
+            "sid": "s",
+            "owner": "raw",
+            "inc": "raw",
+            "liveness": '{"kind":"opaque"}',
+            "token": token,
+            "fencing": 1,
+            "now": now,
+            "expires": now + 10**12,
+            "previous": -1,
+        },
+    ).fetchone()
+    conn.commit()
+    get_lease, head_counters = _sql(L._GET), _sql(K._GET_HEAD_COUNTERS)
+    put_blob, put_usage = _sql(C._PUT), _sql(K._PUT_USAGE)
+    put_node, put_head = _sql(K._PUT_NODE), _sql(K._PUT_HEAD)
+    counter = itertools.count()
+    state: dict[str, object] = {"leaf": None}
+
+    def commit() -> None:
+        i = next(counter)
+        now = time.time_ns() // 1_000_000
+        node_id = f"n{i}"
+        c = conn
+        c.execute("BEGIN IMMEDIATE")
+        c.execute("SAVEPOINT ak_raw")
+        row = c.execute(get_lease, {"sid": "s"}).fetchone()
+        assert row[3] == token and row[4] == 1 and row[6] > now
+        head = c.execute(head_counters, {"sid": "s"}).fetchone()
+        actual, count = (0, 0) if head is None else head
+        manifest = {
+            "execution_state_ref": None,
+            "plugin_snapshot_ref": None,
+            "plugin_snapshot_revision": None,
+            "schema_version": 1,
+            "tool_state_ref": None,
+            "turn_state": {"turn": i},
+        }
+        raw = _canon(manifest).encode()
+        ref = hashlib.sha256(raw).hexdigest()
+        c.execute(
+            put_blob,
+            {"hash": ref, "kind": "checkpoint_manifest", "compression": "none", "content": raw},
+        )
+        c.execute(
+            put_usage,
+            {
+                "sid": "s",
+                "source": "s",
+                "model": "m",
+                "input": 5,
+                "output": 0,
+                "cache_read": 0,
+                "cache_write": 0,
+                "reasoning": 0,
+            },
+        )
+        node_json = _canon(
+            {
+                "node_id": node_id,
+                "parent_node_id": state["leaf"],
+                "timestamp": i,
+                "payload": {"text": "hi"},
+            }
+        )
+        assert (
+            c.execute(
+                put_node, {"sid": "s", "nid": node_id, "parent": state["leaf"], "json": node_json}
+            ).fetchone()
+            is not None
+        )
+        assert (
+            c.execute(
+                put_head,
+                {
+                    "sid": "s",
+                    "schema": 1,
+                    "next": actual + 1,
+                    "leaf": node_id,
+                    "ref": ref,
+                    "config": "null",
+                    "frames": "[]",
+                    "frame_id": None,
+                    "count": count + 1,
+                    "actual": actual,
+                },
+            ).fetchone()
+            is not None
+        )
+        c.execute("RELEASE SAVEPOINT ak_raw")
+        c.commit()
+        state["leaf"] = node_id
+
+    return commit
+
+
+# --------------------------------------------------------------------------
+# load
+
+
+def store_load(store: Store) -> Callable[[], object]:
+    def load() -> object:
+        read = store.sessions.load_session("s", ActivePathScope())
+        assert read is not None
+        return read
+
+    return load
+
+
+def raw_load(conn: sqlite3.Connection) -> Callable[[], object]:
+    get_head, path, get_blob, usage = (
+        _sql(K._GET_HEAD),
+        _sql(K.ACTIVE_PATH),
+        _sql(C._GET),
+        _sql(K._GET_USAGE),
+    )
+
+    def load() -> object:
+        conn.execute("BEGIN")
+        head = conn.execute(get_head, {"sid": "s"}).fetchone()
+        rows = conn.execute(path, {"sid": "s", "leaf": head[2]}).fetchall()
+        nodes = [json.loads(r[3]) for r in rows]
+        blob = conn.execute(get_blob, {"hash": head[3]}).fetchone()
+        json.loads(bytes(blob[2]))
+        ledger = conn.execute(usage, {"sid": "s"}).fetchall()
+        conn.commit()
+        return nodes, ledger
+
+    return load
+
+
+def _chain(store: Store, lease: object, depth: int, extra: int = 0) -> None:
+    """A session whose active path is ``depth`` deep, plus ``extra`` side nodes."""
+    nodes = [
+        SessionNodeRecord(node_id=f"p{i}", parent_node_id=f"p{i - 1}" if i else None)
+        for i in range(depth)
+    ]
+    nodes += [SessionNodeRecord(node_id=f"x{i}", parent_node_id="p0") for i in range(extra)]
+    store.sessions.commit_runtime_state(
+        RuntimeCommit(
+            session_id="s",
+            session_execution_lease=lease,  # type: ignore[arg-type]
+            graph=AppendNodes(nodes=tuple(nodes), leaf_node_id=f"p{depth - 1}"),
+            usage_deltas=(UsageDelta(source="s", model="m", usage=TokenUsage(input_tokens=1)),),
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale", default="1000,100000")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        rows: list[tuple[str, float, float]] = []
+
+        store, lease = _store(tmp / "commit-store.db")
+        s_us = _best(store_commit(store, lease), args.n, args.rounds)
+        store.close()
+        upgrade(f"sqlite:///{tmp / 'commit-raw.db'}")
+        r_us = _best(raw_commit(_raw(tmp / "commit-raw.db")), args.n, args.rounds)
+        rows.append(("commit_runtime_state: 1 node, 1 usage delta, small checkpoint", s_us, r_us))
+
+        for depth in (10, 1000):
+            path = tmp / f"load-{depth}.db"
+            store, lease = _store(path)
+            _chain(store, lease, depth)
+            s_us = _best(store_load(store), args.n, args.rounds)
+            store.close()
+            r_us = _best(raw_load(_raw(path)), args.n, args.rounds)
+            rows.append((f"load_session(ActivePath), path depth {depth}", s_us, r_us))
+
+        print("SQLite, µs per call (one-call store vs raw sqlite3 running the same statements)")
+        print(f"{'operation':<64} | {'store µs':>9} | {'raw µs':>9} | {'ratio':>6}")
+        print("-" * 98)
+        for name, a, b in rows:
+            print(f"{name:<64} | {a:>9.1f} | {b:>9.1f} | {a / b:>5.2f}x")
+
+        sizes = [int(x) for x in args.scale.split(",") if x]
+        if sizes:
+            print()
+            print("load_session(ActivePath) of a 10-deep path while the graph holds N nodes")
+            base = None
+            for size in sizes:
+                path = tmp / f"scale-{size}.db"
+                store, lease = _store(path)
+                _chain(store, lease, 10, extra=size - 10)
+                us = _best(store_load(store), args.n, args.rounds)
+                store.close()
+                base = base or us
+                print(f"  {size:>8,} nodes: {us:8.1f} µs  ({us / base:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
