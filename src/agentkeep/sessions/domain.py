@@ -76,9 +76,12 @@ __all__ = [
     "TurnInputCompletion",
     "TurnInputIngress",
     "TurnInputState",
+    "check_completion",
+    "check_fence",
     "check_id",
     "check_json",
     "check_ms",
+    "check_owner",
     "claim_lease_token",
     "same_incarnation",
     "saturating_add",
@@ -645,3 +648,42 @@ class SuffixOutcomes(BaseModel):
 
 
 SuffixCancelResult: TypeAlias = AnchorNotFound | SuffixOutcomes
+
+
+# --------------------------------------------------------------------------
+# Argument checks shared by the session repositories (bad input → InvalidInput,
+# raised before anything is written)
+
+
+def check_owner(value: object) -> LeaseOwnerIdentity:
+    """A :class:`LeaseOwnerIdentity` with non-blank owner and incarnation ids."""
+    if not isinstance(value, LeaseOwnerIdentity):
+        raise InvalidInput("owner", f"expected a LeaseOwnerIdentity, got {type(value).__name__}")
+    check_id(value.owner_id, "owner.owner_id")
+    check_id(value.incarnation_id, "owner.incarnation_id")
+    return value
+
+
+def check_fence(value: object, field: str = "fence") -> LeaseFence:
+    """A :class:`LeaseFence` (or lease) naming a non-blank session."""
+    if not isinstance(value, LeaseFence):
+        raise InvalidInput(field, f"expected a LeaseFence, got {type(value).__name__}")
+    check_id(value.session_id, f"{field}.session_id")
+    return value
+
+
+def check_completion(
+    value: object, cls: type[QueuedWorkCompletion] | type[TurnInputCompletion], ids_field: str
+) -> Any:
+    """A completion of type ``cls`` with non-blank ids and at least one row id in ``ids_field``."""
+    if not isinstance(value, cls):
+        raise InvalidInput("completion", f"expected a {cls.__name__}, got {type(value).__name__}")
+    check_id(value.session_id, "completion.session_id")
+    check_id(value.claim_id, "completion.claim_id")
+    check_id(value.lease_token, "completion.lease_token")
+    ids = getattr(value, ids_field)
+    if not isinstance(ids, tuple | list) or not ids:
+        raise InvalidInput(f"completion.{ids_field}", "a completion names at least one row")
+    for i, row_id in enumerate(ids):
+        check_id(row_id, f"completion.{ids_field}[{i}]")
+    return value

@@ -30,7 +30,6 @@ from agentkeep.clock import Clock
 from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
 from agentkeep.errors import (
     ConcurrentModification,
-    InvalidInput,
     ReadOnlyUnitOfWork,
     SessionCorrupt,
     SessionExecutionLeaseExpired,
@@ -43,8 +42,10 @@ from agentkeep.sessions.domain import (
     LeaseFence,
     LeaseOwnerIdentity,
     SessionExecutionLease,
+    check_fence,
     check_id,
     check_ms,
+    check_owner,
     same_incarnation,
     saturating_add,
 )
@@ -162,17 +163,11 @@ def _load(db: Driver, session_id: str) -> _Row | None:
 
 
 def _check_fence(value: object, field: str) -> LeaseFence:
-    if not isinstance(value, LeaseFence):
-        raise InvalidInput(field, f"expected a LeaseFence, got {type(value).__name__}")
-    return value
+    return check_fence(value, field)
 
 
 def _check_owner(value: object) -> LeaseOwnerIdentity:
-    if not isinstance(value, LeaseOwnerIdentity):
-        raise InvalidInput("owner", f"expected a LeaseOwnerIdentity, got {type(value).__name__}")
-    check_id(value.owner_id, "owner.owner_id")
-    check_id(value.incarnation_id, "owner.incarnation_id")
-    return value
+    return check_owner(value)
 
 
 def ensure_session_execution_lease(

@@ -107,9 +107,12 @@ from agentkeep.sessions.domain import (
     QueuedWorkDraft,
     QueuedWorkPayload,
     SlotPolicy,
+    check_completion,
+    check_fence,
     check_id,
     check_json,
     check_ms,
+    check_owner,
     claim_lease_token,
     saturating_add,
     select_leading_session_command,
@@ -249,18 +252,11 @@ def _check_int(value: object, field: str) -> int:
 
 
 def _check_fence(value: object) -> LeaseFence:
-    if not isinstance(value, LeaseFence):
-        raise InvalidInput("fence", f"expected a LeaseFence, got {type(value).__name__}")
-    check_id(value.session_id, "fence.session_id")
-    return value
+    return check_fence(value)
 
 
 def _check_owner(value: object) -> LeaseOwnerIdentity:
-    if not isinstance(value, LeaseOwnerIdentity):
-        raise InvalidInput("owner", f"expected a LeaseOwnerIdentity, got {type(value).__name__}")
-    check_id(value.owner_id, "owner.owner_id")
-    check_id(value.incarnation_id, "owner.incarnation_id")
-    return value
+    return check_owner(value)
 
 
 def _check_boundary(value: object) -> ClaimBoundary:
@@ -307,18 +303,8 @@ def _check_draft(draft: object) -> QueuedWorkDraft:
 
 
 def _check_completion(completion: object) -> QueuedWorkCompletion:
-    if not isinstance(completion, QueuedWorkCompletion):
-        raise InvalidInput(
-            "completion", f"expected a QueuedWorkCompletion, got {type(completion).__name__}"
-        )
-    check_id(completion.session_id, "completion.session_id")
-    check_id(completion.claim_id, "completion.claim_id")
-    check_id(completion.lease_token, "completion.lease_token")
-    if not isinstance(completion.batch_ids, tuple | list) or not completion.batch_ids:
-        raise InvalidInput("completion.batch_ids", "a completion names at least one batch")
-    for i, batch_id in enumerate(completion.batch_ids):
-        check_id(batch_id, f"completion.batch_ids[{i}]")
-    return completion
+    result: QueuedWorkCompletion = check_completion(completion, QueuedWorkCompletion, "batch_ids")
+    return result
 
 
 def _check_counters(batch: QueuedWorkBatch) -> QueuedWorkBatch:

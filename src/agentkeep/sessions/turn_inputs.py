@@ -122,8 +122,11 @@ from agentkeep.sessions.domain import (
     TurnInputClaimMode,
     TurnInputCompletion,
     TurnInputState,
+    check_completion,
+    check_fence,
     check_id,
     check_json,
+    check_owner,
     claim_lease_token,
     saturating_add,
 )
@@ -262,18 +265,11 @@ def derive_pending_turn_input_id(
 
 
 def _check_fence(value: object, field: str) -> LeaseFence:
-    if not isinstance(value, LeaseFence):
-        raise InvalidInput(field, f"expected a LeaseFence, got {type(value).__name__}")
-    check_id(value.session_id, f"{field}.session_id")
-    return value
+    return check_fence(value, field)
 
 
 def _check_owner(value: object) -> LeaseOwnerIdentity:
-    if not isinstance(value, LeaseOwnerIdentity):
-        raise InvalidInput("owner", f"expected a LeaseOwnerIdentity, got {type(value).__name__}")
-    check_id(value.owner_id, "owner.owner_id")
-    check_id(value.incarnation_id, "owner.incarnation_id")
-    return value
+    return check_owner(value)
 
 
 def _check_ingress(value: object, field: str) -> ActiveTurnIngress | NextTurnIngress:
@@ -319,18 +315,8 @@ def _check_max(value: object) -> int:
 
 
 def _check_completion(value: object) -> TurnInputCompletion:
-    if not isinstance(value, TurnInputCompletion):
-        raise InvalidInput(
-            "completion", f"expected a TurnInputCompletion, got {type(value).__name__}"
-        )
-    check_id(value.session_id, "completion.session_id")
-    check_id(value.claim_id, "completion.claim_id")
-    check_id(value.lease_token, "completion.lease_token")
-    if not isinstance(value.input_ids, tuple | list) or not value.input_ids:
-        raise InvalidInput("completion.input_ids", "must name at least one input")
-    for i, input_id in enumerate(value.input_ids):
-        check_id(input_id, f"completion.input_ids[{i}]")
-    return value
+    result: TurnInputCompletion = check_completion(value, TurnInputCompletion, "input_ids")
+    return result
 
 
 # --------------------------------------------------------------------------
