@@ -1,0 +1,1 @@
+"""Runtime store: session snapshots, receipts, input-state CAS, lifecycle and ops epochs."""
