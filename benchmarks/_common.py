@@ -242,3 +242,15 @@ def timed(loop: Callable[[int, int], None], start: int, n: int) -> float:
         return time.perf_counter() - t0
     finally:
         gc.enable()
+
+
+def best_us(fn: Callable[[], object], n: int, rounds: int) -> float:
+    """Best µs per call over ``rounds`` rounds of ``n`` calls, after a warm-up."""
+    for _ in range(max(20, n // 10)):
+        fn()
+
+    def loop(_start: int, count: int) -> None:
+        for _ in range(count):
+            fn()
+
+    return min(timed(loop, 0, n) for _ in range(rounds)) / n * 1e6

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import itertools
 import json
@@ -27,6 +26,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from _common import best_us, raw_connect
 
 from agentkeep import Store
 from agentkeep.migrations import upgrade
@@ -53,30 +54,6 @@ def _sql(stmt: object) -> str:
 
 def _canon(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _best(fn: Callable[[], object], n: int, rounds: int) -> float:
-    for _ in range(max(20, n // 10)):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        gc.collect()
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        finally:
-            gc.enable()
-    return best
-
-
-def _raw(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    for pragma in ("busy_timeout=30000", "foreign_keys=ON", "synchronous=NORMAL"):
-        conn.execute(f"PRAGMA {pragma}")
-    return conn
 
 
 def _store(path: Path) -> tuple[Store, object]:
@@ -281,19 +258,19 @@ def main() -> None:
         rows: list[tuple[str, float, float]] = []
 
         store, lease = _store(tmp / "commit-store.db")
-        s_us = _best(store_commit(store, lease), args.n, args.rounds)
+        s_us = best_us(store_commit(store, lease), args.n, args.rounds)
         store.close()
         upgrade(f"sqlite:///{tmp / 'commit-raw.db'}")
-        r_us = _best(raw_commit(_raw(tmp / "commit-raw.db")), args.n, args.rounds)
+        r_us = best_us(raw_commit(raw_connect(tmp / "commit-raw.db")), args.n, args.rounds)
         rows.append(("commit_runtime_state: 1 node, 1 usage delta, small checkpoint", s_us, r_us))
 
         for depth in (10, 1000):
             path = tmp / f"load-{depth}.db"
             store, lease = _store(path)
             _chain(store, lease, depth)
-            s_us = _best(store_load(store), args.n, args.rounds)
+            s_us = best_us(store_load(store), args.n, args.rounds)
             store.close()
-            r_us = _best(raw_load(_raw(path)), args.n, args.rounds)
+            r_us = best_us(raw_load(raw_connect(path)), args.n, args.rounds)
             rows.append((f"load_session(ActivePath), path depth {depth}", s_us, r_us))
 
         print("SQLite, µs per call (one-call store vs raw sqlite3 running the same statements)")
@@ -311,7 +288,7 @@ def main() -> None:
                 path = tmp / f"scale-{size}.db"
                 store, lease = _store(path)
                 _chain(store, lease, 10, extra=size - 10)
-                us = _best(store_load(store), args.n, args.rounds)
+                us = best_us(store_load(store), args.n, args.rounds)
                 store.close()
                 base = base or us
                 print(f"  {size:>8,} nodes: {us:8.1f} µs  ({us / base:.2f}x)")

@@ -23,7 +23,6 @@ The scale check measures one claim + abandon on a session whose queue holds
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import itertools
 import json
@@ -34,6 +33,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _common import best_us, raw_connect
 
 from agentkeep import Store
 from agentkeep.migrations import upgrade
@@ -61,32 +62,6 @@ def _sql(stmt: Any) -> str:
 
 def _now() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _raw(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout=30000")
-    conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    return conn
-
-
-def _best(fn: Callable[[], None], n: int, rounds: int) -> float:
-    """Best µs per call over ``rounds`` of ``n`` calls (after a warm-up)."""
-    for _ in range(max(20, n // 10)):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        gc.collect()
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        finally:
-            gc.enable()
-    return best
 
 
 # --------------------------------------------------------------------------
@@ -381,7 +356,7 @@ class RawSession:
 
 
 def _fill(path: Path, sid: str, count: int, others: int) -> None:
-    conn = _raw(path)
+    conn = raw_connect(path)
     now = _now()
     conn.execute("BEGIN IMMEDIATE")
     payload = '{"body":{},"kind":"user_message"}'
@@ -425,7 +400,7 @@ def scale(tmp: Path, sizes: list[int], n: int, rounds: int) -> list[tuple[int, f
             assert claim is not None
             store.queue.abandon_queued_work_claim(claim)
 
-        out.append((size, _best(claim_abandon, n, rounds)))
+        out.append((size, best_us(claim_abandon, n, rounds)))
         store.close()
     return out
 
@@ -449,16 +424,16 @@ def main() -> None:
             upgrade(f"sqlite:///{s_path}")
             upgrade(f"sqlite:///{r_path}")
             store = Store.open(f"sqlite:///{s_path}")
-            store_us = _best(store_fn(store, "s-bench"), args.n, args.rounds)
+            store_us = best_us(store_fn(store, "s-bench"), args.n, args.rounds)
             store.close()
-            raw = RawSession(_raw(r_path), "s-bench")
+            raw = RawSession(raw_connect(r_path), "s-bench")
             cycle = {
                 "lease": raw.lease_cycle,
                 "queue": raw.queue_cycle_fn,
                 "input": raw.input_cycle_fn,
             }[raw_fn]
             raw_cycle = cycle if raw_fn == "lease" else cycle()  # type: ignore[operator]
-            raw_us = _best(raw_cycle, args.n, args.rounds)  # type: ignore[arg-type]
+            raw_us = best_us(raw_cycle, args.n, args.rounds)  # type: ignore[arg-type]
             rows.append((name, store_us, raw_us))
 
         print("SQLite, µs per cycle (one-call store operations vs raw sqlite3, same SQL)")

@@ -29,6 +29,7 @@ __all__ = [
     "AssigneeDescRequired",
     "AssigneeGenerationAhead",
     "AssigneeSlotRequired",
+    "ClaimSuperseded",
     "ConcurrentModification",
     "GenerationOverflow",
     "HeadRevisionConflict",
@@ -345,32 +346,35 @@ class SessionExecutionLeaseExpired(SessionStoreError):
         super().__init__(f"session execution lease expired or superseded: {session_id}")
 
 
-class QueuedWorkClaimSuperseded(SessionStoreError):
-    """A queued-work completion does not name exactly the rows its claim still owns.
+class ClaimSuperseded(SessionStoreError):
+    """A completion does not name exactly the rows its claim still owns.
+
+    Raised by the strict completion checks (spec/README.md): the claim was
+    re-claimed, abandoned or cancelled, or the completion lists other rows.
 
     Attributes:
         session_id: the session.
         claim_id: the claim.
     """
 
-    def __init__(self, session_id: str, claim_id: str) -> None:
-        self.session_id = session_id
-        self.claim_id = claim_id
-        super().__init__(f"queued-work claim superseded: {session_id} {claim_id}")
-
-
-class TurnInputClaimSuperseded(SessionStoreError):
-    """A turn-input completion does not name exactly the rows its claim still owns.
-
-    Attributes:
-        session_id: the session.
-        claim_id: the claim.
-    """
+    _what = "claim"
 
     def __init__(self, session_id: str, claim_id: str) -> None:
         self.session_id = session_id
         self.claim_id = claim_id
-        super().__init__(f"turn-input claim superseded: {session_id} {claim_id}")
+        super().__init__(f"{self._what} superseded: {session_id} {claim_id}")
+
+
+class QueuedWorkClaimSuperseded(ClaimSuperseded):
+    """A queued-work completion does not name exactly the rows its claim still owns."""
+
+    _what = "queued-work claim"
+
+
+class TurnInputClaimSuperseded(ClaimSuperseded):
+    """A turn-input completion does not name exactly the rows its claim still owns."""
+
+    _what = "turn-input claim"
 
 
 class PendingTurnInputSourceKeyConflict(SessionStoreError):

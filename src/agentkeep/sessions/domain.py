@@ -334,8 +334,8 @@ class QueuedWorkBatch(BaseModel):
         return classes.pop() if len(classes) == 1 else None
 
 
-class QueuedWorkClaim(BaseModel):
-    """A claim on one or more batches, valid while its session-lease generation is live."""
+class _ClaimFields(BaseModel):
+    """What every claim carries: its id and token, the owner, the row counter and generation."""
 
     model_config = _FROZEN
     session_id: Text
@@ -344,6 +344,20 @@ class QueuedWorkClaim(BaseModel):
     lease_token: Text
     fencing_token: Ms
     session_lease_generation: Ms
+
+
+class _CompletionFields(BaseModel):
+    """What every completion names: the claim (id and token) of one session."""
+
+    model_config = _FROZEN
+    session_id: Text
+    claim_id: Text
+    lease_token: Text
+
+
+class QueuedWorkClaim(_ClaimFields):
+    """A claim on one or more batches, valid while its session-lease generation is live."""
+
     batches: tuple[QueuedWorkBatch, ...]
 
     def completion(self) -> QueuedWorkCompletion:
@@ -356,13 +370,9 @@ class QueuedWorkClaim(BaseModel):
         )
 
 
-class QueuedWorkCompletion(BaseModel):
+class QueuedWorkCompletion(_CompletionFields):
     """Finish a queued-work claim: must name exactly the batches the claim owns."""
 
-    model_config = _FROZEN
-    session_id: Text
-    claim_id: Text
-    lease_token: Text
     batch_ids: tuple[Text, ...]
 
 
@@ -537,16 +547,9 @@ TurnInputClaimMode: TypeAlias = Annotated[
 ]
 
 
-class TurnInputClaim(BaseModel):
+class TurnInputClaim(_ClaimFields):
     """A claim on turn inputs, valid while its session-lease generation is live."""
 
-    model_config = _FROZEN
-    session_id: Text
-    claim_id: Text
-    owner: LeaseOwnerIdentity
-    lease_token: Text
-    fencing_token: Ms
-    session_lease_generation: Ms
     mode: TurnInputClaimMode
     inputs: tuple[PendingTurnInput, ...]
 
@@ -560,13 +563,9 @@ class TurnInputClaim(BaseModel):
         )
 
 
-class TurnInputCompletion(BaseModel):
+class TurnInputCompletion(_CompletionFields):
     """Finish a turn-input claim: must name exactly the inputs the claim owns."""
 
-    model_config = _FROZEN
-    session_id: Text
-    claim_id: Text
-    lease_token: Text
     input_ids: tuple[Text, ...]
 
 

@@ -55,7 +55,26 @@ class SessionLeaseRow(Base):
     lease_expires_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
 
 
-class QueuedWorkBatchRow(Base):
+class _ClaimColumns:
+    """The claim columns of a claimable row (§0.4 STAMP_CLAIM / CLEAR_CLAIM).
+
+    ``claim_token`` NULL means unclaimed; ``claim_fencing_token`` only grows;
+    ``claim_session_lease_generation`` is the lease generation the claim was
+    taken under.
+    """
+
+    claim_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_incarnation_id: Mapped[str | None] = mapped_column(Text)
+    claim_owner_liveness_json: Mapped[str | None] = mapped_column(Text)
+    claim_token: Mapped[str | None] = mapped_column(Text)
+    claim_fencing_token: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+    claim_session_lease_generation: Mapped[int] = mapped_column(
+        BIGINT, nullable=False, server_default=_ZERO
+    )
+
+
+class QueuedWorkBatchRow(_ClaimColumns, Base):
     """A durable batch of queued work, claimed under a session-lease generation."""
 
     __tablename__ = "queued_work_batches"
@@ -69,15 +88,6 @@ class QueuedWorkBatchRow(Base):
     merge_key_json: Mapped[str] = mapped_column(Text, nullable=False)
     available_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False)
     enqueued_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    claim_id: Mapped[str | None] = mapped_column(Text)
-    claim_owner_id: Mapped[str | None] = mapped_column(Text)
-    claim_owner_incarnation_id: Mapped[str | None] = mapped_column(Text)
-    claim_owner_liveness_json: Mapped[str | None] = mapped_column(Text)
-    claim_token: Mapped[str | None] = mapped_column(Text)
-    claim_fencing_token: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
-    claim_session_lease_generation: Mapped[int] = mapped_column(
-        BIGINT, nullable=False, server_default=_ZERO
-    )
 
     __table_args__ = (
         UniqueConstraint("session_id", "source_key"),
@@ -102,7 +112,7 @@ class QueuedWorkItemRow(Base):
     payload_json: Mapped[str] = mapped_column(Text, nullable=False)
 
 
-class PendingTurnInputRow(Base):
+class PendingTurnInputRow(_ClaimColumns, Base):
     """A user or host input awaiting a turn, with its lifecycle state and claim."""
 
     __tablename__ = "pending_turn_inputs"
@@ -116,15 +126,6 @@ class PendingTurnInputRow(Base):
     state: Mapped[str] = mapped_column(Text, nullable=False)
     input_json: Mapped[str] = mapped_column(Text, nullable=False)
     enqueued_at_ms: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    claim_id: Mapped[str | None] = mapped_column(Text)
-    claim_owner_id: Mapped[str | None] = mapped_column(Text)
-    claim_owner_incarnation_id: Mapped[str | None] = mapped_column(Text)
-    claim_owner_liveness_json: Mapped[str | None] = mapped_column(Text)
-    claim_token: Mapped[str | None] = mapped_column(Text)
-    claim_fencing_token: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
-    claim_session_lease_generation: Mapped[int] = mapped_column(
-        BIGINT, nullable=False, server_default=_ZERO
-    )
 
     __table_args__ = (
         UniqueConstraint("session_id", "source_key"),
