@@ -43,6 +43,7 @@ class Base(DeclarativeBase):
 def load_all_models() -> MetaData:
     """Import every store's models so ``Base.metadata`` is complete; return it."""
     from agentkeep.runs import models as _runs  # noqa: F401
+    from agentkeep.runtime import models as _runtime  # noqa: F401
     from agentkeep.sessions import models as _sessions  # noqa: F401
 
     return Base.metadata

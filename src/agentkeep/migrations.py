@@ -75,9 +75,14 @@ def _adopters() -> dict[str, Adopter]:
     unknown shape.
     """
     from agentkeep.runs.adoption import detect_runs_revision
+    from agentkeep.runtime.adoption import detect_runtime_revision
     from agentkeep.sessions.adoption import detect_sessions_revision
 
-    return {"runs": detect_runs_revision, "sessions": detect_sessions_revision}
+    return {
+        "runs": detect_runs_revision,
+        "sessions": detect_sessions_revision,
+        "runtime": detect_runtime_revision,
+    }
 
 
 # --------------------------------------------------------------------------

@@ -49,8 +49,21 @@ SESSION_TABLES = {
     "artifact_refs",
     "session_meta",
 }
+RUNTIME_TABLES = {
+    "runtime_input_states",
+    "runtime_boundary_receipts",
+    "runtime_session_snapshots",
+    "runtime_states",
+    "runtime_ops_lifecycle",
+    "runtime_retired_ops_epochs",
+    "runtime_auth_oauth_flow_state",
+    "runtime_projection_quarantine",
+    "runtime_compaction_projection_outbox",
+    "runtime_mob_host_bindings",
+    "runtime_mob_host_revocations",
+}
 #: Every agentkeep table at head, per backend (runs_seq_counter is SQLite-only).
-OUR_TABLES = {"runs", "runs_seq_counter"} | SESSION_TABLES
+OUR_TABLES = {"runs", "runs_seq_counter"} | SESSION_TABLES | RUNTIME_TABLES
 
 
 # ----------------------------------------------------------------------------
@@ -208,7 +221,8 @@ def test_step_by_step_up_and_down(fresh_url: str) -> None:
     assert migrate.upgrade(fresh_url) == migrate.head_revisions()
     assert migrate.check(fresh_url) == []
     # ...and leave again without touching the runs chain.
-    assert migrate.downgrade(fresh_url, "sessions@base") == (CHAIN[-1],)
+    assert migrate.downgrade(fresh_url, "sessions@base") == (CHAIN[-1], "runtime_0001")
+    assert migrate.downgrade(fresh_url, "runtime@base") == (CHAIN[-1],)
     assert schema(fresh_url) == seen[CHAIN[-1]]
     assert raw(fresh_url, "SELECT degradations_json, next_generation FROM runs") == [("[]", 0)]
 

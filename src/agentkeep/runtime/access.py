@@ -1,0 +1,160 @@
+"""What every runtime-store repository shares: the write lock, phase-mapped errors, bytes.
+
+:class:`RuntimeAccess` is the base of the runtime repository's parts
+(:mod:`~agentkeep.runtime.snapshots`, :mod:`~agentkeep.runtime.boundaries`,
+...). It holds the unit of work's driver connection and the
+:class:`~agentkeep.runtime.domain.RuntimeDomain`, and owns the three things
+no part hand-rolls:
+
+* **The write lock** (:meth:`RuntimeAccess._begin_write`): every write
+  operation takes the lock of the aggregate it touches first — ``runtime:<id>``,
+  ``mob:<id>`` or the OAuth singleton — through
+  :func:`agentkeep.db.lock_aggregate` (``BEGIN IMMEDIATE`` already is it on
+  SQLite; ``pg_advisory_xact_lock`` on Postgres), so every read-check-write
+  after it is race-free, including checks for rows that do not exist yet.
+* **Errors by phase** (spec runtime §0.2, §6.8): a failing SELECT is
+  :class:`~agentkeep.runtime.errors.ReadFailed`, a failing INSERT / UPDATE /
+  DELETE (constraint violation, trigger abort) is
+  :class:`~agentkeep.runtime.errors.WriteFailed`. A busy / lock-timeout error
+  stays :class:`~agentkeep.errors.StoreBusy` inside the unit, so the one-call
+  facade can retry the whole unit; the facade reports it as ``WriteFailed``
+  (writes) or ``ReadFailed`` (reads) once the retries are spent.
+* **All or nothing** (:meth:`RuntimeAccess._atomic`): an operation that can
+  fail after it has written (a duplicate receipt after the snapshot upsert, a
+  trigger abort in the middle of a batch) runs inside a SAVEPOINT when it is
+  part of a caller's ``store.write()`` unit, so a caught error leaves nothing
+  of it behind; a one-call unit rolls back as a whole and needs none.
+
+Payload columns are read through :func:`as_bytes`: a TEXT value in a payload
+column (a SQLite file edited by hand, spec §0.3) is returned as its UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Final
+
+from agentkeep.db import Driver, Sql, lock_aggregate
+from agentkeep.errors import DatabaseError, ReadOnlyUnitOfWork, StoreBusy
+from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
+from agentkeep.runtime.errors import ReadFailed, WriteFailed
+
+__all__ = ["OAUTH_SINGLETON_ID", "RuntimeAccess", "as_bytes"]
+
+#: ``runtime_auth_oauth_flow_state.id`` of the one OAuth flow row (and its lock key).
+OAUTH_SINGLETON_ID: Final = "auth_oauth_flow_state"
+
+
+def as_bytes(value: Any, *, table: str, key: str, column: str) -> bytes:
+    """Return a payload column's value as ``bytes``.
+
+    ``bytes`` / ``memoryview`` (BLOB, bytea) as is; ``str`` (a TEXT value in
+    a SQLite BLOB column) as its UTF-8 bytes.
+
+    Raises:
+        ReadFailed: the value is neither (an INTEGER or REAL written by hand,
+            or NULL): corrupt data fails loudly, naming table, key and column.
+    """
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, memoryview | bytearray):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise ReadFailed(f"{table}[{key}].{column} holds a {type(value).__name__}, not JSON bytes")
+
+
+class RuntimeAccess:
+    """Base of the runtime repository: driver, domain, lock, phase-mapped statements.
+
+    Attributes:
+        db: the unit of work's driver connection, inside its transaction.
+        domain: the domain rules (session codec, guards, intents, codecs).
+        writable: False inside ``store.read()`` (writes raise ReadOnlyUnitOfWork).
+        nested: True inside a caller's ``store.write()`` unit (operations that
+            can fail after writing then run in a SAVEPOINT).
+    """
+
+    __slots__ = ("db", "domain", "nested", "writable")
+
+    def __init__(
+        self,
+        driver: Driver,
+        domain: RuntimeDomain[Any] | None = None,
+        *,
+        writable: bool,
+        nested: bool = False,
+    ) -> None:
+        self.db = driver
+        self.domain: RuntimeDomain[Any] = domain if domain is not None else ReferenceDomain()
+        self.writable = writable
+        self.nested = nested
+
+    # -- the write lock ----------------------------------------------------
+
+    def _begin_write(self, namespace: int, key: str) -> None:
+        """Take the write lock of one aggregate (a :class:`~agentkeep.db.LockNamespace`).
+
+        Raises:
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+            StoreBusy: the lock was not granted within the lock timeout (Postgres).
+            WriteFailed: any other driver failure.
+        """
+        if not self.writable:
+            raise ReadOnlyUnitOfWork("runtime store writes need store.write(), not store.read()")
+        try:
+            lock_aggregate(self.db, namespace, key)
+        except StoreBusy:
+            raise
+        except DatabaseError as exc:
+            raise WriteFailed(f"failed to take the {key} write lock: {exc}") from exc
+
+    @contextmanager
+    def _atomic(self) -> Iterator[None]:
+        """All of the block or none of it, also inside a caller's unit (see the module doc)."""
+        if self.nested:
+            with self.db.savepoint():
+                yield
+        else:
+            yield
+
+    # -- statements, errors by phase -----------------------------------------
+
+    def _select(self, stmt: Sql, params: Mapping[str, Any], what: str) -> Any:
+        """Run a SELECT; return the cursor.
+
+        Raises:
+            ReadFailed: the statement failed (``what`` says what was read).
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        try:
+            return self.db.execute(stmt, params)
+        except StoreBusy:
+            raise
+        except DatabaseError as exc:
+            raise ReadFailed(f"failed to read {what}: {exc}") from exc
+
+    def _dml(self, stmt: Sql, params: Mapping[str, Any], what: str) -> Any:
+        """Run an INSERT / UPDATE / DELETE; return the cursor (``rowcount``, ``RETURNING`` rows).
+
+        Raises:
+            WriteFailed: the statement failed: a constraint violation, a
+                trigger abort (``what`` says what was written).
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        try:
+            return self.db.execute(stmt, params)
+        except StoreBusy:
+            raise
+        except DatabaseError as exc:
+            raise WriteFailed(f"failed to write {what}: {exc}") from exc
+
+    def _one_bytes(
+        self, stmt: Sql, params: Mapping[str, Any], *, table: str, key: str, column: str
+    ) -> bytes | None:
+        """Run a one-column, at-most-one-row SELECT of a payload; None when no row."""
+        row = self._select(stmt, params, f"{table}[{key}]").fetchone()
+        if row is None:
+            return None
+        return as_bytes(row[0], table=table, key=key, column=column)

@@ -1,0 +1,57 @@
+"""The base of the runtime store's one-call facade (``store.runtime``).
+
+Each ``store.runtime.<op>(...)`` runs the repository method of the same name
+in its own unit of work, retried as a whole on a transient busy error
+(:meth:`agentkeep.Store.call_write`). Work that needs no database (decoding
+a caller's snapshot, checking a batch's shape) runs *before* the unit opens,
+so a refused call never waits for the write lock.
+
+Errors keep the spec's variants (§0.2): a busy / lock-timeout error that
+outlasts the retries, or any driver failure outside a statement (connect,
+``BEGIN``, ``COMMIT``), becomes :class:`~agentkeep.runtime.errors.WriteFailed`
+for a write and :class:`~agentkeep.runtime.errors.ReadFailed` for a read
+(the original error is chained as ``__cause__``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agentkeep.errors import DatabaseError
+from agentkeep.runtime.domain import RuntimeDomain
+from agentkeep.runtime.errors import ReadFailed, WriteFailed
+
+if TYPE_CHECKING:
+    from agentkeep.runtime.repository import RuntimeRepository
+    from agentkeep.store import Store
+
+__all__ = ["RuntimeCallsBase"]
+
+T = TypeVar("T")
+
+
+class RuntimeCallsBase:
+    """Runs one runtime repository call per unit of work, with the spec's error variants."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    @property
+    def domain(self) -> RuntimeDomain[Any]:
+        """The store's runtime domain rules."""
+        return self._store.runtime_domain
+
+    def _write(self, fn: Callable[[RuntimeRepository], T]) -> T:
+        try:
+            return self._store.call_write(lambda repos: fn(repos.runtime))
+        except DatabaseError as exc:
+            raise WriteFailed(str(exc)) from exc
+
+    def _read(self, fn: Callable[[RuntimeRepository], T]) -> T:
+        try:
+            return self._store.call_read(lambda repos: fn(repos.runtime))
+        except DatabaseError as exc:
+            raise ReadFailed(str(exc)) from exc

@@ -1,0 +1,551 @@
+"""The reference session JSON model and its codec (spec runtime §3.0, §3.4, §3.11).
+
+Holds the transcript types (messages, rewrite commits, the retained history,
+compaction-projection intents), the revision and commit-fingerprint digests,
+:class:`Session` with its strict decoder :func:`decode_session`, identifier
+helpers, and the strict JSON helpers the other domain codecs share.
+
+Choices where the spec is open:
+
+* Decoding is strict: duplicate JSON keys, unknown fields, wrong JSON types
+  (``true`` for an integer) and unknown versions are refused; nothing is
+  defaulted or upgraded on read. Session ``version`` must be 2 (missing:
+  "missing session version"; 1: "generated session persistence version
+  authority rejected").
+* Session ids must be canonical lower-case hyphenated UUIDs. Session metadata
+  keys other than ``transcript_history`` and ``compaction_intents`` are kept
+  opaque and round-trip unchanged; ``compaction_intents`` is decoded strictly
+  (a malformed list fails the session decode).
+* A well-formed ``transcript_history`` holds at least one commit, and its
+  ``revisions`` list each body once, under its own digest. A commit's bodies
+  are looked up there, or are the live messages when the revision is the head.
+* A malformed ``transcript_history`` (not a history object, missing or
+  mistyped fields, no commits, a body recorded twice or under another digest)
+  does NOT fail the session decode: the envelope (version, id, messages,
+  metadata object, intents) is still decoded strictly, but the history value is
+  kept verbatim in :attr:`Session.malformed_history` with the reason, and
+  :attr:`Session.history` is None. Encoding gives the same value back, so the
+  stored bytes round-trip. The spec's placeholder check counts such a history
+  as absent (§2.0.14, §5.2-26); every guard refuses it (see
+  :mod:`agentkeep.runtime.guards`). An explicit ``null`` history is absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any, Final, Literal, TypeAlias, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+
+from agentkeep.columns import canonical_json
+from agentkeep.errors import InvalidInput
+
+__all__ = [
+    "COMPACTION_SELECTION",
+    "MAX_U63",
+    "RETIRED_SESSION_VERSIONS",
+    "SESSION_VERSION",
+    "STRICT",
+    "CompactionIntent",
+    "DecodeProblem",
+    "MalformedHistory",
+    "Message",
+    "ProjectionId",
+    "RevisionBody",
+    "RewriteSelection",
+    "Role",
+    "Session",
+    "TranscriptCommit",
+    "TranscriptHistory",
+    "canonical_bytes",
+    "canonical_uuid",
+    "check_version",
+    "commit_fingerprint",
+    "decode_session",
+    "load_object",
+    "logical_runtime_id_for_session",
+    "revision_of",
+    "validate_strict",
+]
+
+SESSION_VERSION: Final = 2
+RETIRED_SESSION_VERSIONS: Final = frozenset({1})
+MAX_U63: Final = 2**63 - 1
+COMPACTION_SELECTION: Final = "compaction_message_range"
+
+STRICT: Final = ConfigDict(frozen=True, extra="forbid", strict=True)
+"""Model config of every wire type: frozen, no unknown fields, no coercion."""
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class DecodeProblem(Exception):
+    """A value did not decode or validate; the caller wraps it in a store error."""
+
+
+# --------------------------------------------------------------------------
+# Strict JSON helpers
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """Return the canonical JSON of ``value`` as UTF-8 bytes.
+
+    Raises:
+        ValueError: ``value`` is not a storable JSON value.
+    """
+    return canonical_json(value).encode("utf-8")
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DecodeProblem(f"duplicate JSON key {key!r}")
+        out[key] = value
+    return out
+
+
+def load_object(data: bytes, what: str) -> dict[str, Any]:
+    """Parse ``data`` as a UTF-8 JSON object without duplicate keys.
+
+    Raises:
+        DecodeProblem: not bytes, not UTF-8 JSON, a key repeats, or not an object.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeProblem(f"{what} must be bytes, got {type(data).__name__}")
+    try:
+        value = json.loads(bytes(data).decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DecodeProblem(f"{what} is not UTF-8 JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise DecodeProblem(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def validate_strict(model: type[_M], data: bytes, what: str) -> _M:
+    """Validate JSON ``data`` as ``model`` in strict mode.
+
+    Raises:
+        DecodeProblem: naming every failing field.
+    """
+    try:
+        return model.model_validate_json(bytes(data), strict=True)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise DecodeProblem(f"invalid {what}: {problems}") from exc
+
+
+def check_version(obj: dict[str, Any], field: str, current: int, what: str) -> None:
+    """Require ``obj[field]`` to be the integer ``current``.
+
+    Raises:
+        DecodeProblem: the field is missing (the message names it) or another value.
+    """
+    if field not in obj:
+        raise DecodeProblem(f"{what} is missing mandatory {field}")
+    got = obj[field]
+    if type(got) is not int or got != current:
+        raise DecodeProblem(f"unsupported {what} {field} {got!r}: expected {current}")
+
+
+def revision_of(messages: Sequence[Message]) -> str:
+    """Return ``rev(msgs) = "sha256:" + hex(sha256(canonical_json(msgs)))`` (§3.0).
+
+    Args:
+        messages: a message list (a transcript body or a span of one).
+    """
+    body = [m.model_dump(mode="json") for m in messages]
+    return "sha256:" + hashlib.sha256(canonical_bytes(body)).hexdigest()
+
+
+def canonical_uuid(text: str, kind: str) -> str:
+    """Check that ``text`` is a canonical (lower-case, hyphenated) UUID and return it.
+
+    Raises:
+        InvalidInput: ``text`` is not in canonical UUID form.
+    """
+    try:
+        parsed = uuid.UUID(text)
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise InvalidInput(kind, f"{text!r} is not a UUID") from exc
+    if str(parsed) != text:
+        raise InvalidInput(kind, f"{text!r} is not a canonical hyphenated lower-case UUID")
+    return text
+
+
+def logical_runtime_id_for_session(session_id: str) -> str:
+    """Return the logical runtime id of a session: ``rt:session:{session_id}`` (§3.11)."""
+    return f"rt:session:{canonical_uuid(session_id, 'session_id')}"
+
+
+# --------------------------------------------------------------------------
+# Transcript types
+
+Role: TypeAlias = Literal["system", "user", "assistant", "notice"]
+
+
+class Message(BaseModel):
+    """One transcript message."""
+
+    model_config = STRICT
+
+    role: Role
+    content: str
+
+
+class RewriteSelection(BaseModel):
+    """The span a rewrite replaced: ``messages[start:end]`` of the parent body."""
+
+    model_config = STRICT
+
+    type: Literal["message_range", "compaction_message_range"]
+    start: int = Field(ge=0, le=MAX_U63)
+    end: int = Field(ge=0, le=MAX_U63)
+
+
+class TranscriptCommit(BaseModel):
+    """A transcript-rewrite commit: parent body → body with one span replaced."""
+
+    model_config = STRICT
+
+    parent_revision: str
+    revision: str
+    selection: RewriteSelection
+    messages_before: int = Field(ge=0, le=MAX_U63)
+    messages_after: int = Field(ge=0, le=MAX_U63)
+    original_span_digest: str
+    replacement_digest: str
+    actor: str
+
+
+class RevisionBody(BaseModel):
+    """A recorded transcript body and its revision."""
+
+    model_config = STRICT
+
+    revision: str
+    messages: tuple[Message, ...]
+
+
+class TranscriptHistory(BaseModel):
+    """The retained rewrite history: head revision, commits, recorded bodies."""
+
+    model_config = STRICT
+
+    head: str
+    commits: tuple[TranscriptCommit, ...]
+    revisions: tuple[RevisionBody, ...]
+
+
+class MalformedHistory(BaseModel):
+    """A ``transcript_history`` metadata value that did not decode, kept verbatim.
+
+    Attributes:
+        problem: why it did not decode.
+        value: the JSON value as stored.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    problem: str
+    value: JsonValue
+
+
+class ProjectionId(BaseModel):
+    """The identity of a compaction projection; with the runtime id, the outbox key."""
+
+    model_config = STRICT
+
+    session_id: str
+    parent_revision: str
+    revision: str
+    commit_fingerprint: str
+
+
+class CompactionIntent(BaseModel):
+    """A compaction-projection intent carried in session metadata and the outbox (§3.4)."""
+
+    model_config = STRICT
+
+    projection: ProjectionId
+    summary_tokens: int = Field(ge=0, le=MAX_U63)
+    messages_before: int = Field(ge=0, le=MAX_U63)
+    messages_after: int = Field(ge=0, le=MAX_U63)
+
+    @classmethod
+    def for_commit(
+        cls, session_id: str, commit: TranscriptCommit, summary_tokens: int
+    ) -> CompactionIntent:
+        """Build the intent that projects ``commit`` of session ``session_id``."""
+        return cls(
+            projection=ProjectionId(
+                session_id=session_id,
+                parent_revision=commit.parent_revision,
+                revision=commit.revision,
+                commit_fingerprint=commit_fingerprint(commit),
+            ),
+            summary_tokens=summary_tokens,
+            messages_before=commit.messages_before,
+            messages_after=commit.messages_after,
+        )
+
+
+def commit_fingerprint(commit: TranscriptCommit) -> str:
+    """Return the commit's fingerprint (§3.4), excluding its revisions.
+
+    ``"sha256:" + hex(sha256(canonical JSON of {selection, original_span_digest,
+    replacement_digest, messages_before, messages_after, actor}))``.
+    """
+    body = commit.model_dump(
+        mode="json",
+        include={
+            "selection",
+            "original_span_digest",
+            "replacement_digest",
+            "messages_before",
+            "messages_after",
+            "actor",
+        },
+    )
+    return "sha256:" + hashlib.sha256(canonical_bytes(body)).hexdigest()
+
+
+# --------------------------------------------------------------------------
+# Session
+
+
+class Session(BaseModel):
+    """A decoded reference session (§3.0).
+
+    Attributes:
+        id: the session id (canonical UUID).
+        messages: the live transcript.
+        history: the retained rewrite history, if any (None when malformed).
+        malformed_history: a ``transcript_history`` that did not decode, kept
+            verbatim; set only when ``history`` is None.
+        compaction_intents: intents in metadata order (validated only by the guard).
+        extra_metadata: other metadata keys, kept opaque.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    messages: tuple[Message, ...] = ()
+    history: TranscriptHistory | None = None
+    malformed_history: MalformedHistory | None = None
+    compaction_intents: tuple[CompactionIntent, ...] = ()
+    extra_metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_history(self) -> Session:
+        if self.history is not None and self.malformed_history is not None:
+            raise ValueError("a session has either a history or a malformed history")
+        return self
+
+    @classmethod
+    def new(cls, session_id: str | None = None) -> Session:
+        """Return an empty session with ``session_id`` (a fresh UUID4 by default)."""
+        sid = str(uuid.uuid4()) if session_id is None else canonical_uuid(session_id, "session_id")
+        return cls(id=sid)
+
+    @property
+    def history_problem(self) -> str | None:
+        """Why the stored ``transcript_history`` did not decode, or None."""
+        return self.malformed_history.problem if self.malformed_history is not None else None
+
+    @property
+    def revision(self) -> str:
+        """The head revision: the history's head, else the digest of the live messages."""
+        return self.history.head if self.history is not None else revision_of(self.messages)
+
+    @property
+    def commits(self) -> tuple[TranscriptCommit, ...]:
+        """The history's commits (empty without a well-formed history)."""
+        return self.history.commits if self.history is not None else ()
+
+    def body(self, revision: str) -> tuple[Message, ...] | None:
+        """Return the recorded body of ``revision`` (the live messages at the head)."""
+        if self.history is not None:
+            if revision == self.history.head:
+                return self.messages
+            for entry in self.history.revisions:
+                if entry.revision == revision:
+                    return entry.messages
+        return None
+
+    def with_message(self, role: Role, content: str) -> Session:
+        """Return the session with one message appended (head kept coherent)."""
+        messages = (*self.messages, Message(role=role, content=content))
+        history = self.history
+        if history is not None:
+            history = history.model_copy(update={"head": revision_of(messages)})
+        return self.model_copy(update={"messages": messages, "history": history})
+
+    def rewrite(
+        self,
+        start: int,
+        end: int,
+        replacement: Sequence[Message],
+        *,
+        actor: str,
+        compaction: bool = False,
+    ) -> tuple[Session, TranscriptCommit]:
+        """Replace ``messages[start:end]`` by ``replacement`` and record the commit.
+
+        Args:
+            start: first replaced index.
+            end: end of the replaced span (exclusive).
+            replacement: the new messages.
+            actor: who rewrote the transcript.
+            compaction: record the selection as ``compaction_message_range``.
+
+        Returns:
+            The rewritten session and its commit.
+
+        Raises:
+            InvalidInput: the span is out of bounds, or the history is malformed
+                (it would be lost).
+        """
+        if self.malformed_history is not None:
+            raise InvalidInput(
+                "transcript_history",
+                f"cannot rewrite over a malformed history: {self.malformed_history.problem}",
+            )
+        if not 0 <= start <= end <= len(self.messages):
+            raise InvalidInput("selection", f"span {start}..{end} outside 0..{len(self.messages)}")
+        parent = self.messages
+        new = (*parent[:start], *replacement, *parent[end:])
+        commit = TranscriptCommit(
+            parent_revision=revision_of(parent),
+            revision=revision_of(new),
+            selection=RewriteSelection(
+                type=COMPACTION_SELECTION if compaction else "message_range", start=start, end=end
+            ),
+            messages_before=len(parent),
+            messages_after=len(new),
+            original_span_digest=revision_of(parent[start:end]),
+            replacement_digest=revision_of(tuple(replacement)),
+            actor=actor,
+        )
+        old = self.history
+        revisions = list(old.revisions) if old is not None else []
+        known = {r.revision for r in revisions}
+        for rev, body in ((commit.parent_revision, parent), (commit.revision, new)):
+            if rev not in known:
+                revisions.append(RevisionBody(revision=rev, messages=body))
+                known.add(rev)
+        history = TranscriptHistory(
+            head=commit.revision,
+            commits=(*(old.commits if old is not None else ()), commit),
+            revisions=tuple(revisions),
+        )
+        return self.model_copy(update={"messages": new, "history": history}), commit
+
+    def with_compaction_intents(self, intents: Sequence[CompactionIntent]) -> Session:
+        """Return the session with its metadata intents replaced (no validation)."""
+        return self.model_copy(update={"compaction_intents": tuple(intents)})
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the reference JSON object of the session."""
+        metadata: dict[str, Any] = dict(self.extra_metadata)
+        if self.history is not None:
+            metadata["transcript_history"] = self.history.model_dump(mode="json")
+        elif self.malformed_history is not None:
+            metadata["transcript_history"] = self.malformed_history.value
+        if self.compaction_intents:
+            metadata["compaction_intents"] = [
+                i.model_dump(mode="json") for i in self.compaction_intents
+            ]
+        return {
+            "version": SESSION_VERSION,
+            "id": self.id,
+            "messages": [m.model_dump(mode="json") for m in self.messages],
+            "metadata": metadata,
+        }
+
+
+# --------------------------------------------------------------------------
+# Session codec
+
+
+class _SessionMetadataWire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+    transcript_history: JsonValue = None
+    compaction_intents: tuple[CompactionIntent, ...] = ()
+
+
+class _SessionWire(BaseModel):
+    model_config = STRICT
+
+    version: int
+    id: str
+    messages: tuple[Message, ...]
+    metadata: _SessionMetadataWire
+
+
+def _decode_history(value: JsonValue) -> TranscriptHistory:
+    """Decode a ``transcript_history`` value strictly. Raises DecodeProblem."""
+    if not isinstance(value, dict):
+        raise DecodeProblem(f"transcript_history must be a JSON object, got {type(value).__name__}")
+    try:
+        data = canonical_bytes(value)
+    except ValueError as exc:
+        raise DecodeProblem(f"transcript_history is not a JSON value: {exc}") from exc
+    history = validate_strict(TranscriptHistory, data, "transcript_history")
+    if not history.commits:
+        raise DecodeProblem("transcript_history has no commits")
+    seen: set[str] = set()
+    for entry in history.revisions:
+        if entry.revision in seen:
+            raise DecodeProblem(f"transcript_history records revision {entry.revision} twice")
+        seen.add(entry.revision)
+        if revision_of(entry.messages) != entry.revision:
+            raise DecodeProblem(f"transcript_history body of {entry.revision} has another digest")
+    return history
+
+
+def decode_session(data: bytes) -> Session:
+    """Decode reference session bytes: a strict envelope, a tolerated malformed history.
+
+    Raises:
+        DecodeProblem: the bytes, version, id, messages, metadata object or
+            compaction intents do not decode.
+    """
+    obj = load_object(data, "session")
+    if "version" not in obj:
+        raise DecodeProblem("missing session version (unversioned v0 session rows are not read)")
+    version = obj["version"]
+    if type(version) is int and version in RETIRED_SESSION_VERSIONS:
+        raise DecodeProblem(
+            f"generated session persistence version authority rejected version {version}"
+        )
+    if type(version) is not int or version != SESSION_VERSION:
+        raise DecodeProblem(f"unsupported session version {version!r}: expected {SESSION_VERSION}")
+    wire = validate_strict(_SessionWire, data, "session")
+    try:
+        canonical_uuid(wire.id, "session_id")
+    except InvalidInput as exc:
+        raise DecodeProblem(str(exc)) from exc
+    meta = wire.metadata
+    history: TranscriptHistory | None = None
+    malformed: MalformedHistory | None = None
+    if meta.transcript_history is not None:
+        try:
+            history = _decode_history(meta.transcript_history)
+        except DecodeProblem as exc:
+            malformed = MalformedHistory(problem=str(exc), value=meta.transcript_history)
+    return Session(
+        id=wire.id,
+        messages=wire.messages,
+        history=history,
+        malformed_history=malformed,
+        compaction_intents=meta.compaction_intents,
+        extra_metadata=dict(meta.model_extra or {}),
+    )
