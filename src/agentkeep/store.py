@@ -26,6 +26,8 @@ from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.facade import RunCalls
+from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
+from agentkeep.runtime.facade import RuntimeCalls
 from agentkeep.sessions.facade import (
     LeaseCalls,
     MaintenanceCalls,
@@ -57,6 +59,7 @@ class Store:
         retry_attempts: int = 5,
         memory: bool = False,
         auto_gc_every_commits: int | None = None,
+        runtime_domain: RuntimeDomain[Any] | None = None,
     ) -> None:
         if retry_attempts < 1:
             raise InvalidInput("retry_attempts", "must be >= 1")
@@ -74,6 +77,7 @@ class Store:
         self._dbapi_error: type[BaseException] = engine.dialect.loaded_dbapi.Error
         self._retry_attempts = retry_attempts
         self._mutex: Callable[[], AbstractContextManager[Any]]
+        self._memory = memory
         if memory:
             lock = threading.RLock()
             self._mutex = lambda: lock
@@ -85,6 +89,11 @@ class Store:
         self.turn_inputs = TurnInputCalls(self)
         self.sessions = SessionCalls(self)
         self.maintenance = MaintenanceCalls(self)
+        #: The runtime store's domain rules (session codec, guards, codecs).
+        self.runtime_domain: RuntimeDomain[Any] = (
+            runtime_domain if runtime_domain is not None else ReferenceDomain()
+        )
+        self.runtime = RuntimeCalls(self)
 
     @classmethod
     def open(
@@ -97,6 +106,7 @@ class Store:
         synchronous: str = "NORMAL",
         retry_attempts: int = 5,
         auto_gc_every_commits: int | None = None,
+        runtime_domain: RuntimeDomain[Any] | None = None,
         **engine_kwargs: Any,
     ) -> Store:
         """Open the database at ``url``.
@@ -113,6 +123,8 @@ class Store:
             retry_attempts: attempts of a one-call operation on transient errors.
             auto_gc_every_commits: run blob GC after every N successful
                 ``store.sessions.commit_runtime_state`` calls (best effort).
+            runtime_domain: the runtime store's domain rules (default
+                :class:`~agentkeep.runtime.domain.ReferenceDomain`).
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine`.
 
         Raises:
@@ -142,6 +154,7 @@ class Store:
             retry_attempts=retry_attempts,
             memory=memory,
             auto_gc_every_commits=auto_gc_every_commits,
+            runtime_domain=runtime_domain,
         )
 
     def migrate(self) -> tuple[str, ...]:
@@ -181,7 +194,9 @@ class Store:
                     conn.begin()
                 except sa_exc.DBAPIError as exc:
                     raise db.translate_db_error(exc) from exc
-                uow = UnitOfWork(conn, self.clock, writable=writable)
+                uow = UnitOfWork(
+                    conn, self.clock, writable=writable, runtime_domain=self.runtime_domain
+                )
                 try:
                     yield uow
                     uow._flush()
@@ -217,23 +232,52 @@ class Store:
         )
 
     def _lean(self, fn: Callable[[Repositories], T], *, write: bool) -> T:
+        with self.pooled_driver() as (driver, _pooled):
+            driver.begin(write=write)
+            try:
+                result = fn(self.repositories(driver, write=write))
+                driver.commit()
+            except BaseException:
+                driver.rollback()
+                raise
+            return result
+
+    @contextmanager
+    def pooled_driver(self) -> Iterator[tuple[db.Driver, Any]]:
+        """A pooled connection's :class:`~agentkeep.db.Driver`, outside any transaction.
+
+        For operations that own their transaction's end (unregister
+        finalization commits, then classifies an unacknowledged COMMIT).
+        Yields the driver and the pool's connection record (``invalidate()``
+        it to discard a connection whose state is unknown). Most code wants
+        :meth:`call_write` instead.
+
+        Raises:
+            DatabaseError: connecting failed (StoreBusy if transient).
+        """
         with self._mutex():
             try:
                 pooled = self.engine.raw_connection()
             except sa_exc.DBAPIError as exc:
                 raise db.translate_db_error(exc) from exc
             try:
-                driver = db.Driver(pooled.driver_connection, self._dialect, self._dbapi_error)
-                driver.begin(write=write)
-                try:
-                    result = fn(Repositories(driver, self.clock, writable=write))
-                    driver.commit()
-                except BaseException:
-                    driver.rollback()
-                    raise
-                return result
+                yield db.Driver(pooled.driver_connection, self._dialect, self._dbapi_error), pooled
             finally:
                 pooled.close()
+
+    def repositories(self, driver: db.Driver, *, write: bool) -> Repositories:
+        """The repositories of a one-call unit on ``driver`` (see :meth:`pooled_driver`)."""
+        return Repositories(driver, self.clock, writable=write, runtime_domain=self.runtime_domain)
+
+    @property
+    def retry_attempts(self) -> int:
+        """Attempts of a one-call operation on transient errors."""
+        return self._retry_attempts
+
+    @property
+    def memory(self) -> bool:
+        """True for an in-memory SQLite database (one shared connection)."""
+        return self._memory
 
     # ------------------------------------------------------------------ lifetime
 

@@ -22,12 +22,16 @@ from a write operation leaves nothing of the unit behind.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from agentkeep.clock import Clock
 from agentkeep.db import Driver
 from agentkeep.runs.repository import RunRepository
+from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
+from agentkeep.runtime.repository import RuntimeRepository
 from agentkeep.sessions.commits import SessionCommitRepository
 from agentkeep.sessions.leases import SessionLeaseRepository
 from agentkeep.sessions.maintenance import MaintenanceRepository
@@ -45,6 +49,10 @@ class Repositories:
         clock: the store's clock.
         writable: False for a read unit (write operations then raise
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`).
+        runtime_domain: the runtime store's domain rules.
+        nested: True in a ``store.write()`` unit that may hold several
+            operations (runtime operations that can fail after writing then
+            run in a SAVEPOINT, so a caught error leaves nothing behind).
     """
 
     __slots__ = (
@@ -52,17 +60,33 @@ class Repositories:
         "_maintenance",
         "_queue",
         "_runs",
+        "_runtime",
         "_sessions",
         "_turn_inputs",
         "clock",
         "driver",
+        "nested",
+        "runtime_domain",
         "writable",
     )
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        clock: Clock,
+        *,
+        writable: bool,
+        runtime_domain: RuntimeDomain[Any] | None = None,
+        nested: bool = False,
+    ) -> None:
         self.driver = driver
         self.clock = clock
         self.writable = writable
+        self.runtime_domain: RuntimeDomain[Any] = (
+            runtime_domain if runtime_domain is not None else ReferenceDomain()
+        )
+        self.nested = nested
+        self._runtime: RuntimeRepository | None = None
         self._runs: RunRepository | None = None
         self._leases: SessionLeaseRepository | None = None
         self._queue: QueuedWorkRepository | None = None
@@ -110,6 +134,15 @@ class Repositories:
         return self._maintenance
 
     @property
+    def runtime(self) -> RuntimeRepository:
+        """The runtime store's operations in this unit (snapshots, boundaries, inputs, ...)."""
+        if self._runtime is None:
+            self._runtime = RuntimeRepository(
+                self.driver, self.runtime_domain, writable=self.writable, nested=self.nested
+            )
+        return self._runtime
+
+    @property
     def turn_inputs(self) -> TurnInputRepository:
         """Pending turn inputs of sessions in this unit."""
         if self._turn_inputs is None:
@@ -126,8 +159,21 @@ class UnitOfWork(Repositories):
 
     __slots__ = ("_session", "connection")
 
-    def __init__(self, connection: Connection, clock: Clock, *, writable: bool) -> None:
-        super().__init__(Driver.of(connection), clock, writable=writable)
+    def __init__(
+        self,
+        connection: Connection,
+        clock: Clock,
+        *,
+        writable: bool,
+        runtime_domain: RuntimeDomain[Any] | None = None,
+    ) -> None:
+        super().__init__(
+            Driver.of(connection),
+            clock,
+            writable=writable,
+            runtime_domain=runtime_domain,
+            nested=True,
+        )
         self.connection = connection
         self._session: Session | None = None
 

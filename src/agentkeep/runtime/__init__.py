@@ -1,1 +1,105 @@
-"""Runtime store: session snapshots, receipts, input-state CAS, lifecycle and ops epochs."""
+"""The runtime store: snapshots, boundary receipts, input-state CAS, outbox, lifecycle, ops epochs.
+
+Spec: shared/spec/runtime.md. Reach it as ``store.runtime.<op>(...)`` (one
+call, one unit of work), ``uow.runtime.<op>(...)`` inside ``store.write()``,
+or ``await astore.runtime.<op>(...)`` (:mod:`agentkeep.aio`).
+
+Where things live: tables in :mod:`.models` (Alembic branch ``runtime``),
+domain rules behind :class:`RuntimeDomain` in :mod:`.domain` (the reference
+session model, guards and codecs in :mod:`.session_model`, :mod:`.guards`,
+:mod:`.records`), one module per concern for the operations (map in
+:mod:`.repository`), typed errors in :mod:`.errors`, the legacy v0.6.34
+migrator in :mod:`.legacy`.
+"""
+
+from __future__ import annotations
+
+from agentkeep.runtime.domain import (
+    MAX_INPUT_STATE_BATCH_CAS,
+    CompactionIntent,
+    DeleteOpsFinalizationAuthority,
+    InputStatePersistenceRecord,
+    MachineLifecycleCommit,
+    Message,
+    OpsSnapshot,
+    ProjectionId,
+    ReferenceDomain,
+    RuntimeBinding,
+    RuntimeDomain,
+    RuntimeState,
+    Session,
+    StoredInputState,
+    SupervisorAuthority,
+    TranscriptCommit,
+    UnregisterFinalizationCommit,
+    issue_delete_ops_finalization_authority,
+    logical_runtime_id_for_session,
+)
+from agentkeep.runtime.errors import (
+    GuardRejected,
+    Internal,
+    InvalidInputStateBatchCas,
+    NotFound,
+    OpsLifecycleEpochRetired,
+    ReadFailed,
+    RuntimeStoreError,
+    SessionKeyMismatch,
+    SessionSnapshotSuperseded,
+    TranscriptRevisionConflict,
+    UnregisterFinalizationOutcomeUnknown,
+    WriteFailed,
+)
+from agentkeep.runtime.finalization import (
+    FaultHook,
+    FinalizationObservation,
+    FinalizationPoint,
+    synthetic_fault,
+)
+from agentkeep.runtime.inputs import InputStateCasOutcome
+from agentkeep.runtime.receipts import (
+    RunBoundaryReceipt,
+    decode_receipt_sequence,
+    encode_receipt_sequence,
+)
+
+__all__ = [
+    "MAX_INPUT_STATE_BATCH_CAS",
+    "CompactionIntent",
+    "DeleteOpsFinalizationAuthority",
+    "FaultHook",
+    "FinalizationObservation",
+    "FinalizationPoint",
+    "GuardRejected",
+    "InputStateCasOutcome",
+    "InputStatePersistenceRecord",
+    "Internal",
+    "InvalidInputStateBatchCas",
+    "MachineLifecycleCommit",
+    "Message",
+    "NotFound",
+    "OpsLifecycleEpochRetired",
+    "OpsSnapshot",
+    "ProjectionId",
+    "ReadFailed",
+    "ReferenceDomain",
+    "RunBoundaryReceipt",
+    "RuntimeBinding",
+    "RuntimeDomain",
+    "RuntimeState",
+    "RuntimeStoreError",
+    "Session",
+    "SessionKeyMismatch",
+    "SessionSnapshotSuperseded",
+    "StoredInputState",
+    "SupervisorAuthority",
+    "TranscriptCommit",
+    "TranscriptRevisionConflict",
+    "UnregisterFinalizationCommit",
+    "UnregisterFinalizationOutcomeUnknown",
+    "WriteFailed",
+    "decode_receipt_sequence",
+    "encode_receipt_sequence",
+    "issue_delete_ops_finalization_authority",
+    "logical_runtime_id_for_session",
+    "synthetic_fault",
+]

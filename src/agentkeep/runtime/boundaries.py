@@ -1,0 +1,320 @@
+"""Boundary commits (``atomic_apply`` and its terminal form) and receipts (§2.10–2.11, §2.16).
+
+A run boundary commits, in one transaction under the ``runtime:<id>`` write
+lock: the session snapshot (if any), the machine lifecycle (terminal form
+only), the compaction outbox rows of the snapshot's intents, the boundary
+receipt and the input states. All of it or none of it (I1).
+
+**The receipt is the idempotency fence**: it is a plain INSERT on
+``(runtime_id, run_id, sequence)``, so a second boundary with the same
+receipt key fails with ``WriteFailed`` and leaves nothing of itself.
+
+**The supersession verdict** (§2.10 step 6): when the boundary save guard
+rejects the incoming snapshot against the stored head,
+
+a. a stored *placeholder* (no history, at most one System message) is
+   replaced anyway;
+b. else, if the reverse guard accepts (the stored head is a valid successor
+   of the incoming snapshot), the incoming one is stale:
+   :class:`~agentkeep.runtime.errors.SessionSnapshotSuperseded`, and nothing
+   of the boundary is written — not the receipt, the outbox rows nor the
+   inputs (I2), so receipt and input order never split from the session;
+c. else the guard's ``WriteFailed`` (also when nothing is stored).
+
+Order of checks (so the first failing one decides): decode the snapshot
+(``WriteFailed``) → validate its intents (``WriteFailed``) → session-store
+key (:class:`~agentkeep.runtime.errors.SessionKeyMismatch`), all before any
+database access → lock → finalized-intent replay (``WriteFailed``) →
+supersession verdict → writes (outbox conflict, duplicate receipt, trigger
+aborts: ``WriteFailed``, everything rolled back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agentkeep.db import LockNamespace, Sql
+from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.domain import (
+    CompactionIntent,
+    InputStatePersistenceRecord,
+    MachineLifecycleCommit,
+    RuntimeDomain,
+    StoredInputState,
+)
+from agentkeep.runtime.errors import (
+    GuardRejected,
+    SessionKeyMismatch,
+    SessionSnapshotSuperseded,
+)
+from agentkeep.runtime.lifecycle import LifecycleOps
+from agentkeep.runtime.receipts import (
+    RunBoundaryReceipt,
+    decode_receipt,
+    encode_receipt,
+    encode_receipt_sequence,
+)
+from agentkeep.runtime.snapshots import SnapshotOps
+
+__all__ = ["BoundaryCalls", "BoundaryOps", "PreparedBoundary", "prepare_boundary"]
+
+_T: Final = "runtime_boundary_receipts"
+_INSERT_RECEIPT: Final = Sql(
+    "INSERT INTO runtime_boundary_receipts (runtime_id, run_id, sequence, receipt_json) "
+    "VALUES (:rt, :run, :seq, :data)"
+)
+_GET_RECEIPT: Final = Sql(
+    "SELECT receipt_json FROM runtime_boundary_receipts "
+    "WHERE runtime_id = :rt AND run_id = :run AND sequence = :seq"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBoundary:
+    """A boundary commit after every check that needs no database (see :func:`prepare_boundary`).
+
+    Attributes:
+        runtime_id: the runtime.
+        snapshot: the encoded session as the caller gave it, or None.
+        session: the decoded session, or None.
+        intents: the session's validated compaction intents.
+        receipt: the boundary receipt.
+        receipt_json: its encoded bytes.
+        input_states: the input states to upsert, in order.
+        lifecycle: the encoded lifecycle record (terminal form), or None.
+    """
+
+    runtime_id: str
+    snapshot: bytes | None
+    session: Any
+    intents: tuple[CompactionIntent, ...]
+    receipt: RunBoundaryReceipt
+    receipt_json: bytes
+    input_states: tuple[StoredInputState, ...]
+    lifecycle: bytes | None
+
+
+def _stored(
+    records: Sequence[InputStatePersistenceRecord | StoredInputState],
+) -> tuple[StoredInputState, ...]:
+    return tuple(
+        r.into_stored() if isinstance(r, InputStatePersistenceRecord) else r for r in records
+    )
+
+
+def prepare_boundary(
+    domain: RuntimeDomain[Any],
+    runtime_id: str,
+    session_snapshot: bytes | None,
+    receipt: RunBoundaryReceipt,
+    input_updates: Sequence[InputStatePersistenceRecord | StoredInputState],
+    session_store_key: str | None,
+    machine_lifecycle: MachineLifecycleCommit | None = None,
+) -> PreparedBoundary:
+    """Run a boundary's checks that need no database, in the spec's order.
+
+    Raises:
+        WriteFailed: the snapshot does not decode, or an intent is invalid.
+        SessionKeyMismatch: a snapshot and a key are given and the
+            snapshot's session id is not the key (a key alone is ignored).
+    """
+    session = None
+    intents: tuple[CompactionIntent, ...] = ()
+    if session_snapshot is not None:
+        session = domain.decode_incoming_session(session_snapshot)
+        intents = tuple(domain.validated_compaction_intents(session))
+        if session_store_key is not None:
+            actual = domain.session_id(session)
+            if actual != session_store_key:
+                raise SessionKeyMismatch(session_store_key, actual)
+    return PreparedBoundary(
+        runtime_id=runtime_id,
+        snapshot=None if session_snapshot is None else bytes(session_snapshot),
+        session=session,
+        intents=intents,
+        receipt=receipt,
+        receipt_json=encode_receipt(receipt),
+        input_states=_stored(input_updates),
+        lifecycle=None if machine_lifecycle is None else domain.encode_lifecycle(machine_lifecycle),
+    )
+
+
+class BoundaryOps(SnapshotOps, LifecycleOps):
+    """Boundary commits and receipt reads."""
+
+    __slots__ = ()
+
+    def atomic_apply(
+        self,
+        runtime_id: str,
+        session_snapshot: bytes | None,
+        receipt: RunBoundaryReceipt,
+        input_updates: Sequence[InputStatePersistenceRecord | StoredInputState] = (),
+        session_store_key: str | None = None,
+    ) -> None:
+        """Commit a run boundary atomically (§2.10; see the module docstring).
+
+        Args:
+            runtime_id: the runtime.
+            session_snapshot: the session at the boundary, encoded, or None
+                (then only the receipt and inputs are written; quarantine
+                and outbox untouched).
+            receipt: the boundary receipt (its key is the idempotency fence).
+            input_updates: input states to upsert.
+            session_store_key: the session id the snapshot must carry.
+
+        Raises:
+            SessionKeyMismatch: the snapshot belongs to another session.
+            SessionSnapshotSuperseded: the stored head is a valid successor of
+                the snapshot; nothing was written.
+            WriteFailed: decode/intent/guard refusal, a finalized-intent
+                replay, an outbox conflict, a duplicate receipt, a failed write.
+            ReadFailed: the stored head or an outbox intent does not decode.
+        """
+        self.apply_boundary(
+            prepare_boundary(
+                self.domain, runtime_id, session_snapshot, receipt, input_updates, session_store_key
+            )
+        )
+
+    def atomic_apply_with_machine_lifecycle(
+        self,
+        runtime_id: str,
+        session_snapshot: bytes,
+        receipt: RunBoundaryReceipt,
+        machine_lifecycle: MachineLifecycleCommit,
+        input_updates: Sequence[InputStatePersistenceRecord | StoredInputState],
+        session_store_key: str,
+    ) -> None:
+        """Commit a terminal boundary with the machine lifecycle, atomically (§2.11).
+
+        As :meth:`atomic_apply`, with the snapshot and key required and the
+        lifecycle record written after the snapshot; any failure rolls back
+        all five tables.
+
+        Raises:
+            SessionKeyMismatch, SessionSnapshotSuperseded, WriteFailed,
+            ReadFailed: as :meth:`atomic_apply`.
+        """
+        self.apply_boundary(
+            prepare_boundary(
+                self.domain,
+                runtime_id,
+                session_snapshot,
+                receipt,
+                input_updates,
+                session_store_key,
+                machine_lifecycle,
+            )
+        )
+
+    def apply_boundary(self, boundary: PreparedBoundary) -> None:
+        """The database half of a boundary commit (after :func:`prepare_boundary`)."""
+        rt = boundary.runtime_id
+        self._begin_write(LockNamespace.RUNTIME, rt)
+        self._reject_finalized_replays(rt, boundary.intents)
+        persist = boundary.session is not None and self._supersession_verdict(rt, boundary.session)
+        with self._atomic():
+            if persist:
+                assert boundary.snapshot is not None
+                self._upsert_snapshot(rt, boundary.snapshot)
+            if boundary.lifecycle is not None:
+                self._upsert_lifecycle_bytes(rt, boundary.lifecycle)
+            self._insert_outbox_intents(rt, boundary.intents)
+            self._dml(
+                _INSERT_RECEIPT,
+                {
+                    "rt": rt,
+                    "run": boundary.receipt.run_id,
+                    "seq": encode_receipt_sequence(boundary.receipt.sequence),
+                    "data": boundary.receipt_json,
+                },
+                f"{_T}[{boundary.receipt.run_id}:{boundary.receipt.sequence}]",
+            )
+            self._upsert_input_states(rt, boundary.input_states)
+
+    def _supersession_verdict(self, runtime_id: str, incoming: Any) -> bool:
+        """True to persist ``incoming``; raises when it is superseded or refused (§2.10 step 6)."""
+        _, previous = self._previous_session(runtime_id)
+        try:
+            self.domain.boundary_save_guard(incoming, previous)
+            return True
+        except GuardRejected as forward:
+            if previous is None:
+                raise
+            if self.domain.is_placeholder(previous):
+                return True  # the generated snapshot replaces the placeholder
+            try:
+                self.domain.boundary_save_guard(previous, incoming)
+            except GuardRejected:
+                raise forward from None  # neither succeeds the other: the forward error
+            raise SessionSnapshotSuperseded(runtime_id) from None
+
+    def load_boundary_receipt(
+        self, runtime_id: str, run_id: str, sequence: int
+    ) -> RunBoundaryReceipt | None:
+        """The receipt at ``(runtime_id, run_id, sequence)``, or None (§2.16).
+
+        Raises:
+            InvalidInput: ``sequence`` is not a u64.
+            ReadFailed: the SELECT failed or the stored receipt does not decode.
+        """
+        key = f"{run_id}:{sequence}"
+        data = self._one_bytes(
+            _GET_RECEIPT,
+            {"rt": runtime_id, "run": run_id, "seq": encode_receipt_sequence(sequence)},
+            table=_T,
+            key=key,
+            column="receipt_json",
+        )
+        return None if data is None else decode_receipt(data)
+
+
+class BoundaryCalls(RuntimeCallsBase):
+    """One-call forms of the boundary operations (checks before the unit opens)."""
+
+    __slots__ = ()
+
+    def atomic_apply(
+        self,
+        runtime_id: str,
+        session_snapshot: bytes | None,
+        receipt: RunBoundaryReceipt,
+        input_updates: Sequence[InputStatePersistenceRecord | StoredInputState] = (),
+        session_store_key: str | None = None,
+    ) -> None:
+        """One-call form of :meth:`BoundaryOps.atomic_apply`."""
+        prepared = prepare_boundary(
+            self.domain, runtime_id, session_snapshot, receipt, input_updates, session_store_key
+        )
+        self._write(lambda r: r.apply_boundary(prepared))
+
+    def atomic_apply_with_machine_lifecycle(
+        self,
+        runtime_id: str,
+        session_snapshot: bytes,
+        receipt: RunBoundaryReceipt,
+        machine_lifecycle: MachineLifecycleCommit,
+        input_updates: Sequence[InputStatePersistenceRecord | StoredInputState],
+        session_store_key: str,
+    ) -> None:
+        """One-call form of :meth:`BoundaryOps.atomic_apply_with_machine_lifecycle`."""
+        prepared = prepare_boundary(
+            self.domain,
+            runtime_id,
+            session_snapshot,
+            receipt,
+            input_updates,
+            session_store_key,
+            machine_lifecycle,
+        )
+        self._write(lambda r: r.apply_boundary(prepared))
+
+    def load_boundary_receipt(
+        self, runtime_id: str, run_id: str, sequence: int
+    ) -> RunBoundaryReceipt | None:
+        """One-call form of :meth:`BoundaryOps.load_boundary_receipt`."""
+        encode_receipt_sequence(sequence)  # refuse a bad sequence before the unit
+        return self._read(lambda r: r.load_boundary_receipt(runtime_id, run_id, sequence))

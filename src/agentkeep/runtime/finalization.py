@@ -1,0 +1,341 @@
+"""Unregister finalization: one atomic commit, and a verdict when its acknowledgement is lost.
+
+Spec runtime §2.26, §2.0.15, §6.7. ``commit_unregister_finalization`` writes,
+in one transaction under the ``runtime:<id>`` write lock: the final lifecycle
+record, the final input states, the retired-epoch tombstone, and — when the
+stored ops snapshot belongs to the retired epoch — the deletion of that ops
+row (an ops row of a *newer* epoch is kept). So it is never observable that
+the lifecycle is final while the retired epoch's ops row survives (I7), and a
+late ``persist_ops_lifecycle`` of that epoch is refused forever (I6).
+
+**Uncertain commits.** When COMMIT fails — or its acknowledgement is lost —
+the store cannot know whether it landed. It re-reads the four facts it wrote
+(lifecycle bytes, each input's bytes, ops bytes, the tombstone) on another
+connection (the failed one is discarded) and decides:
+
+* equal to the final state → success (also an idempotent retry whose
+  "before" already was final);
+* equal to the state read before the writes → ``WriteFailed(commit error)``:
+  nothing was committed, an ordinary error;
+* anything else, or the re-read fails →
+  :class:`~agentkeep.runtime.errors.UnregisterFinalizationOutcomeUnknown`.
+  Retry the (idempotent) finalization; never publish a compensating lifecycle
+  rollback on it.
+
+**Fault hooks.** A ``fault_hook`` is called at the named
+:class:`FinalizationPoint` s. Raising at ``AFTER_LIFECYCLE_WRITE`` or
+``AFTER_OPS_DELETE`` is a power cut (rolled back, ``WriteFailed`` with the
+hook's message); raising at ``BEFORE_COMMIT`` is a COMMIT that failed and
+rolled back; raising at ``AFTER_COMMIT`` is an acknowledgement lost after a
+durable COMMIT; raising at ``BEFORE_REOBSERVE`` is a failed re-read (the hook
+may also change the database there). :func:`synthetic_fault` builds the
+seed's three one-shot faults. The hook is per call, never global.
+
+Finalization owns the end of its transaction, so it is a one-call operation
+(``store.runtime.commit_unregister_finalization``), not part of a caller's
+unit of work. Its async form (:mod:`agentkeep.aio`) lets a cancelled caller
+return only after the transaction has finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from agentkeep.db import LockNamespace, Sql, retry_transient
+from agentkeep.errors import DatabaseError
+from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.domain import UnregisterFinalizationCommit
+from agentkeep.runtime.errors import (
+    ReadFailed,
+    RuntimeStoreError,
+    UnregisterFinalizationOutcomeUnknown,
+    WriteFailed,
+)
+from agentkeep.runtime.lifecycle import LifecycleOps
+
+__all__ = [
+    "FaultHook",
+    "FinalizationCalls",
+    "FinalizationObservation",
+    "FinalizationOps",
+    "FinalizationPoint",
+    "synthetic_fault",
+]
+
+
+class FinalizationPoint(StrEnum):
+    """Where a :data:`FaultHook` is called during unregister finalization."""
+
+    AFTER_LIFECYCLE_WRITE = "after_lifecycle_write"
+    AFTER_OPS_DELETE = "after_ops_delete"
+    BEFORE_COMMIT = "before_commit"
+    AFTER_COMMIT = "after_commit"
+    BEFORE_REOBSERVE = "before_reobserve"
+
+
+#: Called at each :class:`FinalizationPoint`; raising there injects that fault.
+FaultHook = Callable[[FinalizationPoint], None]
+
+_SYNTHETIC: Final = {
+    1: (
+        FinalizationPoint.AFTER_LIFECYCLE_WRITE,
+        "synthetic power cut after unregister lifecycle write",
+    ),
+    2: (FinalizationPoint.AFTER_OPS_DELETE, "synthetic power cut after unregister ops deletion"),
+    3: (FinalizationPoint.AFTER_COMMIT, "synthetic lost acknowledgement after unregister commit"),
+}
+
+
+class SyntheticFault(Exception):
+    """Raised by a :func:`synthetic_fault` hook."""
+
+
+def synthetic_fault(code: int) -> FaultHook:
+    """The seed's one-shot faults: 1 power cut after the lifecycle write, 2 after the
+    ops deletion, 3 acknowledgement lost after a durable COMMIT.
+
+    Raises:
+        ValueError: ``code`` is not 1, 2 or 3.
+    """
+    if code not in _SYNTHETIC:
+        raise ValueError(f"fault code {code!r} is not 1, 2 or 3")
+    point, message = _SYNTHETIC[code]
+    armed = [True]
+
+    def hook(at: FinalizationPoint) -> None:
+        if at is point and armed[0]:
+            armed[0] = False
+            raise SyntheticFault(message)
+
+    return hook
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizationObservation:
+    """The four facts a finalization writes, as stored (§2.0.15); equal iff byte-equal."""
+
+    lifecycle: bytes | None
+    inputs: tuple[tuple[str, bytes | None], ...]
+    ops: bytes | None
+    retired_marker_present: bool
+
+
+_RETIRED: Final = Sql(
+    "SELECT EXISTS (SELECT 1 FROM runtime_retired_ops_epochs "
+    "WHERE runtime_id = :rt AND epoch_id = :epoch)"
+)
+_LIFECYCLE: Final = Sql("SELECT runtime_state_json FROM runtime_states WHERE runtime_id = :rt")
+_INPUT: Final = Sql(
+    "SELECT state_json FROM runtime_input_states WHERE runtime_id = :rt AND input_id = :iid"
+)
+_RETIRE: Final = Sql(
+    "INSERT INTO runtime_retired_ops_epochs (runtime_id, epoch_id) VALUES (:rt, :epoch) "
+    "ON CONFLICT DO NOTHING"
+)
+_DELETE_OPS: Final = Sql("DELETE FROM runtime_ops_lifecycle WHERE runtime_id = :rt")
+
+
+class FinalizationOps(LifecycleOps):
+    """The statements of unregister finalization (the transaction is driven by the facade)."""
+
+    __slots__ = ()
+
+    def observe_unregister_finalization(
+        self, runtime_id: str, input_ids: Sequence[str], retired_epoch: str
+    ) -> FinalizationObservation:
+        """Read the lifecycle, the given inputs, the ops row and the tombstone (§2.0.15).
+
+        Raises:
+            ReadFailed: a SELECT failed.
+        """
+        lifecycle = self._one_bytes(
+            _LIFECYCLE,
+            {"rt": runtime_id},
+            table="runtime_states",
+            key=runtime_id,
+            column="runtime_state_json",
+        )
+        inputs = tuple(
+            (
+                iid,
+                self._one_bytes(
+                    _INPUT,
+                    {"rt": runtime_id, "iid": iid},
+                    table="runtime_input_states",
+                    key=f"{runtime_id}/{iid}",
+                    column="state_json",
+                ),
+            )
+            for iid in input_ids
+        )
+        retired = self._select(
+            _RETIRED, {"rt": runtime_id, "epoch": retired_epoch}, "runtime_retired_ops_epochs"
+        ).fetchone()[0]
+        return FinalizationObservation(
+            lifecycle, inputs, self._load_ops_bytes(runtime_id), bool(retired)
+        )
+
+    def write_unregister_finalization(
+        self,
+        runtime_id: str,
+        lifecycle: bytes,
+        inputs: Sequence[tuple[str, bytes]],
+        retired_epoch: str,
+        hook: FaultHook,
+    ) -> tuple[FinalizationObservation, FinalizationObservation]:
+        """Lock, observe, write everything (§2.26 steps 3–11); return (before, final).
+
+        The caller commits. Raises like :meth:`FinalizationCalls.commit_unregister_finalization`
+        before its COMMIT.
+        """
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        ids = [iid for iid, _ in inputs]
+        before = self.observe_unregister_finalization(runtime_id, ids, retired_epoch)
+        final_ops: bytes | None = None
+        if before.ops is not None:
+            try:
+                epoch = self.domain.ops_epoch_of(before.ops)
+            except ReadFailed as exc:
+                raise ReadFailed(
+                    f"failed to decode ops epoch before unregister finalization: {exc.message}"
+                ) from exc
+            final_ops = None if epoch == retired_epoch else before.ops
+        final = FinalizationObservation(lifecycle, tuple(inputs), final_ops, True)
+        self._upsert_lifecycle_bytes(runtime_id, lifecycle)
+        self._upsert_encoded(runtime_id, inputs)
+        _fault(hook, FinalizationPoint.AFTER_LIFECYCLE_WRITE)
+        self._dml(_RETIRE, {"rt": runtime_id, "epoch": retired_epoch}, "runtime_retired_ops_epochs")
+        if before.ops is not None and final_ops is None:
+            self._dml(_DELETE_OPS, {"rt": runtime_id}, f"runtime_ops_lifecycle[{runtime_id}]")
+        _fault(hook, FinalizationPoint.AFTER_OPS_DELETE)
+        return before, final
+
+
+def _fault(hook: FaultHook, point: FinalizationPoint) -> None:
+    """Call the hook; a raise there is a power cut: ``WriteFailed`` with its message."""
+    try:
+        hook(point)
+    except RuntimeStoreError:
+        raise
+    except Exception as exc:
+        raise WriteFailed(str(exc)) from exc
+
+
+def _no_fault(_point: FinalizationPoint) -> None:
+    return None
+
+
+class FinalizationCalls(RuntimeCallsBase):
+    """``store.runtime.commit_unregister_finalization``."""
+
+    __slots__ = ()
+
+    def commit_unregister_finalization(
+        self,
+        runtime_id: str,
+        finalization: UnregisterFinalizationCommit,
+        *,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        """Commit an unregister finalization atomically; classify a lost acknowledgement (§2.26).
+
+        Waits for the write lock up to the busy timeout (and retries the
+        whole attempt on a transient error before COMMIT). Idempotent: a
+        retry after a rollback or a durable commit converges.
+
+        Args:
+            runtime_id: the runtime.
+            finalization: final lifecycle, final input states, epoch to retire.
+            fault_hook: test hook called at each :class:`FinalizationPoint`.
+
+        Raises:
+            WriteFailed: an encode failed, a write failed (a trigger abort on
+                the ops delete), a power-cut fault, or the COMMIT failed and
+                the re-read shows nothing was committed.
+            ReadFailed: the stored ops snapshot does not decode (nothing written).
+            UnregisterFinalizationOutcomeUnknown: the COMMIT was not
+                acknowledged and the re-read matches neither the final nor the
+                previous state, or the re-read failed.
+        """
+        domain = self.domain
+        lifecycle = domain.encode_lifecycle(finalization.lifecycle)
+        inputs = tuple(
+            (r.state.input_id, domain.encode_input_state(r.state))
+            for r in finalization.input_states
+        )
+        epoch = finalization.retired_ops_epoch
+        hook = fault_hook if fault_hook is not None else _no_fault
+        store = self._store
+        try:
+            before, final, commit_error = retry_transient(
+                lambda: self._attempt(runtime_id, lifecycle, inputs, epoch, hook),
+                attempts=store.retry_attempts,
+            )
+        except RuntimeStoreError:
+            raise
+        except DatabaseError as exc:
+            raise WriteFailed(str(exc)) from exc
+        if commit_error is None:
+            return
+        ids = [iid for iid, _ in inputs]
+        try:
+            hook(FinalizationPoint.BEFORE_REOBSERVE)
+            observed = self._read(
+                lambda r: r.observe_unregister_finalization(runtime_id, ids, epoch)
+            )
+        except Exception as exc:
+            raise UnregisterFinalizationOutcomeUnknown(
+                f"commit acknowledgement failed ({commit_error}); "
+                f"durable outcome read failed: {exc}"
+            ) from exc
+        if observed == final:
+            return
+        if observed == before:
+            raise WriteFailed(commit_error)
+        raise UnregisterFinalizationOutcomeUnknown(
+            f"commit acknowledgement failed ({commit_error}); reopened lifecycle/input/ops bytes "
+            "match neither final nor pre-transaction authority"
+        )
+
+    def _attempt(
+        self,
+        runtime_id: str,
+        lifecycle: bytes,
+        inputs: Sequence[tuple[str, bytes]],
+        epoch: str,
+        hook: FaultHook,
+    ) -> tuple[FinalizationObservation, FinalizationObservation, str | None]:
+        """One transaction: (before, final, None) if acknowledged, else the commit error."""
+        store = self._store
+        with store.pooled_driver() as (driver, pooled):
+            driver.begin(write=True)
+            try:
+                repo = store.repositories(driver, write=True).runtime
+                before, final = repo.write_unregister_finalization(
+                    runtime_id, lifecycle, inputs, epoch, hook
+                )
+            except BaseException:
+                driver.rollback()
+                raise
+            commit_error: str | None = None
+            try:
+                hook(FinalizationPoint.BEFORE_COMMIT)
+            except Exception as exc:  # a COMMIT that failed and rolled back
+                driver.rollback()
+                commit_error = str(exc)
+            if commit_error is None:
+                try:
+                    driver.commit()
+                except DatabaseError as exc:
+                    commit_error = str(exc)
+                    if not store.memory:
+                        pooled.invalidate()  # its state is unknown: never reuse it
+                else:
+                    try:
+                        hook(FinalizationPoint.AFTER_COMMIT)
+                    except Exception as exc:  # acknowledgement lost after a durable COMMIT
+                        commit_error = str(exc)
+            return before, final, commit_error

@@ -1,0 +1,393 @@
+"""Input states of a runtime and their batch compare-and-swap.
+
+Spec runtime §1.1, §2.14–§2.15, §2.22–§2.23.
+
+One row per ``(runtime_id, input_id)`` in ``runtime_input_states`` holds the
+canonical JSON of a :class:`~agentkeep.runtime.domain.StoredInputState`. Rows
+are only ever upserted (last writer wins); reads decode fail-closed (a row
+without ``stored_input_state_version``, or one whose payload names another
+input, is :class:`~agentkeep.runtime.errors.ReadFailed`, never "absent").
+
+Writes take the ``runtime:<id>`` write lock first (``BEGIN IMMEDIATE`` on
+SQLite, the runtime's advisory lock on Postgres), so every read-check-write
+below is race-free against every other writer of the runtime.
+
+The batch compare-and-swap (§2.23) is the adoption fence for a set of inputs:
+
+* the batch is validated and both sides encoded *before* the database
+  (:meth:`RuntimeDomain.prepare_input_state_batch_cas`): a bad shape is
+  :class:`~agentkeep.runtime.errors.InvalidInputStateBatchCas` and touches
+  nothing; an empty batch is :attr:`InputStateCasOutcome.SWAPPED` without
+  opening a connection;
+* under the lock each row is read in the order of ``expected``: a missing
+  row is :attr:`~InputStateCasOutcome.STALE` at once;
+* every row already equal to its replacement is
+  :attr:`~InputStateCasOutcome.SWAPPED` with no write (the idempotent retry
+  after a lost acknowledgement; checked before the expected values);
+* any row not equal to its expected value (including a half-swapped batch)
+  is :attr:`~InputStateCasOutcome.STALE` with no write;
+* otherwise every replacement is upserted, all or nothing (a failing row,
+  e.g. a trigger abort, is :class:`~agentkeep.runtime.errors.WriteFailed` and
+  no row of the batch stays written).
+
+Comparisons are exact byte comparisons in application code; a stored value
+is first normalised with :func:`~agentkeep.runtime.access.as_bytes`, so a
+TEXT-degraded SQLite row compares like its UTF-8 bytes.
+
+Input ids must be canonical (lower-case, hyphenated) UUIDs: any other id is
+:class:`~agentkeep.errors.InvalidInput` before the database is touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+from typing import Any, Final, TypeAlias
+
+from agentkeep.db import LockNamespace, Sql
+from agentkeep.runtime.access import RuntimeAccess, as_bytes
+from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.domain import (
+    InputStatePersistenceRecord,
+    PreparedInputStateCas,
+    RuntimeDomain,
+    StoredInputState,
+    canonical_uuid,
+)
+from agentkeep.runtime.errors import ReadFailed
+
+__all__ = [
+    "InputStateCalls",
+    "InputStateCasOutcome",
+    "InputStateOps",
+    "InputStateRecord",
+    "encode_input_states",
+    "prepare_input_state_cas",
+]
+
+#: What the input-state writers accept: a machine-authorized record or a bare state.
+InputStateRecord: TypeAlias = InputStatePersistenceRecord | StoredInputState
+
+_TABLE: Final = "runtime_input_states"
+_COLUMN: Final = "state_json"
+
+_LOAD_ALL: Final = Sql(
+    "SELECT input_id, state_json FROM runtime_input_states "
+    "WHERE runtime_id = :rt ORDER BY input_id ASC"
+)
+_LOAD_ONE: Final = Sql(
+    "SELECT state_json FROM runtime_input_states WHERE runtime_id = :rt AND input_id = :iid"
+)
+_UPSERT: Final = Sql(
+    "INSERT INTO runtime_input_states (runtime_id, input_id, state_json) "
+    "VALUES (:rt, :iid, :data) "
+    "ON CONFLICT (runtime_id, input_id) DO UPDATE SET state_json = excluded.state_json"
+)
+
+
+class InputStateCasOutcome(StrEnum):
+    """The verdict of :meth:`InputStateOps.compare_and_swap_input_states_atomically`."""
+
+    #: Every row now holds its replacement (written by this call, or already).
+    SWAPPED = "swapped"
+    #: A row is missing or differs from its expected value; nothing was written.
+    STALE = "stale"
+
+
+def _stored(record: InputStateRecord) -> StoredInputState:
+    return record.into_stored() if isinstance(record, InputStatePersistenceRecord) else record
+
+
+def encode_input_states(
+    domain: RuntimeDomain[Any], records: Iterable[InputStateRecord]
+) -> tuple[tuple[str, bytes], ...]:
+    """Check and encode input states for an upsert, in order (pure: no database).
+
+    Args:
+        domain: the codec.
+        records: machine-authorized records or bare states.
+
+    Returns:
+        ``(input_id, canonical bytes)`` per record, in the given order.
+
+    Raises:
+        InvalidInput: an input id is not a canonical UUID.
+        WriteFailed: a state does not encode.
+    """
+    encoded = []
+    for record in records:
+        state = _stored(record)
+        canonical_uuid(state.input_id, "input_id")
+        encoded.append((state.input_id, domain.encode_input_state(state)))
+    return tuple(encoded)
+
+
+def prepare_input_state_cas(
+    domain: RuntimeDomain[Any],
+    expected: Sequence[StoredInputState],
+    replacements: Sequence[InputStateRecord],
+) -> tuple[PreparedInputStateCas, ...]:
+    """Validate and encode a batch compare-and-swap (pure: no database), §2.23 step 1.
+
+    Args:
+        domain: supplies :meth:`~RuntimeDomain.prepare_input_state_batch_cas`.
+        expected: the rows the caller believes are stored.
+        replacements: the rows to store instead, one per expected input id.
+
+    Returns:
+        The prepared rows in the order of ``expected`` (empty for an empty batch).
+
+    Raises:
+        InvalidInputStateBatchCas: counts differ or exceed the maximum, an id
+            repeats, or the id sets differ.
+        InvalidInput: an input id is not a canonical UUID.
+        WriteFailed: a state does not encode.
+    """
+    prepared = domain.prepare_input_state_batch_cas(expected, replacements)
+    for row in prepared:
+        canonical_uuid(row.input_id, "input_id")
+    return prepared
+
+
+class InputStateOps(RuntimeAccess):
+    """Repository part: input-state rows and the batch compare-and-swap."""
+
+    __slots__ = ()
+
+    # -- reads -------------------------------------------------------------
+
+    def load_input_states(self, runtime_id: str) -> list[StoredInputState]:
+        """Load every input state of a runtime, ordered by input id (byte order).
+
+        Args:
+            runtime_id: the logical runtime id.
+
+        Returns:
+            The decoded states (empty if the runtime has none).
+
+        Raises:
+            ReadFailed: the SELECT failed, or any row does not decode (one bad
+                row fails the whole call; a missing ``stored_input_state_version``
+                is named in the message).
+        """
+        rows = self._select(_LOAD_ALL, {"rt": runtime_id}, f"{_TABLE}[{runtime_id}]").fetchall()
+        return [self._decode_row(runtime_id, input_id, value) for input_id, value in rows]
+
+    def load_input_state(self, runtime_id: str, input_id: str) -> StoredInputState | None:
+        """Load one input state, decoded fail-closed.
+
+        Args:
+            runtime_id: the logical runtime id.
+            input_id: the input (canonical UUID).
+
+        Returns:
+            The state, or None if there is no row.
+
+        Raises:
+            InvalidInput: ``input_id`` is not a canonical UUID.
+            ReadFailed: the SELECT failed or the row does not decode.
+        """
+        canonical_uuid(input_id, "input_id")
+        row = self._select(
+            _LOAD_ONE, {"rt": runtime_id, "iid": input_id}, f"{_TABLE}[{runtime_id}, {input_id}]"
+        ).fetchone()
+        return None if row is None else self._decode_row(runtime_id, input_id, row[0])
+
+    def _decode_row(self, runtime_id: str, input_id: str, value: Any) -> StoredInputState:
+        key = f"{runtime_id}, {input_id}"
+        state = self.domain.decode_input_state(
+            as_bytes(value, table=_TABLE, key=key, column=_COLUMN)
+        )
+        if state.input_id != input_id:
+            raise ReadFailed(f"{_TABLE}[{key}].{_COLUMN} holds input {state.input_id}")
+        return state
+
+    # -- writes ------------------------------------------------------------
+
+    def persist_input_state(self, runtime_id: str, record: InputStateRecord) -> None:
+        """Upsert one input state (last writer wins).
+
+        Args:
+            runtime_id: the logical runtime id.
+            record: the state to store, keyed by its input id.
+
+        Raises:
+            InvalidInput: the input id is not a canonical UUID (nothing written).
+            WriteFailed: the state does not encode, or the upsert failed.
+        """
+        self.persist_input_states_atomically(runtime_id, (record,))
+
+    def persist_input_states_atomically(
+        self, runtime_id: str, records: Sequence[InputStateRecord]
+    ) -> None:
+        """Upsert several input states in one transaction: all of them or none.
+
+        Rows are written in the given order (a repeated id: the last one
+        wins). An empty list still takes the lock and commits an empty
+        transaction.
+
+        Args:
+            runtime_id: the logical runtime id.
+            records: the states to store.
+
+        Raises:
+            InvalidInput: an input id is not a canonical UUID (nothing written).
+            WriteFailed: a state does not encode, or an upsert failed (none of
+                the rows stays written).
+        """
+        encoded = encode_input_states(self.domain, records)
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        with self._atomic():
+            self._upsert_encoded(runtime_id, encoded)
+
+    def compare_and_swap_input_states_atomically(
+        self,
+        runtime_id: str,
+        expected: Sequence[StoredInputState],
+        replacements: Sequence[InputStateRecord],
+    ) -> InputStateCasOutcome:
+        """Swap a batch of input states iff every row still holds its expected value (§2.23).
+
+        See the module docstring for the exact order of the checks.
+
+        Args:
+            runtime_id: the logical runtime id.
+            expected: the rows the caller believes are stored (at most
+                :data:`~agentkeep.runtime.domain.MAX_INPUT_STATE_BATCH_CAS`).
+            replacements: one replacement per expected input id (any order).
+
+        Returns:
+            SWAPPED: every row now holds its replacement (written now, or
+            already: the idempotent retry; or the batch was empty).
+            STALE: a row is missing or holds another value; nothing written.
+
+        Raises:
+            InvalidInputStateBatchCas: the batch shape is invalid (nothing touched).
+            InvalidInput: an input id is not a canonical UUID (nothing touched).
+            ReadFailed: a row could not be read (or is not bytes).
+            WriteFailed: a replacement does not encode, or an upsert failed
+                (no row of the batch stays written).
+        """
+        prepared = prepare_input_state_cas(self.domain, expected, replacements)
+        return self.apply_input_state_batch_cas(runtime_id, prepared)
+
+    def apply_input_state_batch_cas(
+        self, runtime_id: str, prepared: Sequence[PreparedInputStateCas]
+    ) -> InputStateCasOutcome:
+        """Run steps 2–8 of §2.23 on an already prepared batch.
+
+        Use :meth:`compare_and_swap_input_states_atomically` unless the batch
+        was prepared (:func:`prepare_input_state_cas`) before the unit of work
+        opened. An empty batch returns SWAPPED without touching the database.
+
+        Args:
+            runtime_id: the logical runtime id.
+            prepared: the prepared rows, in the order of ``expected``.
+
+        Returns:
+            SWAPPED or STALE, as for :meth:`compare_and_swap_input_states_atomically`.
+
+        Raises:
+            InvalidInput: an input id is not a canonical UUID (nothing touched).
+            ReadFailed: a row could not be read (or is not bytes).
+            WriteFailed: an upsert failed (no row of the batch stays written).
+        """
+        if not prepared:
+            return InputStateCasOutcome.SWAPPED
+        for row in prepared:
+            canonical_uuid(row.input_id, "input_id")
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        all_expected = True
+        all_replacements = True
+        for row in prepared:
+            current = self._one_bytes(
+                _LOAD_ONE,
+                {"rt": runtime_id, "iid": row.input_id},
+                table=_TABLE,
+                key=f"{runtime_id}, {row.input_id}",
+                column=_COLUMN,
+            )
+            if current is None:
+                return InputStateCasOutcome.STALE
+            all_expected = all_expected and current == row.expected_json
+            all_replacements = all_replacements and current == row.replacement_json
+        if all_replacements:
+            return InputStateCasOutcome.SWAPPED
+        if not all_expected:
+            return InputStateCasOutcome.STALE
+        with self._atomic():
+            self._upsert_encoded(
+                runtime_id, [(row.input_id, row.replacement_json) for row in prepared]
+            )
+        return InputStateCasOutcome.SWAPPED
+
+    # -- shared with the boundary and finalization writers -------------------
+
+    def _encode_states(self, states: Iterable[InputStateRecord]) -> tuple[tuple[str, bytes], ...]:
+        """Check and encode states with this repository's domain (:func:`encode_input_states`)."""
+        return encode_input_states(self.domain, states)
+
+    def _upsert_input_states(self, runtime_id: str, states: Sequence[StoredInputState]) -> None:
+        """Upsert ``states`` in order (§2.0.12), inside the caller's locked transaction.
+
+        Takes no lock and opens no savepoint: the caller holds the runtime's
+        write lock and makes its whole operation atomic. Every state is
+        checked and encoded before the first row is written.
+
+        Raises:
+            InvalidInput: an input id is not a canonical UUID (nothing written).
+            WriteFailed: a state does not encode, or an upsert failed.
+        """
+        self._upsert_encoded(runtime_id, encode_input_states(self.domain, states))
+
+    def _upsert_encoded(self, runtime_id: str, encoded: Iterable[tuple[str, bytes]]) -> None:
+        for input_id, data in encoded:
+            self._dml(
+                _UPSERT,
+                {"rt": runtime_id, "iid": input_id, "data": data},
+                f"{_TABLE}[{runtime_id}, {input_id}]",
+            )
+
+
+class InputStateCalls(RuntimeCallsBase):
+    """One-call part: each input-state operation in its own unit of work."""
+
+    __slots__ = ()
+
+    def load_input_states(self, runtime_id: str) -> list[StoredInputState]:
+        """One-call form of :meth:`InputStateOps.load_input_states`."""
+        return self._read(lambda repo: repo.load_input_states(runtime_id))
+
+    def load_input_state(self, runtime_id: str, input_id: str) -> StoredInputState | None:
+        """One-call form of :meth:`InputStateOps.load_input_state`."""
+        canonical_uuid(input_id, "input_id")
+        return self._read(lambda repo: repo.load_input_state(runtime_id, input_id))
+
+    def persist_input_state(self, runtime_id: str, record: InputStateRecord) -> None:
+        """One-call form of :meth:`InputStateOps.persist_input_state`."""
+        encode_input_states(self.domain, (record,))  # refuse bad input before the unit opens
+        self._write(lambda repo: repo.persist_input_state(runtime_id, record))
+
+    def persist_input_states_atomically(
+        self, runtime_id: str, records: Sequence[InputStateRecord]
+    ) -> None:
+        """One-call form of :meth:`InputStateOps.persist_input_states_atomically`."""
+        records = tuple(records)
+        encode_input_states(self.domain, records)  # refuse bad input before the unit opens
+        self._write(lambda repo: repo.persist_input_states_atomically(runtime_id, records))
+
+    def compare_and_swap_input_states_atomically(
+        self,
+        runtime_id: str,
+        expected: Sequence[StoredInputState],
+        replacements: Sequence[InputStateRecord],
+    ) -> InputStateCasOutcome:
+        """One-call form of :meth:`InputStateOps.compare_and_swap_input_states_atomically`.
+
+        The batch is prepared before the unit of work opens; an empty batch
+        returns SWAPPED without opening a connection.
+        """
+        prepared = prepare_input_state_cas(self.domain, expected, replacements)
+        if not prepared:
+            return InputStateCasOutcome.SWAPPED
+        return self._write(lambda repo: repo.apply_input_state_batch_cas(runtime_id, prepared))

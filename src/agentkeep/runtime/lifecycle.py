@@ -1,0 +1,296 @@
+"""Machine lifecycle records, ops-lifecycle snapshots and retired ops epochs.
+
+Spec runtime §1.4–§1.6, §2.24–§2.25, §2.27–§2.30, §3.7–§3.8.
+
+* ``runtime_states`` holds one machine lifecycle record per runtime, written
+  as the domain's current versioned encoding
+  (:meth:`RuntimeDomain.encode_lifecycle`). :meth:`LifecycleOps.load_machine_lifecycle_record`
+  returns its raw bytes; :meth:`~LifecycleOps.load_machine_lifecycle` and
+  :meth:`~LifecycleOps.load_runtime_state` decode it strictly, so a legacy bare
+  string (``"idle"``) or an unversioned ``{runtime_state, binding}`` object is
+  :class:`~agentkeep.runtime.errors.ReadFailed`, never read as a state.
+* ``runtime_ops_lifecycle`` holds at most one ops snapshot per runtime, owned
+  by its ``epoch_id``.
+* ``runtime_retired_ops_epochs`` holds tombstones of epochs retired by
+  unregister finalization. This module never writes or deletes them; it
+  reads them as the fence of every ops write: a snapshot of a retired epoch
+  is refused with :class:`~agentkeep.runtime.errors.OpsLifecycleEpochRetired`,
+  across restarts.
+
+Every write takes the ``runtime:<id>`` write lock first, so the retired-epoch
+check and the write after it see every committed writer of the runtime.
+Values are encoded before the lock is taken (an encode failure is
+:class:`~agentkeep.runtime.errors.WriteFailed` and touches nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from agentkeep.db import LockNamespace, Sql
+from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.domain import MachineLifecycleCommit, OpsSnapshot, RuntimeState
+from agentkeep.runtime.errors import OpsLifecycleEpochRetired, ReadFailed
+from agentkeep.runtime.inputs import InputStateOps, InputStateRecord, encode_input_states
+
+__all__ = ["LifecycleCalls", "LifecycleOps"]
+
+_LIFECYCLE_TABLE: Final = "runtime_states"
+_OPS_TABLE: Final = "runtime_ops_lifecycle"
+
+_LOAD_LIFECYCLE: Final = Sql("SELECT runtime_state_json FROM runtime_states WHERE runtime_id = :rt")
+_UPSERT_LIFECYCLE: Final = Sql(
+    "INSERT INTO runtime_states (runtime_id, runtime_state_json) VALUES (:rt, :data) "
+    "ON CONFLICT (runtime_id) DO UPDATE SET runtime_state_json = excluded.runtime_state_json"
+)
+_LOAD_OPS: Final = Sql("SELECT state_json FROM runtime_ops_lifecycle WHERE runtime_id = :rt")
+_UPSERT_OPS: Final = Sql(
+    "INSERT INTO runtime_ops_lifecycle (runtime_id, state_json) VALUES (:rt, :data) "
+    "ON CONFLICT (runtime_id) DO UPDATE SET state_json = excluded.state_json"
+)
+_INSERT_OPS_IF_ABSENT: Final = Sql(
+    "INSERT INTO runtime_ops_lifecycle (runtime_id, state_json) VALUES (:rt, :data) "
+    "ON CONFLICT (runtime_id) DO NOTHING"
+)
+_DELETE_OPS: Final = Sql("DELETE FROM runtime_ops_lifecycle WHERE runtime_id = :rt")
+_IS_RETIRED: Final = Sql(
+    "SELECT 1 FROM runtime_retired_ops_epochs WHERE runtime_id = :rt AND epoch_id = :epoch"
+)
+
+
+class LifecycleOps(InputStateOps):
+    """Repository part: machine lifecycle records and ops-lifecycle snapshots."""
+
+    __slots__ = ()
+
+    # -- machine lifecycle (§2.24, §2.25, §3.7) ------------------------------
+
+    def load_machine_lifecycle_record(self, runtime_id: str) -> bytes | None:
+        """Load the raw lifecycle record bytes (no decode; a TEXT value as its UTF-8 bytes).
+
+        Raises:
+            ReadFailed: the SELECT failed, or the value is not bytes/text.
+        """
+        return self._one_bytes(
+            _LOAD_LIFECYCLE,
+            {"rt": runtime_id},
+            table=_LIFECYCLE_TABLE,
+            key=runtime_id,
+            column="runtime_state_json",
+        )
+
+    def load_machine_lifecycle(self, runtime_id: str) -> MachineLifecycleCommit | None:
+        """Load and strictly decode the lifecycle record (§3.7).
+
+        Returns:
+            The lifecycle snapshot, or None if the runtime has no record.
+
+        Raises:
+            ReadFailed: the SELECT failed, or the record is not a current one
+                (a legacy bare string, an unversioned object, a corrupt value).
+        """
+        data = self.load_machine_lifecycle_record(runtime_id)
+        return None if data is None else self.domain.decode_lifecycle(data)
+
+    def load_runtime_state(self, runtime_id: str) -> RuntimeState | None:
+        """Load the runtime state of the lifecycle record (strict decode, §3.7).
+
+        Returns:
+            ``"idle"``, ``"stopped"``, ``"retired"`` (reference domain), or
+            None if the runtime has no record.
+
+        Raises:
+            ReadFailed: as for :meth:`load_machine_lifecycle`.
+        """
+        lifecycle = self.load_machine_lifecycle(runtime_id)
+        return None if lifecycle is None else lifecycle.runtime_state
+
+    def commit_machine_lifecycle(
+        self,
+        runtime_id: str,
+        commit: MachineLifecycleCommit,
+        input_states: Sequence[InputStateRecord] = (),
+    ) -> None:
+        """Upsert the lifecycle record, then the input states, in one transaction (§2.25).
+
+        Unconditional: no fence, and the ops snapshot is not touched.
+
+        Args:
+            runtime_id: the logical runtime id.
+            commit: the lifecycle snapshot to store (current record version).
+            input_states: input states to upsert with it, in order.
+
+        Raises:
+            InvalidInput: an input id is not a canonical UUID (nothing written).
+            WriteFailed: a value does not encode, or an upsert failed (nothing
+                of the call stays written).
+        """
+        data = self.domain.encode_lifecycle(commit)
+        inputs = encode_input_states(self.domain, input_states)
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        with self._atomic():
+            self._upsert_lifecycle_bytes(runtime_id, data)
+            self._upsert_encoded(runtime_id, inputs)
+
+    # -- ops lifecycle (§2.27–§2.30) -----------------------------------------
+
+    def persist_ops_lifecycle(self, runtime_id: str, snapshot: OpsSnapshot) -> None:
+        """Store the runtime's ops snapshot unless its epoch is retired (§2.27).
+
+        The row is overwritten whatever epoch it held: only retirement fences.
+
+        Raises:
+            WriteFailed: the snapshot does not encode, or the upsert failed.
+            OpsLifecycleEpochRetired: ``snapshot.epoch_id`` was retired for
+                this runtime (nothing written).
+            ReadFailed: the retired-epoch check failed.
+        """
+        data = self.domain.encode_ops(snapshot)
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        if self._is_epoch_retired(runtime_id, snapshot.epoch_id):
+            raise OpsLifecycleEpochRetired(runtime_id, snapshot.epoch_id)
+        self._dml(_UPSERT_OPS, {"rt": runtime_id, "data": data}, f"{_OPS_TABLE}[{runtime_id}]")
+
+    def initialize_ops_lifecycle_if_absent(
+        self, runtime_id: str, candidate: OpsSnapshot
+    ) -> OpsSnapshot:
+        """Store ``candidate`` if the runtime has no ops snapshot; return the canonical one (§2.28).
+
+        Steps, in order: encode the candidate; refuse it if its epoch is
+        retired; insert it unless a row exists; read and decode the row now
+        stored (the canonical snapshot); refuse if *its* epoch is retired.
+        Concurrent initializers therefore all return the same snapshot, which
+        may be another writer's.
+
+        Returns:
+            The canonical snapshot (``candidate`` if it was inserted).
+
+        Raises:
+            WriteFailed: the candidate does not encode, or the insert failed.
+            OpsLifecycleEpochRetired: the candidate's epoch is retired, or the
+                stored snapshot's epoch is (naming that epoch); nothing written.
+            ReadFailed: a SELECT failed, or the stored snapshot does not decode.
+        """
+        data = self.domain.encode_ops(candidate)
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        if self._is_epoch_retired(runtime_id, candidate.epoch_id):
+            raise OpsLifecycleEpochRetired(runtime_id, candidate.epoch_id)
+        with self._atomic():
+            self._dml(
+                _INSERT_OPS_IF_ABSENT,
+                {"rt": runtime_id, "data": data},
+                f"{_OPS_TABLE}[{runtime_id}]",
+            )
+            stored = self._load_ops_bytes(runtime_id)
+            if stored is None:
+                raise ReadFailed(f"{_OPS_TABLE}[{runtime_id}] is absent after its insert")
+            canonical = self.domain.decode_ops(stored)
+            if self._is_epoch_retired(runtime_id, canonical.epoch_id):
+                raise OpsLifecycleEpochRetired(runtime_id, canonical.epoch_id)
+        return canonical
+
+    def load_ops_lifecycle(self, runtime_id: str) -> OpsSnapshot | None:
+        """Load and decode the runtime's ops snapshot (§2.29).
+
+        Raises:
+            ReadFailed: the SELECT failed or the row does not decode.
+        """
+        data = self._load_ops_bytes(runtime_id)
+        return None if data is None else self.domain.decode_ops(data)
+
+    def delete_ops_lifecycle(self, runtime_id: str) -> None:
+        """Delete the runtime's ops snapshot, if any (§2.30). It does not retire its epoch.
+
+        Raises:
+            WriteFailed: the DELETE failed.
+        """
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        self._dml(_DELETE_OPS, {"rt": runtime_id}, f"{_OPS_TABLE}[{runtime_id}]")
+
+    # -- shared with the boundary and finalization writers -------------------
+
+    def _upsert_lifecycle_bytes(self, runtime_id: str, data: bytes) -> None:
+        """Upsert encoded lifecycle record bytes (the caller holds the runtime lock).
+
+        Raises:
+            WriteFailed: the upsert failed.
+        """
+        self._dml(
+            _UPSERT_LIFECYCLE, {"rt": runtime_id, "data": data}, f"{_LIFECYCLE_TABLE}[{runtime_id}]"
+        )
+
+    def _is_epoch_retired(self, runtime_id: str, epoch_id: str) -> bool:
+        """True if ``(runtime_id, epoch_id)`` has a retired-epoch tombstone.
+
+        Raises:
+            ReadFailed: the SELECT failed.
+        """
+        row = self._select(
+            _IS_RETIRED,
+            {"rt": runtime_id, "epoch": epoch_id},
+            f"runtime_retired_ops_epochs[{runtime_id}, {epoch_id}]",
+        ).fetchone()
+        return row is not None
+
+    def _load_ops_bytes(self, runtime_id: str) -> bytes | None:
+        """The raw ops snapshot bytes of a runtime, or None.
+
+        Raises:
+            ReadFailed: the SELECT failed, or the value is not bytes/text.
+        """
+        return self._one_bytes(
+            _LOAD_OPS, {"rt": runtime_id}, table=_OPS_TABLE, key=runtime_id, column="state_json"
+        )
+
+
+class LifecycleCalls(RuntimeCallsBase):
+    """One-call part: each lifecycle and ops operation in its own unit of work."""
+
+    __slots__ = ()
+
+    def load_machine_lifecycle_record(self, runtime_id: str) -> bytes | None:
+        """One-call form of :meth:`LifecycleOps.load_machine_lifecycle_record`."""
+        return self._read(lambda repo: repo.load_machine_lifecycle_record(runtime_id))
+
+    def load_machine_lifecycle(self, runtime_id: str) -> MachineLifecycleCommit | None:
+        """One-call form of :meth:`LifecycleOps.load_machine_lifecycle`."""
+        return self._read(lambda repo: repo.load_machine_lifecycle(runtime_id))
+
+    def load_runtime_state(self, runtime_id: str) -> RuntimeState | None:
+        """One-call form of :meth:`LifecycleOps.load_runtime_state`."""
+        return self._read(lambda repo: repo.load_runtime_state(runtime_id))
+
+    def commit_machine_lifecycle(
+        self,
+        runtime_id: str,
+        commit: MachineLifecycleCommit,
+        input_states: Sequence[InputStateRecord] = (),
+    ) -> None:
+        """One-call form of :meth:`LifecycleOps.commit_machine_lifecycle`."""
+        states = tuple(input_states)
+        self.domain.encode_lifecycle(commit)  # refuse bad input before the unit opens
+        encode_input_states(self.domain, states)
+        self._write(lambda repo: repo.commit_machine_lifecycle(runtime_id, commit, states))
+
+    def persist_ops_lifecycle(self, runtime_id: str, snapshot: OpsSnapshot) -> None:
+        """One-call form of :meth:`LifecycleOps.persist_ops_lifecycle`."""
+        self.domain.encode_ops(snapshot)  # refuse bad input before the unit opens
+        self._write(lambda repo: repo.persist_ops_lifecycle(runtime_id, snapshot))
+
+    def initialize_ops_lifecycle_if_absent(
+        self, runtime_id: str, candidate: OpsSnapshot
+    ) -> OpsSnapshot:
+        """One-call form of :meth:`LifecycleOps.initialize_ops_lifecycle_if_absent`."""
+        self.domain.encode_ops(candidate)  # refuse bad input before the unit opens
+        return self._write(
+            lambda repo: repo.initialize_ops_lifecycle_if_absent(runtime_id, candidate)
+        )
+
+    def load_ops_lifecycle(self, runtime_id: str) -> OpsSnapshot | None:
+        """One-call form of :meth:`LifecycleOps.load_ops_lifecycle`."""
+        return self._read(lambda repo: repo.load_ops_lifecycle(runtime_id))
+
+    def delete_ops_lifecycle(self, runtime_id: str) -> None:
+        """One-call form of :meth:`LifecycleOps.delete_ops_lifecycle`."""
+        self._write(lambda repo: repo.delete_ops_lifecycle(runtime_id))

@@ -1,0 +1,335 @@
+"""Mob host bindings and revocation receipts (spec runtime §1.10–§1.11, §2.31–§2.38).
+
+Both tables are global (keyed by mob id, not runtime-scoped) and hold opaque
+bytes. Every write takes the ``mob:<id>`` write lock first (``BEGIN
+IMMEDIATE`` on SQLite, the mob's advisory lock on Postgres).
+
+Fences and outcomes:
+
+* :meth:`MobHostOps.put_mob_host_binding_if_absent` inserts a binding only if
+  the mob has none (True), and then deletes the mob's revocation receipt in
+  the same transaction: a fresh binding supersedes the previous controller's
+  revoke, so a delayed old revoke can never replay across the replacement.
+  An existing binding: False, nothing written.
+* :meth:`~MobHostOps.compare_and_put_mob_host_binding` and
+  :meth:`~MobHostOps.delete_mob_host_binding` replace / delete the binding
+  only if it holds exactly ``expected`` (True); an absent or different
+  binding: False, nothing written. Delete writes no receipt.
+* :meth:`~MobHostOps.revoke_mob_host_binding` deletes the binding if it holds
+  exactly ``expected`` and stores the revocation receipt (replacing an older
+  one) in the same transaction (True); otherwise False with nothing written.
+
+Through these operations a mob never has both a binding and a receipt.
+
+**TEXT-vs-BLOB (spec §0.3, §5.2 item 23): normalised.** The seed compares the
+binding in SQL (``record_json = ?`` with a BLOB parameter), which on SQLite
+never matches a value stored as TEXT (a file edited by hand), so a
+compare-and-put on such a row would return False although its bytes match.
+This port compares in application code instead: under the write lock it
+reads the stored value, normalises it with
+:func:`~agentkeep.runtime.access.as_bytes` (TEXT → its UTF-8 bytes) and
+compares that with ``expected``. The write then keeps an SQL fence on the
+value actually stored (``WHERE mob_id = :id AND record_json = :stored``,
+bound as read, ``str`` or ``bytes``), so it matches that row and nothing else;
+a TEXT-degraded row with matching text is therefore replaced (rewritten as a
+BLOB), deleted or revoked like any other. If the fence matches no row
+(only possible for a writer that bypasses the lock) the answer is False and
+nothing is written. On Postgres (``bytea``) the two comparisons are the same.
+
+Payloads must be ``bytes`` (``bytearray`` / ``memoryview`` are copied): a
+``str`` would be stored as TEXT on SQLite. Anything else is
+:class:`~agentkeep.errors.InvalidInput` before the database is touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from agentkeep.db import LockNamespace, Sql
+from agentkeep.errors import InvalidInput
+from agentkeep.runtime.access import RuntimeAccess, as_bytes
+from agentkeep.runtime.calls import RuntimeCallsBase
+
+__all__ = ["MobHostCalls", "MobHostOps", "check_mob_id", "check_payload"]
+
+_BINDINGS: Final = "runtime_mob_host_bindings"
+_REVOCATIONS: Final = "runtime_mob_host_revocations"
+
+_LOAD_BINDING: Final = Sql("SELECT record_json FROM runtime_mob_host_bindings WHERE mob_id = :id")
+_LIST_BINDINGS: Final = Sql(
+    "SELECT mob_id, record_json FROM runtime_mob_host_bindings ORDER BY mob_id"
+)
+_INSERT_BINDING: Final = Sql(
+    "INSERT INTO runtime_mob_host_bindings (mob_id, record_json) VALUES (:id, :record) "
+    "ON CONFLICT (mob_id) DO NOTHING RETURNING 1"
+)
+_REPLACE_BINDING: Final = Sql(
+    "UPDATE runtime_mob_host_bindings SET record_json = :next "
+    "WHERE mob_id = :id AND record_json = :stored"
+)
+_DELETE_BINDING: Final = Sql(
+    "DELETE FROM runtime_mob_host_bindings WHERE mob_id = :id AND record_json = :stored"
+)
+_LOAD_REVOCATION: Final = Sql(
+    "SELECT receipt_json FROM runtime_mob_host_revocations WHERE mob_id = :id"
+)
+_LIST_REVOCATIONS: Final = Sql(
+    "SELECT mob_id, receipt_json FROM runtime_mob_host_revocations ORDER BY mob_id"
+)
+_UPSERT_REVOCATION: Final = Sql(
+    "INSERT INTO runtime_mob_host_revocations (mob_id, receipt_json) VALUES (:id, :receipt) "
+    "ON CONFLICT (mob_id) DO UPDATE SET receipt_json = excluded.receipt_json"
+)
+_DELETE_REVOCATION: Final = Sql("DELETE FROM runtime_mob_host_revocations WHERE mob_id = :id")
+
+
+def check_payload(value: Any, field: str) -> bytes:
+    """Return an opaque payload as ``bytes``.
+
+    Raises:
+        InvalidInput: ``value`` is not ``bytes`` / ``bytearray`` / ``memoryview``.
+    """
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise InvalidInput(field, f"must be bytes, got {type(value).__name__}")
+
+
+def check_mob_id(mob_id: Any) -> str:
+    """Return ``mob_id`` if it is a string (any string is a mob id).
+
+    Raises:
+        InvalidInput: ``mob_id`` is not a ``str``.
+    """
+    if not isinstance(mob_id, str):
+        raise InvalidInput("mob_id", f"must be a str, got {type(mob_id).__name__}")
+    return mob_id
+
+
+class MobHostOps(RuntimeAccess):
+    """Repository part: mob host bindings and revocation receipts."""
+
+    __slots__ = ()
+
+    # -- reads -------------------------------------------------------------
+
+    def load_mob_host_binding(self, mob_id: str) -> bytes | None:
+        """Load a mob's binding record (a TEXT value as its UTF-8 bytes), or None.
+
+        Raises:
+            InvalidInput: ``mob_id`` is not a ``str``.
+            ReadFailed: the SELECT failed, or the value is not bytes/text.
+        """
+        check_mob_id(mob_id)
+        return self._one_bytes(
+            _LOAD_BINDING, {"id": mob_id}, table=_BINDINGS, key=mob_id, column="record_json"
+        )
+
+    def list_mob_host_bindings(self) -> list[tuple[str, bytes]]:
+        """Every ``(mob_id, record)``, ordered by mob id (byte order).
+
+        Raises:
+            ReadFailed: the SELECT failed, or a value is not bytes/text.
+        """
+        return self._list(_LIST_BINDINGS, _BINDINGS, "record_json")
+
+    def load_mob_host_revocation(self, mob_id: str) -> bytes | None:
+        """Load a mob's last revocation receipt, or None.
+
+        Raises:
+            InvalidInput: ``mob_id`` is not a ``str``.
+            ReadFailed: the SELECT failed, or the value is not bytes/text.
+        """
+        check_mob_id(mob_id)
+        return self._one_bytes(
+            _LOAD_REVOCATION, {"id": mob_id}, table=_REVOCATIONS, key=mob_id, column="receipt_json"
+        )
+
+    def list_mob_host_revocations(self) -> list[tuple[str, bytes]]:
+        """Every ``(mob_id, receipt)``, ordered by mob id (byte order).
+
+        Raises:
+            ReadFailed: the SELECT failed, or a value is not bytes/text.
+        """
+        return self._list(_LIST_REVOCATIONS, _REVOCATIONS, "receipt_json")
+
+    def _list(self, stmt: Sql, table: str, column: str) -> list[tuple[str, bytes]]:
+        rows = self._select(stmt, {}, table).fetchall()
+        return [
+            (mob_id, as_bytes(value, table=table, key=mob_id, column=column))
+            for mob_id, value in rows
+        ]
+
+    # -- writes ------------------------------------------------------------
+
+    def put_mob_host_binding_if_absent(self, mob_id: str, record: bytes) -> bool:
+        """Insert the mob's binding if it has none; a new binding removes the revocation.
+
+        Returns:
+            True if inserted (the revocation receipt, if any, is deleted in
+            the same transaction); False if a binding exists (nothing written).
+
+        Raises:
+            InvalidInput: ``mob_id`` is not a ``str`` or ``record`` not bytes.
+            WriteFailed: a statement failed (nothing stays written).
+        """
+        check_mob_id(mob_id)
+        record = check_payload(record, "record")
+        self._begin_write(LockNamespace.MOB, mob_id)
+        with self._atomic():
+            inserted = self._dml(
+                _INSERT_BINDING, {"id": mob_id, "record": record}, f"{_BINDINGS}[{mob_id}]"
+            ).fetchone()
+            if inserted is None:
+                return False
+            self._dml(_DELETE_REVOCATION, {"id": mob_id}, f"{_REVOCATIONS}[{mob_id}]")
+        return True
+
+    def compare_and_put_mob_host_binding(
+        self, mob_id: str, expected: bytes, next_record: bytes
+    ) -> bool:
+        """Replace the mob's binding with ``next_record`` iff it holds exactly ``expected``.
+
+        Returns:
+            True if replaced; False if the binding is absent or differs
+            (nothing written).
+
+        Raises:
+            InvalidInput: ``mob_id`` is not a ``str`` or a record not bytes.
+            ReadFailed: the binding could not be read.
+            WriteFailed: the UPDATE failed.
+        """
+        check_mob_id(mob_id)
+        expected = check_payload(expected, "expected")
+        next_record = check_payload(next_record, "next_record")
+        self._begin_write(LockNamespace.MOB, mob_id)
+        stored = self._stored_binding_if(mob_id, expected)
+        if stored is None:
+            return False
+        cur = self._dml(
+            _REPLACE_BINDING,
+            {"id": mob_id, "next": next_record, "stored": stored},
+            f"{_BINDINGS}[{mob_id}]",
+        )
+        return bool(cur.rowcount == 1)
+
+    def delete_mob_host_binding(self, mob_id: str, expected: bytes) -> bool:
+        """Delete the mob's binding iff it holds exactly ``expected`` (no receipt is written).
+
+        Returns:
+            True if deleted; False if the binding is absent or differs
+            (nothing written).
+
+        Raises:
+            InvalidInput: ``mob_id`` is not a ``str`` or ``expected`` not bytes.
+            ReadFailed: the binding could not be read.
+            WriteFailed: the DELETE failed.
+        """
+        check_mob_id(mob_id)
+        expected = check_payload(expected, "expected")
+        self._begin_write(LockNamespace.MOB, mob_id)
+        stored = self._stored_binding_if(mob_id, expected)
+        if stored is None:
+            return False
+        return self._delete_binding(mob_id, stored)
+
+    def revoke_mob_host_binding(self, mob_id: str, expected_binding: bytes, receipt: bytes) -> bool:
+        """Delete the binding iff it holds exactly ``expected_binding`` and store ``receipt``.
+
+        The delete and the receipt are one atomic step; the receipt replaces
+        any older receipt of the mob.
+
+        Returns:
+            True if revoked; False if the binding is absent or differs (no
+            receipt is published, nothing written).
+
+        Raises:
+            InvalidInput: ``mob_id`` is not a ``str`` or a record not bytes.
+            ReadFailed: the binding could not be read.
+            WriteFailed: a statement failed (nothing stays written).
+        """
+        check_mob_id(mob_id)
+        expected_binding = check_payload(expected_binding, "expected_binding")
+        receipt = check_payload(receipt, "receipt")
+        self._begin_write(LockNamespace.MOB, mob_id)
+        stored = self._stored_binding_if(mob_id, expected_binding)
+        if stored is None:
+            return False
+        with self._atomic():
+            if not self._delete_binding(mob_id, stored):
+                return False
+            self._dml(
+                _UPSERT_REVOCATION, {"id": mob_id, "receipt": receipt}, f"{_REVOCATIONS}[{mob_id}]"
+            )
+        return True
+
+    def _stored_binding_if(self, mob_id: str, expected: bytes) -> Any:
+        """The binding value as stored (``bytes`` or ``str``) if its bytes equal ``expected``."""
+        row = self._select(_LOAD_BINDING, {"id": mob_id}, f"{_BINDINGS}[{mob_id}]").fetchone()
+        if row is None:
+            return None
+        stored = row[0]
+        if as_bytes(stored, table=_BINDINGS, key=mob_id, column="record_json") != expected:
+            return None
+        return bytes(stored) if isinstance(stored, memoryview) else stored
+
+    def _delete_binding(self, mob_id: str, stored: Any) -> bool:
+        cur = self._dml(_DELETE_BINDING, {"id": mob_id, "stored": stored}, f"{_BINDINGS}[{mob_id}]")
+        return bool(cur.rowcount == 1)
+
+
+class MobHostCalls(RuntimeCallsBase):
+    """One-call part: each mob-host operation in its own unit of work."""
+
+    __slots__ = ()
+
+    def load_mob_host_binding(self, mob_id: str) -> bytes | None:
+        """One-call form of :meth:`MobHostOps.load_mob_host_binding`."""
+        check_mob_id(mob_id)
+        return self._read(lambda repo: repo.load_mob_host_binding(mob_id))
+
+    def list_mob_host_bindings(self) -> list[tuple[str, bytes]]:
+        """One-call form of :meth:`MobHostOps.list_mob_host_bindings`."""
+        return self._read(lambda repo: repo.list_mob_host_bindings())
+
+    def load_mob_host_revocation(self, mob_id: str) -> bytes | None:
+        """One-call form of :meth:`MobHostOps.load_mob_host_revocation`."""
+        check_mob_id(mob_id)
+        return self._read(lambda repo: repo.load_mob_host_revocation(mob_id))
+
+    def list_mob_host_revocations(self) -> list[tuple[str, bytes]]:
+        """One-call form of :meth:`MobHostOps.list_mob_host_revocations`."""
+        return self._read(lambda repo: repo.list_mob_host_revocations())
+
+    def put_mob_host_binding_if_absent(self, mob_id: str, record: bytes) -> bool:
+        """One-call form of :meth:`MobHostOps.put_mob_host_binding_if_absent`."""
+        check_mob_id(mob_id)
+        record = check_payload(record, "record")
+        return self._write(lambda repo: repo.put_mob_host_binding_if_absent(mob_id, record))
+
+    def compare_and_put_mob_host_binding(
+        self, mob_id: str, expected: bytes, next_record: bytes
+    ) -> bool:
+        """One-call form of :meth:`MobHostOps.compare_and_put_mob_host_binding`."""
+        check_mob_id(mob_id)
+        expected = check_payload(expected, "expected")
+        next_record = check_payload(next_record, "next_record")
+        return self._write(
+            lambda repo: repo.compare_and_put_mob_host_binding(mob_id, expected, next_record)
+        )
+
+    def delete_mob_host_binding(self, mob_id: str, expected: bytes) -> bool:
+        """One-call form of :meth:`MobHostOps.delete_mob_host_binding`."""
+        check_mob_id(mob_id)
+        expected = check_payload(expected, "expected")
+        return self._write(lambda repo: repo.delete_mob_host_binding(mob_id, expected))
+
+    def revoke_mob_host_binding(self, mob_id: str, expected_binding: bytes, receipt: bytes) -> bool:
+        """One-call form of :meth:`MobHostOps.revoke_mob_host_binding`."""
+        check_mob_id(mob_id)
+        expected_binding = check_payload(expected_binding, "expected_binding")
+        receipt = check_payload(receipt, "receipt")
+        return self._write(
+            lambda repo: repo.revoke_mob_host_binding(mob_id, expected_binding, receipt)
+        )

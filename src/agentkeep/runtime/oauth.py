@@ -1,0 +1,141 @@
+"""The OAuth login-flow singleton (spec runtime §1.7, §2.5–§2.7).
+
+One global row (``id = 'auth_oauth_flow_state'``, not runtime-scoped) of
+``runtime_auth_oauth_flow_state`` holds an opaque payload. Writes take the
+OAuth write lock first (``BEGIN IMMEDIATE`` on SQLite, the OAuth advisory
+lock on Postgres):
+
+* :meth:`OAuthOps.persist_auth_oauth_flow_snapshot` upserts the payload
+  unconditionally;
+* :meth:`OAuthOps.update_auth_oauth_flow_snapshot` is a read-modify-write:
+  under the lock it reads the current payload, calls ``update(current)`` and
+  always writes what it returns (even if unchanged). Concurrent updaters are
+  serialised, so no update is lost. If ``update`` raises, that exception
+  propagates unchanged and nothing is written. The callback runs while the
+  write lock is held: it must be quick and must not use the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from agentkeep.db import LockNamespace, Sql
+from agentkeep.runtime.access import OAUTH_SINGLETON_ID, RuntimeAccess
+from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.mob import check_payload
+
+__all__ = ["OAuthCalls", "OAuthOps", "OAuthFlowUpdate"]
+
+#: ``update(current payload or None) -> next payload``.
+OAuthFlowUpdate = Callable[[bytes | None], bytes]
+
+_TABLE: Final = "runtime_auth_oauth_flow_state"
+
+_LOAD: Final = Sql("SELECT state_json FROM runtime_auth_oauth_flow_state WHERE id = :id")
+_UPSERT: Final = Sql(
+    "INSERT INTO runtime_auth_oauth_flow_state (id, state_json) VALUES (:id, :data) "
+    "ON CONFLICT (id) DO UPDATE SET state_json = excluded.state_json"
+)
+
+
+class OAuthOps(RuntimeAccess):
+    """Repository part: the OAuth flow singleton."""
+
+    __slots__ = ()
+
+    def persist_auth_oauth_flow_snapshot(self, snapshot: bytes) -> None:
+        """Store the OAuth flow payload unconditionally.
+
+        Raises:
+            InvalidInput: ``snapshot`` is not bytes (nothing written).
+            WriteFailed: the upsert failed.
+        """
+        data = check_payload(snapshot, "snapshot")
+        self._begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
+        self._write_singleton(data)
+
+    def load_auth_oauth_flow_snapshot(self) -> bytes | None:
+        """Load the OAuth flow payload (a TEXT value as its UTF-8 bytes), or None.
+
+        Raises:
+            ReadFailed: the SELECT failed, or the value is not bytes/text.
+        """
+        return self._one_bytes(
+            _LOAD,
+            {"id": OAUTH_SINGLETON_ID},
+            table=_TABLE,
+            key=OAUTH_SINGLETON_ID,
+            column="state_json",
+        )
+
+    def update_auth_oauth_flow_snapshot(self, update: OAuthFlowUpdate) -> None:
+        """Replace the payload with ``update(current)`` under the OAuth write lock.
+
+        Args:
+            update: called once with the current payload (None if absent);
+                returns the payload to store. It runs while the lock is held.
+
+        Raises:
+            Exception: whatever ``update`` raises, unchanged (nothing written).
+            InvalidInput: ``update`` returned something other than bytes
+                (nothing written).
+            ReadFailed: the current payload could not be read.
+            WriteFailed: the upsert failed.
+        """
+        self._begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
+        current = self.load_auth_oauth_flow_snapshot()
+        data = check_payload(update(current), "update result")
+        self._write_singleton(data)
+
+    def _write_singleton(self, data: bytes) -> None:
+        self._dml(
+            _UPSERT, {"id": OAUTH_SINGLETON_ID, "data": data}, f"{_TABLE}[{OAUTH_SINGLETON_ID}]"
+        )
+
+
+class _CallbackRaised(Exception):
+    """Carries an exception of the caller's callback through the unit of work untouched."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class OAuthCalls(RuntimeCallsBase):
+    """One-call part: each OAuth flow operation in its own unit of work."""
+
+    __slots__ = ()
+
+    def persist_auth_oauth_flow_snapshot(self, snapshot: bytes) -> None:
+        """One-call form of :meth:`OAuthOps.persist_auth_oauth_flow_snapshot`."""
+        data = check_payload(snapshot, "snapshot")
+        self._write(lambda repo: repo.persist_auth_oauth_flow_snapshot(data))
+
+    def load_auth_oauth_flow_snapshot(self) -> bytes | None:
+        """One-call form of :meth:`OAuthOps.load_auth_oauth_flow_snapshot`."""
+        return self._read(lambda repo: repo.load_auth_oauth_flow_snapshot())
+
+    def update_auth_oauth_flow_snapshot(self, update: OAuthFlowUpdate) -> None:
+        """One-call form of :meth:`OAuthOps.update_auth_oauth_flow_snapshot`.
+
+        An exception raised by ``update`` reaches the caller unchanged: it is
+        neither retried nor mapped to a store error. If the unit is retried
+        after a busy error (before anything was written), ``update`` is called
+        again with the payload read by the new attempt; only the last call's
+        result is stored.
+        """
+
+        def guarded(current: bytes | None) -> bytes:
+            try:
+                return update(current)
+            except Exception as exc:
+                raise _CallbackRaised(exc) from exc
+
+        failure: Exception | None = None
+        try:
+            self._write(lambda repo: repo.update_auth_oauth_flow_snapshot(guarded))
+        except _CallbackRaised as carried:
+            failure = carried.error
+        if failure is not None:
+            raise failure

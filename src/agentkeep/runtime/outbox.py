@@ -1,0 +1,218 @@
+"""The compaction-projection outbox (spec runtime §1.9, §2.0.8–§2.0.10, §2.12–§2.13).
+
+A row is born ``pending`` in the transaction that commits the snapshot
+carrying its intent (only a boundary commit inserts rows), moves to
+``finalized`` when the projection is acknowledged, and is never deleted: a
+finalized row is a tombstone that refuses every replay of its intent.
+
+The three checks every snapshot writer runs live here, one place each:
+
+* :meth:`OutboxOps._insert_outbox_intents` (boundary writers): insert each
+  intent if absent, then compare the stored intent *structurally*; a
+  different intent at the same key → ``WriteFailed("conflicting compaction
+  outbox intent for rewrite {revision}")``. The row's state is never changed.
+* :meth:`OutboxOps._reject_finalized_replays` (boundary writers, before the
+  supersession verdict): a finalized row at an intent's key →
+  ``WriteFailed("atomic session snapshot replays finalized compaction intent
+  {revision}")``.
+* :meth:`OutboxOps._ensure_intents_already_outboxed` (non-boundary writers):
+  every intent must already be an identical *pending* row; they never insert.
+
+Invariants (I3, I4): rows are never deleted; ``state`` only moves ``pending``
+→ ``finalized``; the ``intent_json`` of a key never changes; once a row is
+finalized its intent is gone from the snapshot and no path can put it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from agentkeep.db import LockNamespace, Sql
+from agentkeep.runtime.access import as_bytes
+from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.domain import CompactionIntent, ProjectionId
+from agentkeep.runtime.errors import NotFound, WriteFailed
+from agentkeep.runtime.snapshot_rows import SnapshotRows
+
+__all__ = ["OutboxCalls", "OutboxOps"]
+
+_T: Final = "runtime_compaction_projection_outbox"
+_KEY: Final = (
+    "runtime_id = :rt AND session_id = :sid AND parent_revision = :parent "
+    "AND revision = :rev AND commit_fingerprint = :fp"
+)
+_INSERT: Final = Sql(
+    "INSERT INTO runtime_compaction_projection_outbox (runtime_id, session_id, "
+    "parent_revision, revision, commit_fingerprint, intent_json, state) "
+    "VALUES (:rt, :sid, :parent, :rev, :fp, :intent, 'pending') ON CONFLICT DO NOTHING"
+)
+_GET: Final = Sql(
+    f"SELECT intent_json, state FROM runtime_compaction_projection_outbox WHERE {_KEY}"
+)
+_EXISTS: Final = Sql(f"SELECT 1 FROM runtime_compaction_projection_outbox WHERE {_KEY}")
+_FINALIZE: Final = Sql(
+    f"UPDATE runtime_compaction_projection_outbox SET state = 'finalized' WHERE {_KEY}"
+)
+_PENDING: Final = Sql(
+    "SELECT revision, intent_json FROM runtime_compaction_projection_outbox "
+    "WHERE runtime_id = :rt AND state = 'pending' "
+    "ORDER BY session_id, parent_revision, revision, commit_fingerprint"
+)
+
+
+def _key(runtime_id: str, pid: ProjectionId) -> dict[str, Any]:
+    return {
+        "rt": runtime_id,
+        "sid": pid.session_id,
+        "parent": pid.parent_revision,
+        "rev": pid.revision,
+        "fp": pid.commit_fingerprint,
+    }
+
+
+class OutboxOps(SnapshotRows):
+    """The outbox checks of every snapshot writer, the pending list and finalization."""
+
+    __slots__ = ()
+
+    def _outbox_row(
+        self, runtime_id: str, pid: ProjectionId
+    ) -> tuple[CompactionIntent, str] | None:
+        row = self._select(_GET, _key(runtime_id, pid), f"{_T}[{pid.revision}]").fetchone()
+        if row is None:
+            return None
+        data = as_bytes(row[0], table=_T, key=pid.revision, column="intent_json")
+        return self.domain.decode_compaction_intent(data), str(row[1])
+
+    def _insert_outbox_intents(self, runtime_id: str, intents: Sequence[CompactionIntent]) -> None:
+        """Insert each intent if absent and compare the stored one (§2.0.8).
+
+        Raises:
+            WriteFailed: a different intent is stored at the same key, or a
+                statement failed.
+            ReadFailed: the stored intent does not decode.
+        """
+        for intent in intents:
+            pid = intent.projection
+            params = _key(runtime_id, pid)
+            params["intent"] = self.domain.encode_compaction_intent(intent)
+            self._dml(_INSERT, params, f"{_T}[{pid.revision}]")
+            stored = self._outbox_row(runtime_id, pid)
+            if stored is None:  # inserted or present a moment ago, under our lock
+                raise WriteFailed(f"compaction outbox row for rewrite {pid.revision} vanished")
+            if stored[0] != intent:
+                raise WriteFailed(
+                    f"conflicting compaction outbox intent for rewrite {pid.revision}"
+                )
+
+    def _reject_finalized_replays(
+        self, runtime_id: str, intents: Sequence[CompactionIntent]
+    ) -> None:
+        """Refuse a boundary snapshot that carries an acknowledged intent (§2.0.10).
+
+        Raises:
+            WriteFailed: an intent's outbox row is finalized.
+            ReadFailed: the SELECT failed or the row does not decode.
+        """
+        for intent in intents:
+            stored = self._outbox_row(runtime_id, intent.projection)
+            if stored is not None and stored[1] == "finalized":
+                raise WriteFailed(
+                    "atomic session snapshot replays finalized compaction intent "
+                    f"{intent.projection.revision}"
+                )
+
+    def _ensure_intents_already_outboxed(self, runtime_id: str, session: Any) -> None:
+        """A non-boundary snapshot may carry only identical pending outbox intents (§2.0.9).
+
+        Raises:
+            WriteFailed: an intent is invalid (§3.4), has no outbox row, its
+                row is finalized, or the stored intent differs.
+            ReadFailed: a stored intent does not decode.
+        """
+        for intent in self.domain.validated_compaction_intents(session):
+            rev = intent.projection.revision
+            stored = self._outbox_row(runtime_id, intent.projection)
+            if stored is None:
+                raise WriteFailed(
+                    f"non-boundary snapshot introduces compaction intent {rev} "
+                    "without atomic outbox authority"
+                )
+            if stored[1] == "finalized":
+                raise WriteFailed(
+                    f"non-boundary snapshot replays finalized compaction intent {rev}"
+                )
+            if stored[0] != intent:
+                raise WriteFailed(
+                    f"non-boundary snapshot conflicts with compaction outbox rewrite {rev}"
+                )
+
+    # -- public operations -------------------------------------------------
+
+    def load_pending_compaction_projections(self, runtime_id: str) -> list[CompactionIntent]:
+        """The runtime's pending intents, ordered by their key (§2.12).
+
+        Raises:
+            ReadFailed: the SELECT failed or any row does not decode (the
+                whole call fails; a corrupt row is never skipped).
+        """
+        rows = self._select(_PENDING, {"rt": runtime_id}, _T).fetchall()
+        return [
+            self.domain.decode_compaction_intent(
+                as_bytes(data, table=_T, key=str(rev), column="intent_json")
+            )
+            for rev, data in rows
+        ]
+
+    def mark_compaction_projection_finalized(
+        self, runtime_id: str, projection: ProjectionId
+    ) -> None:
+        """Acknowledge a projection: drop its intent from the snapshot, tombstone its row (§2.13).
+
+        Takes the ``runtime:<id>`` write lock. If a snapshot row exists, the
+        intent is removed from it (a no-op when already gone) and the
+        re-encoded session is written without a save guard (a trusted edit;
+        this also clears quarantine). The row's state becomes ``finalized``.
+        Idempotent: a second call succeeds and changes nothing.
+
+        Raises:
+            NotFound: no outbox row at the projection's key
+                (``compaction outbox rewrite {revision}``).
+            ReadFailed: the stored snapshot does not decode.
+            WriteFailed: a statement failed.
+        """
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        key = _key(runtime_id, projection)
+        if self._select(_EXISTS, key, f"{_T}[{projection.revision}]").fetchone() is None:
+            raise NotFound("compaction outbox rewrite", projection.revision)
+        with self._atomic():
+            _, session = self._previous_session(runtime_id)
+            if session is not None:
+                cleaned = self.domain.complete_compaction_intent(session, projection)
+                self._upsert_snapshot(runtime_id, self.domain.encode_session(cleaned))
+            self._dml(_FINALIZE, key, f"{_T}[{projection.revision}]")
+
+
+class OutboxCalls(RuntimeCallsBase):
+    """One-call forms of the outbox operations."""
+
+    __slots__ = ()
+
+    def supports_compaction_projection_outbox(self) -> bool:
+        """True: this store commits compaction intents and their outbox rows atomically (§2.3)."""
+        return True
+
+    def load_pending_compaction_projections(self, runtime_id: str) -> list[CompactionIntent]:
+        """One-call form of :meth:`OutboxOps.load_pending_compaction_projections`."""
+        return self._read(lambda r: r.load_pending_compaction_projections(runtime_id))
+
+    def mark_compaction_projection_finalized(
+        self, runtime_id: str, projection: ProjectionId
+    ) -> None:
+        """One-call form of :meth:`OutboxOps.mark_compaction_projection_finalized`."""
+        self._write(lambda r: r.mark_compaction_projection_finalized(runtime_id, projection))
+
+    def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
+        """One-call form of :meth:`SnapshotRows.is_runtime_projection_quarantined`."""
+        return self._read(lambda r: r.is_runtime_projection_quarantined(runtime_id))

@@ -1,0 +1,114 @@
+"""Boundary receipts: the value, its JSON and the u64 sequence key (spec runtime §1.2, §2.0.5).
+
+A :class:`RunBoundaryReceipt` is written once per committed run boundary
+(insert-only; its key ``(runtime_id, run_id, sequence)`` is the boundary's
+idempotency fence, :mod:`~agentkeep.runtime.boundaries`).
+
+The u64 ``sequence`` is stored as the i64 with the same bit pattern
+(:func:`encode_receipt_sequence`): SQLite INTEGER and Postgres BIGINT are
+signed 64-bit, and clamping would make every sequence at or above 2**63
+share one key. The mapping is a bijection; the column is only ever matched
+exactly, never ordered, so the high half sorting as negative does not matter.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from pydantic import BaseModel, Field
+
+from agentkeep.errors import InvalidInput
+from agentkeep.runtime.errors import ReadFailed, WriteFailed
+from agentkeep.runtime.session_model import (
+    MAX_U63,
+    STRICT,
+    DecodeProblem,
+    canonical_bytes,
+    canonical_uuid,
+    load_object,
+    validate_strict,
+)
+
+__all__ = [
+    "MAX_U64",
+    "RunBoundaryReceipt",
+    "decode_receipt",
+    "decode_receipt_sequence",
+    "encode_receipt",
+    "encode_receipt_sequence",
+]
+
+MAX_U64: Final = 2**64 - 1
+_U64: Final = struct.Struct("<Q")
+_I64: Final = struct.Struct("<q")
+
+
+def encode_receipt_sequence(sequence: int) -> int:
+    """The stored i64 of a u64 receipt sequence (same bit pattern).
+
+    Raises:
+        InvalidInput: ``sequence`` is not an integer in ``0..2**64-1``.
+    """
+    if type(sequence) is not int or not 0 <= sequence <= MAX_U64:
+        raise InvalidInput("sequence", f"{sequence!r} is not a u64")
+    value: int = _I64.unpack(_U64.pack(sequence))[0]
+    return value
+
+
+def decode_receipt_sequence(stored: int) -> int:
+    """The u64 receipt sequence of a stored i64 (inverse of :func:`encode_receipt_sequence`)."""
+    value: int = _U64.unpack(_I64.pack(stored))[0]
+    return value
+
+
+class RunBoundaryReceipt(BaseModel):
+    """The receipt of one committed run boundary.
+
+    Attributes:
+        run_id: the run (canonical UUID).
+        boundary: which boundary (``"RunStart"``, ...).
+        contributing_input_ids: the inputs the boundary consumed.
+        conversation_digest: digest of the conversation at the boundary, if any.
+        message_count: messages in the conversation at the boundary.
+        sequence: the receipt sequence (u64).
+    """
+
+    model_config = STRICT
+
+    run_id: str
+    boundary: str = Field(min_length=1)
+    contributing_input_ids: tuple[str, ...] = ()
+    conversation_digest: str | None = None
+    message_count: int = Field(default=0, ge=0, le=MAX_U63)
+    sequence: int = Field(ge=0, le=MAX_U64)
+
+    def model_post_init(self, _context: object) -> None:
+        canonical_uuid(self.run_id, "run_id")
+        for input_id in self.contributing_input_ids:
+            canonical_uuid(input_id, "contributing_input_ids")
+
+
+def encode_receipt(receipt: RunBoundaryReceipt) -> bytes:
+    """The receipt's canonical JSON bytes.
+
+    Raises:
+        WriteFailed: the receipt does not encode.
+    """
+    try:
+        return canonical_bytes(receipt.model_dump(mode="json"))
+    except ValueError as exc:
+        raise WriteFailed(f"failed to encode boundary receipt {receipt.run_id}: {exc}") from exc
+
+
+def decode_receipt(data: bytes) -> RunBoundaryReceipt:
+    """Decode stored receipt bytes strictly.
+
+    Raises:
+        ReadFailed: the bytes are not a receipt.
+    """
+    try:
+        load_object(data, "boundary receipt")
+        return validate_strict(RunBoundaryReceipt, data, "boundary receipt")
+    except (DecodeProblem, InvalidInput) as exc:
+        raise ReadFailed(f"failed to decode boundary receipt: {exc}") from exc

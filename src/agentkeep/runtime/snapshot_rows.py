@@ -1,0 +1,102 @@
+"""The snapshot row and its quarantine marker, as every snapshot writer touches them.
+
+Spec runtime §1.3, §1.8, §2.0.6–§2.0.7. :class:`SnapshotRows` holds the
+statements on ``runtime_session_snapshots`` and ``runtime_projection_quarantine``
+that the snapshot writers (:mod:`~agentkeep.runtime.snapshots`), the boundary
+commits (:mod:`~agentkeep.runtime.boundaries`) and outbox finalization
+(:mod:`~agentkeep.runtime.outbox`) share. None of them takes a lock: the
+calling operation holds the ``runtime:<id>`` write lock.
+
+Invariant kept here (I5): every snapshot write goes through
+:meth:`SnapshotRows._upsert_snapshot`, which deletes the quarantine marker in
+the same transaction, because a written snapshot is authoritative again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from agentkeep.db import Sql
+from agentkeep.runtime.access import RuntimeAccess
+
+__all__ = ["SnapshotRows"]
+
+_T: Final = "runtime_session_snapshots"
+
+_GET: Final = Sql("SELECT session_snapshot FROM runtime_session_snapshots WHERE runtime_id = :rt")
+_UPSERT: Final = Sql(
+    "INSERT INTO runtime_session_snapshots (runtime_id, session_snapshot) VALUES (:rt, :data) "
+    "ON CONFLICT (runtime_id) DO UPDATE SET session_snapshot = excluded.session_snapshot"
+)
+_DELETE: Final = Sql("DELETE FROM runtime_session_snapshots WHERE runtime_id = :rt")
+_CLEAR_QUARANTINE: Final = Sql("DELETE FROM runtime_projection_quarantine WHERE runtime_id = :rt")
+_SET_QUARANTINE: Final = Sql(
+    "INSERT INTO runtime_projection_quarantine (runtime_id) VALUES (:rt) "
+    "ON CONFLICT (runtime_id) DO NOTHING"
+)
+_QUARANTINED: Final = Sql(
+    "SELECT EXISTS (SELECT 1 FROM runtime_projection_quarantine WHERE runtime_id = :rt)"
+)
+
+
+class SnapshotRows(RuntimeAccess):
+    """Row-level helpers on the snapshot and quarantine tables (no lock taken)."""
+
+    __slots__ = ()
+
+    def _snapshot_bytes(self, runtime_id: str) -> bytes | None:
+        """The stored snapshot bytes (TEXT read as UTF-8), or None.
+
+        Raises:
+            ReadFailed: the SELECT failed or the value is not bytes or text.
+        """
+        return self._one_bytes(
+            _GET, {"rt": runtime_id}, table=_T, key=runtime_id, column="session_snapshot"
+        )
+
+    def _previous_session(self, runtime_id: str) -> tuple[bytes | None, Any]:
+        """The stored snapshot's bytes and its decoded session (None, None when absent).
+
+        Raises:
+            ReadFailed: the row does not decode (legacy, unversioned, corrupt):
+                fail-closed, never read as absent (§2.0.3).
+        """
+        data = self._snapshot_bytes(runtime_id)
+        if data is None:
+            return None, None
+        return data, self.domain.decode_persisted_session(data)
+
+    def _upsert_snapshot(self, runtime_id: str, data: bytes) -> None:
+        """Write the snapshot and clear the quarantine marker (§2.0.6).
+
+        Raises:
+            WriteFailed: a statement failed (a trigger abort on the snapshot row).
+        """
+        self._dml(_UPSERT, {"rt": runtime_id, "data": data}, f"{_T}[{runtime_id}]")
+        self._clear_quarantine(runtime_id)
+
+    def _delete_snapshot(self, runtime_id: str) -> None:
+        self._dml(_DELETE, {"rt": runtime_id}, f"{_T}[{runtime_id}]")
+
+    def _clear_quarantine(self, runtime_id: str) -> None:
+        self._dml(
+            _CLEAR_QUARANTINE, {"rt": runtime_id}, f"runtime_projection_quarantine[{runtime_id}]"
+        )
+
+    def _set_quarantine(self, runtime_id: str) -> None:
+        self._dml(
+            _SET_QUARANTINE, {"rt": runtime_id}, f"runtime_projection_quarantine[{runtime_id}]"
+        )
+
+    def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
+        """Whether the runtime's snapshot was cleared as rejected and not written since (§2.21).
+
+        Returns:
+            True while the durable quarantine marker is set; False for a
+            fresh runtime or after any snapshot write.
+
+        Raises:
+            ReadFailed: the SELECT failed.
+        """
+        row = self._select(_QUARANTINED, {"rt": runtime_id}, "runtime_projection_quarantine")
+        return bool(row.fetchone()[0])

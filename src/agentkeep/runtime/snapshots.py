@@ -1,0 +1,244 @@
+"""Non-boundary session-snapshot writes and reads (spec runtime §2.8–§2.9, §2.17–§2.20).
+
+The snapshot row is the runtime's authoritative session (its head). Every
+writer here takes the ``runtime:<id>`` write lock first, holds the incoming
+snapshot to outbox authority (it may carry only identical *pending* outbox
+intents, :meth:`~agentkeep.runtime.outbox.OutboxOps._ensure_intents_already_outboxed`),
+and writes through the one upsert that also clears quarantine.
+
+Fences and outcomes:
+
+* :meth:`SnapshotOps.commit_session_snapshot` — the boundary save guard
+  against the stored head; a stale or divergent snapshot is
+  ``WriteFailed`` (no placeholder exception, no supersession verdict here:
+  those belong to boundary commits). Identical bytes take a fast path that
+  does not rewrite the row (it only clears quarantine).
+* :meth:`SnapshotOps.commit_session_transcript_rewrite_snapshot` — the rewrite
+  guard: a rewrite whose parent is not the stored revision is
+  :class:`~agentkeep.runtime.errors.TranscriptRevisionConflict`.
+* :meth:`SnapshotOps.replace_session_snapshot_if_current` /
+  :meth:`SnapshotOps.clear_session_snapshot_if_current` — compare-and-set on
+  the stored bytes (compared in Python after the locked read; a TEXT-degraded
+  row compares by its UTF-8 bytes): ``False`` when the stored bytes are not
+  the expected ones, with nothing written. Clear-if-current also sets the
+  durable quarantine marker.
+
+A caller-supplied snapshot that does not decode is ``WriteFailed`` and is
+refused before any database access (in the one-call form, before the unit
+opens); a stored snapshot that does not decode is ``ReadFailed`` (fail-closed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from agentkeep.db import LockNamespace, Sql
+from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.domain import TranscriptCommit
+from agentkeep.runtime.outbox import OutboxOps
+
+__all__ = ["SnapshotCalls", "SnapshotOps"]
+
+_SAME_BYTES: Final = Sql(
+    "SELECT 1 FROM runtime_session_snapshots WHERE runtime_id = :rt AND session_snapshot = :data"
+)
+
+
+class SnapshotOps(OutboxOps):
+    """Session-snapshot commits, rewrites, compare-and-set replacement and clears."""
+
+    __slots__ = ()
+
+    # -- commit ------------------------------------------------------------
+
+    def commit_session_snapshot(self, runtime_id: str, session_snapshot: bytes) -> None:
+        """Commit a non-boundary snapshot if it continues the stored head (§2.8).
+
+        Args:
+            runtime_id: the runtime.
+            session_snapshot: the encoded session.
+
+        Raises:
+            WriteFailed: the snapshot does not decode; an intent it carries is
+                invalid, not an identical pending outbox row, or finalized; the
+                save guard rejects it against the stored head; a write failed.
+            ReadFailed: the stored head does not decode (legacy/unversioned).
+        """
+        self.apply_session_snapshot(
+            runtime_id, session_snapshot, self.domain.decode_incoming_session(session_snapshot)
+        )
+
+    def apply_session_snapshot(self, runtime_id: str, data: bytes, incoming: Any) -> None:
+        """:meth:`commit_session_snapshot` after the decode (``incoming`` decodes ``data``)."""
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        self._ensure_intents_already_outboxed(runtime_id, incoming)
+        same = self._select(
+            _SAME_BYTES, {"rt": runtime_id, "data": data}, "runtime_session_snapshots"
+        ).fetchone()
+        if same is not None:
+            # Identical bytes: continuity is proven; only head coherence is
+            # left. No UPDATE of the row (a BEFORE UPDATE trigger never fires).
+            self.domain.head_coherence_guard(incoming)
+            self._clear_quarantine(runtime_id)
+            return
+        _, previous = self._previous_session(runtime_id)
+        self.domain.boundary_save_guard(incoming, previous)
+        with self._atomic():
+            self._upsert_snapshot(runtime_id, data)
+
+    def commit_session_transcript_rewrite_snapshot(
+        self, runtime_id: str, session_snapshot: bytes, commit: TranscriptCommit
+    ) -> None:
+        """Commit a transcript rewrite of the stored head (§2.9).
+
+        Args:
+            runtime_id: the runtime.
+            session_snapshot: the rewritten session, encoded.
+            commit: the rewrite commit it carries.
+
+        Raises:
+            TranscriptRevisionConflict: ``commit.parent_revision`` is not the
+                stored revision (the outbox check runs first, so a replayed
+                finalized intent reports that instead).
+            WriteFailed: the snapshot does not decode; an outbox check or the
+                rewrite guard refuses it; a write failed.
+            ReadFailed: the stored head does not decode.
+        """
+        self.apply_transcript_rewrite(
+            runtime_id,
+            session_snapshot,
+            self.domain.decode_incoming_session(session_snapshot),
+            commit,
+        )
+
+    def apply_transcript_rewrite(
+        self, runtime_id: str, data: bytes, incoming: Any, commit: TranscriptCommit
+    ) -> None:
+        """:meth:`commit_session_transcript_rewrite_snapshot` after the decode."""
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        self._ensure_intents_already_outboxed(runtime_id, incoming)
+        _, previous = self._previous_session(runtime_id)
+        self.domain.rewrite_save_guard(incoming, previous, commit)
+        with self._atomic():
+            self._upsert_snapshot(runtime_id, data)
+
+    # -- reads and clears ----------------------------------------------------
+
+    def load_session_snapshot(self, runtime_id: str) -> bytes | None:
+        """The stored snapshot bytes, undecoded (a TEXT row as its UTF-8 bytes) (§2.17).
+
+        Raises:
+            ReadFailed: the SELECT failed.
+        """
+        return self._snapshot_bytes(runtime_id)
+
+    def clear_session_snapshot(self, runtime_id: str) -> None:
+        """Delete the snapshot row unconditionally (§2.18); quarantine and outbox untouched.
+
+        Raises:
+            WriteFailed: the DELETE failed.
+        """
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        self._delete_snapshot(runtime_id)
+
+    def replace_session_snapshot_if_current(
+        self, runtime_id: str, expected_current: bytes, replacement: bytes
+    ) -> bool:
+        """Replace the snapshot if the stored bytes are ``expected_current`` (§2.19).
+
+        No save guard runs (a shrink or repair is allowed); the replacement
+        is held to outbox authority only.
+
+        Returns:
+            True if replaced; False if no row is stored or its bytes differ
+            (checked first: a stale ``expected_current`` is False even when
+            the replacement would be refused), with nothing written.
+
+        Raises:
+            WriteFailed: the replacement does not decode, or it carries an
+                intent that is not an identical pending outbox row.
+            ReadFailed: a stored intent does not decode.
+        """
+        return self.apply_replace_if_current(
+            runtime_id,
+            expected_current,
+            replacement,
+            self.domain.decode_incoming_session(replacement),
+        )
+
+    def apply_replace_if_current(
+        self, runtime_id: str, expected_current: bytes, data: bytes, incoming: Any
+    ) -> bool:
+        """:meth:`replace_session_snapshot_if_current` after the decode."""
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        current = self._snapshot_bytes(runtime_id)
+        if current is None or current != bytes(expected_current):
+            return False
+        self._ensure_intents_already_outboxed(runtime_id, incoming)
+        with self._atomic():
+            self._upsert_snapshot(runtime_id, data)
+        return True
+
+    def clear_session_snapshot_if_current(self, runtime_id: str, expected_current: bytes) -> bool:
+        """Delete the snapshot if its bytes are ``expected_current`` and quarantine it (§2.20).
+
+        Returns:
+            True if deleted (the durable quarantine marker is set in the same
+            transaction); False if absent or different, with nothing written.
+
+        Raises:
+            WriteFailed: a statement failed.
+        """
+        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        current = self._snapshot_bytes(runtime_id)
+        if current is None or current != bytes(expected_current):
+            return False
+        with self._atomic():
+            self._delete_snapshot(runtime_id)
+            self._set_quarantine(runtime_id)
+        return True
+
+
+class SnapshotCalls(RuntimeCallsBase):
+    """One-call forms of the snapshot operations (decoding before the unit opens)."""
+
+    __slots__ = ()
+
+    def commit_session_snapshot(self, runtime_id: str, session_snapshot: bytes) -> None:
+        """One-call form of :meth:`SnapshotOps.commit_session_snapshot`."""
+        incoming = self.domain.decode_incoming_session(session_snapshot)
+        self._write(lambda r: r.apply_session_snapshot(runtime_id, session_snapshot, incoming))
+
+    def commit_session_transcript_rewrite_snapshot(
+        self, runtime_id: str, session_snapshot: bytes, commit: TranscriptCommit
+    ) -> None:
+        """One-call form of :meth:`SnapshotOps.commit_session_transcript_rewrite_snapshot`."""
+        incoming = self.domain.decode_incoming_session(session_snapshot)
+        self._write(
+            lambda r: r.apply_transcript_rewrite(runtime_id, session_snapshot, incoming, commit)
+        )
+
+    def load_session_snapshot(self, runtime_id: str) -> bytes | None:
+        """One-call form of :meth:`SnapshotOps.load_session_snapshot`."""
+        return self._read(lambda r: r.load_session_snapshot(runtime_id))
+
+    def clear_session_snapshot(self, runtime_id: str) -> None:
+        """One-call form of :meth:`SnapshotOps.clear_session_snapshot`."""
+        self._write(lambda r: r.clear_session_snapshot(runtime_id))
+
+    def replace_session_snapshot_if_current(
+        self, runtime_id: str, expected_current: bytes, replacement: bytes
+    ) -> bool:
+        """One-call form of :meth:`SnapshotOps.replace_session_snapshot_if_current`."""
+        incoming = self.domain.decode_incoming_session(replacement)
+        return self._write(
+            lambda r: r.apply_replace_if_current(
+                runtime_id, expected_current, replacement, incoming
+            )
+        )
+
+    def clear_session_snapshot_if_current(self, runtime_id: str, expected_current: bytes) -> bool:
+        """One-call form of :meth:`SnapshotOps.clear_session_snapshot_if_current`."""
+        return self._write(
+            lambda r: r.clear_session_snapshot_if_current(runtime_id, expected_current)
+        )

@@ -1,0 +1,244 @@
+"""Shared helpers of the runtime store tests: fixtures-as-functions, raw SQL, triggers, racers.
+
+* :func:`accepted` / :func:`replacement_records`: the seed's ``input_state()``
+  and ``replacement_records(expected, n)`` fixtures (spec runtime §4).
+* :func:`raw_exec`, :func:`raw_rows`: SQL straight on the database (setup of
+  corrupt or legacy rows, and assertions on what is really stored).
+* :func:`abort_trigger`: a ``BEFORE INSERT/UPDATE/DELETE`` trigger that aborts
+  (SQLite ``RAISE(ABORT)``; Postgres a plpgsql function), always dropped on
+  exit. Tests that install one use a fresh database on Postgres.
+* :func:`race_processes`: ``n`` ``spawn``-ed processes, each with its own
+  :class:`~agentkeep.store.Store`, lined up on a barrier before every round;
+  the bodies below are module-level so the children can import them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+from sqlalchemy import create_engine, text
+
+from agentkeep.runtime.domain import InputStatePersistenceRecord, OpsSnapshot, StoredInputState
+from agentkeep.store import Store
+
+RT: Final = "runtime-1"
+BARRIER_TIMEOUT_S: Final = 60.0
+JOIN_TIMEOUT_S: Final = 180.0
+
+
+# --------------------------------------------------------------------------
+# Seed fixtures
+
+
+def accepted(n: int) -> list[StoredInputState]:
+    """``n`` new accepted input states with random ids (recovery_count 0)."""
+    return [StoredInputState.new_accepted() for _ in range(n)]
+
+
+def replacement_records(
+    expected: Sequence[StoredInputState], n: int
+) -> list[InputStatePersistenceRecord]:
+    """The same rows with ``recovery_count = n``, as machine-authorized records."""
+    return [
+        InputStatePersistenceRecord.from_machine_snapshot(s.with_recovery_count(n))
+        for s in expected
+    ]
+
+
+def recovery_counts(store: Store, runtime_id: str) -> dict[str, int]:
+    """``input_id -> recovery_count`` of every stored input of the runtime."""
+    return {s.input_id: s.recovery_count for s in store.runtime.load_input_states(runtime_id)}
+
+
+# --------------------------------------------------------------------------
+# Raw SQL
+
+
+def raw_exec(url: str, *statements: str, params: dict[str, Any] | None = None) -> None:
+    """Run statements (``:name`` parameters) in one transaction on a separate engine."""
+    eng = create_engine(url)
+    try:
+        with eng.begin() as conn:
+            for stmt in statements:
+                conn.execute(text(stmt), params or {})
+    finally:
+        eng.dispose()
+
+
+def raw_rows(url: str, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    """Rows of a SELECT, as stored (``bytes`` for BLOB/bytea, ``str`` for TEXT)."""
+    eng = create_engine(url)
+    try:
+        with eng.connect() as conn:
+            rows = conn.execute(text(sql), params or {}).all()
+    finally:
+        eng.dispose()
+    return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows]
+
+
+def input_bytes(url: str, runtime_id: str) -> dict[str, Any]:
+    """``input_id -> state_json`` as stored, for one runtime."""
+    rows = raw_rows(
+        url,
+        "SELECT input_id, state_json FROM runtime_input_states WHERE runtime_id = :rt",
+        {"rt": runtime_id},
+    )
+    return {r[0]: r[1] for r in rows}
+
+
+@contextmanager
+def abort_trigger(
+    url: str, backend: str, table: str, event: str, *, when_input_id: str | None = None
+) -> Iterator[None]:
+    """Install a ``BEFORE <event>`` row trigger on ``table`` that aborts; drop it on exit.
+
+    Args:
+        url: the database.
+        backend: ``"sqlite"`` or ``"postgres"``.
+        table: the table.
+        event: ``INSERT``, ``UPDATE`` or ``DELETE``.
+        when_input_id: abort only when ``NEW.input_id`` is this id.
+    """
+    name = f"ak_test_abort_{event.lower()}"
+    row = "OLD" if event == "DELETE" else "NEW"
+    eng = create_engine(url)
+    try:
+        with eng.begin() as conn:
+            if backend == "sqlite":
+                when = f" WHEN {row}.input_id = '{when_input_id}'" if when_input_id else ""
+                conn.exec_driver_sql(
+                    f"CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW{when} "
+                    "BEGIN SELECT RAISE(ABORT, 'test trigger abort'); END"
+                )
+            else:
+                when = f" WHEN ({row}.input_id = '{when_input_id}')" if when_input_id else ""
+                conn.exec_driver_sql(
+                    f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'test trigger abort'; END $$"
+                )
+                conn.exec_driver_sql(
+                    f"CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW{when} "
+                    f"EXECUTE FUNCTION {name}()"
+                )
+        yield
+    finally:
+        with eng.begin() as conn:
+            conn.exec_driver_sql(
+                f"DROP TRIGGER IF EXISTS {name}"
+                if backend == "sqlite"
+                else f"DROP TRIGGER IF EXISTS {name} ON {table}"
+            )
+            if backend != "sqlite":
+                conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
+        eng.dispose()
+
+
+# --------------------------------------------------------------------------
+# Process racers
+
+_BARRIER: Any = None
+
+
+def _init(barrier: Any) -> None:
+    global _BARRIER
+    _BARRIER = barrier
+
+
+def _entry(args: tuple[str, str, int, dict[str, Any]]) -> Any:
+    body, url, i, params = args
+    try:
+        store = Store.open(url)
+    except BaseException:
+        _BARRIER.abort()
+        raise
+    try:
+        return globals()[body](store, i, _BARRIER, params)
+    except BaseException:
+        _BARRIER.abort()  # never leave the other racers waiting
+        raise
+    finally:
+        store.close()
+
+
+def race_processes(url: str, body: str, n: int, params: dict[str, Any]) -> list[Any]:
+    """Run ``body(store, i, barrier, params)`` in ``n`` spawned processes; return their results.
+
+    Each process opens its own Store on ``url``. A body waits on the barrier
+    before each round, so the racers of a round start together.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(n, timeout=BARRIER_TIMEOUT_S)
+    pool = ctx.Pool(n, initializer=_init, initargs=(barrier,))
+    try:
+        tasks = [(body, url, i, params) for i in range(n)]
+        return list(pool.map_async(_entry, tasks, chunksize=1).get(JOIN_TIMEOUT_S))
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def body_input_cas(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[str]:
+    """Per round: CAS the round's expected rows to ``recovery_count = i + 1``."""
+    out = []
+    for runtime_id, expected in p["rounds"]:
+        replacements = replacement_records(expected, i + 1)
+        barrier.wait()
+        outcome = store.runtime.compare_and_swap_input_states_atomically(
+            runtime_id, expected, replacements
+        )
+        out.append(str(outcome))
+    return out
+
+
+def body_ops_init(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[str]:
+    """Per round: initialize the runtime's ops with this racer's own epoch."""
+    out = []
+    for n, runtime_id in enumerate(p["runtimes"]):
+        candidate = OpsSnapshot(epoch_id=f"epoch-{n}-racer-{i}", payload={"racer": i})
+        barrier.wait()
+        out.append(store.runtime.initialize_ops_lifecycle_if_absent(runtime_id, candidate).epoch_id)
+    return out
+
+
+def body_mob_put(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[bool]:
+    """Per round: put_if_absent this racer's record."""
+    out = []
+    for mob_id in p["mobs"]:
+        barrier.wait()
+        out.append(store.runtime.put_mob_host_binding_if_absent(mob_id, f"record-{i}".encode()))
+    return out
+
+
+def body_mob_cas(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[bool]:
+    """Per round: compare_and_put from the shared old record to this racer's record."""
+    out = []
+    for mob_id in p["mobs"]:
+        barrier.wait()
+        out.append(
+            store.runtime.compare_and_put_mob_host_binding(mob_id, p["old"], f"record-{i}".encode())
+        )
+    return out
+
+
+def body_mob_revoke(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[bool]:
+    """Per round: revoke the shared binding with this racer's receipt."""
+    out = []
+    for mob_id in p["mobs"]:
+        barrier.wait()
+        out.append(store.runtime.revoke_mob_host_binding(mob_id, p["old"], f"receipt-{i}".encode()))
+    return out
+
+
+def increment(current: bytes | None) -> bytes:
+    """OAuth update callback: the payload is a decimal counter."""
+    return str(int(current or b"0") + 1).encode()
+
+
+def body_oauth_increment(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> None:
+    """Start together, then increment the OAuth counter ``p["k"]`` times."""
+    barrier.wait()
+    for _ in range(p["k"]):
+        store.runtime.update_auth_oauth_flow_snapshot(increment)
