@@ -68,7 +68,7 @@ class _Async(Generic[S, P, T]):
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
 
     def __get__(
-        self, instance: _AsyncCalls[S] | None, owner: type[Any]
+        self, instance: _AsyncCalls[Any] | None, owner: type[Any]
     ) -> Callable[P, Awaitable[T]]:
         if instance is None:
             raise AttributeError("async facade methods are bound to an instance")

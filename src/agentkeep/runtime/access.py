@@ -128,12 +128,7 @@ class RuntimeAccess:
             ReadFailed: the statement failed (``what`` says what was read).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
-        try:
-            return self.db.execute(stmt, params)
-        except StoreBusy:
-            raise
-        except DatabaseError as exc:
-            raise ReadFailed(f"failed to read {what}: {exc}") from exc
+        return self._run(stmt, params, ReadFailed, f"failed to read {what}")
 
     def _dml(self, stmt: Sql, params: Mapping[str, Any], what: str) -> Any:
         """Run an INSERT / UPDATE / DELETE; return the cursor (``rowcount``, ``RETURNING`` rows).
@@ -143,12 +138,21 @@ class RuntimeAccess:
                 trigger abort (``what`` says what was written).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
+        return self._run(stmt, params, WriteFailed, f"failed to write {what}")
+
+    def _run(
+        self,
+        stmt: Sql,
+        params: Mapping[str, Any],
+        error: type[ReadFailed] | type[WriteFailed],
+        context: str,
+    ) -> Any:
         try:
             return self.db.execute(stmt, params)
         except StoreBusy:
             raise
         except DatabaseError as exc:
-            raise WriteFailed(f"failed to write {what}: {exc}") from exc
+            raise error(f"{context}: {exc}") from exc
 
     def _one_bytes(
         self, stmt: Sql, params: Mapping[str, Any], *, table: str, key: str, column: str

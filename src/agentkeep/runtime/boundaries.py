@@ -49,6 +49,7 @@ from agentkeep.runtime.errors import (
     SessionKeyMismatch,
     SessionSnapshotSuperseded,
 )
+from agentkeep.runtime.inputs import encode_input_states
 from agentkeep.runtime.lifecycle import LifecycleOps
 from agentkeep.runtime.receipts import (
     RunBoundaryReceipt,
@@ -82,7 +83,7 @@ class PreparedBoundary:
         intents: the session's validated compaction intents.
         receipt: the boundary receipt.
         receipt_json: its encoded bytes.
-        input_states: the input states to upsert, in order.
+        input_states: the input states to upsert, encoded, in order.
         lifecycle: the encoded lifecycle record (terminal form), or None.
     """
 
@@ -92,16 +93,8 @@ class PreparedBoundary:
     intents: tuple[CompactionIntent, ...]
     receipt: RunBoundaryReceipt
     receipt_json: bytes
-    input_states: tuple[StoredInputState, ...]
+    input_states: tuple[tuple[str, bytes], ...]
     lifecycle: bytes | None
-
-
-def _stored(
-    records: Sequence[InputStatePersistenceRecord | StoredInputState],
-) -> tuple[StoredInputState, ...]:
-    return tuple(
-        r.into_stored() if isinstance(r, InputStatePersistenceRecord) else r for r in records
-    )
 
 
 def prepare_boundary(
@@ -116,9 +109,11 @@ def prepare_boundary(
     """Run a boundary's checks that need no database, in the spec's order.
 
     Raises:
-        WriteFailed: the snapshot does not decode, or an intent is invalid.
+        WriteFailed: the snapshot does not decode, an intent is invalid, or
+            a state does not encode.
         SessionKeyMismatch: a snapshot and a key are given and the
             snapshot's session id is not the key (a key alone is ignored).
+        InvalidInput: an input id is not a canonical UUID.
     """
     session = None
     intents: tuple[CompactionIntent, ...] = ()
@@ -136,7 +131,7 @@ def prepare_boundary(
         intents=intents,
         receipt=receipt,
         receipt_json=encode_receipt(receipt),
-        input_states=_stored(input_updates),
+        input_states=encode_input_states(domain, input_updates),
         lifecycle=None if machine_lifecycle is None else domain.encode_lifecycle(machine_lifecycle),
     )
 
@@ -233,7 +228,7 @@ class BoundaryOps(SnapshotOps, LifecycleOps):
                 },
                 f"{_T}[{boundary.receipt.run_id}:{boundary.receipt.sequence}]",
             )
-            self._upsert_input_states(rt, boundary.input_states)
+            self._upsert_encoded(rt, boundary.input_states)
 
     def _supersession_verdict(self, runtime_id: str, incoming: Any) -> bool:
         """True to persist ``incoming``; raises when it is superseded or refused (§2.10 step 6)."""

@@ -79,7 +79,8 @@ class SnapshotOps(OutboxOps):
             # Identical bytes: continuity is proven; only head coherence is
             # left. No UPDATE of the row (a BEFORE UPDATE trigger never fires).
             self.domain.head_coherence_guard(incoming)
-            self._clear_quarantine(runtime_id)
+            with self._atomic():
+                self._clear_quarantine(runtime_id)
             return
         _, previous = self._previous_session(runtime_id)
         self.domain.boundary_save_guard(incoming, previous)
@@ -139,7 +140,8 @@ class SnapshotOps(OutboxOps):
             WriteFailed: the DELETE failed.
         """
         self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        self._delete_snapshot(runtime_id)
+        with self._atomic():
+            self._delete_snapshot(runtime_id)
 
     def replace_session_snapshot_if_current(
         self, runtime_id: str, expected_current: bytes, replacement: bytes
