@@ -221,7 +221,7 @@ def test_step_by_step_up_and_down(fresh_url: str) -> None:
     assert migrate.upgrade(fresh_url) == migrate.head_revisions()
     assert migrate.check(fresh_url) == []
     # ...and leave again without touching the runs chain.
-    assert migrate.downgrade(fresh_url, "sessions@base") == (CHAIN[-1], "runtime_0001")
+    assert migrate.downgrade(fresh_url, "sessions@base") == (CHAIN[-1], "runtime_0002")
     assert migrate.downgrade(fresh_url, "runtime@base") == (CHAIN[-1],)
     assert schema(fresh_url) == seen[CHAIN[-1]]
     assert raw(fresh_url, "SELECT degradations_json, next_generation FROM runs") == [("[]", 0)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Final, NamedTuple
 
 from sqlalchemy import Connection, inspect, text
+from sqlalchemy.schema import CreateTable
 
 from agentkeep.errors import LegacySchemaMismatch
 
@@ -118,8 +119,10 @@ def detect_runtime_revision(conn: Connection) -> str | None:
         from agentkeep.base import Base
         from agentkeep.runtime import models as _models  # noqa: F401 - registers the tables
 
-        tables = [Base.metadata.tables[name] for name in missing]
-        Base.metadata.create_all(conn, tables=tables)
+        # The runtime_0001 shape: the table alone. Indexes of later revisions
+        # come from those revisions when the branch upgrades after the stamp.
+        for name in missing:
+            conn.execute(CreateTable(Base.metadata.tables[name]))
     return "runtime_0001"
 
 

@@ -9,8 +9,10 @@ equal.
 * Payload columns are ``LargeBinary`` (``BLOB`` / ``bytea``): the store treats
   them as opaque bytes and compares them byte for byte. A ``TEXT`` value found
   in one (a SQLite file edited by hand) is read as its UTF-8 bytes.
-* There are no secondary indexes: every query is an exact lookup on, or a
-  prefix scan of, a primary key (``runtime_id`` leads every runtime-scoped key).
+* Every query is an exact lookup on, or a prefix scan of, a primary key
+  (``runtime_id`` leads every runtime-scoped key), except the outbox's pending
+  list, which has its own index (revision ``runtime_0002``; the seed had
+  none, and finalized tombstones are never deleted).
 * Text key columns that a list orders by (``input_id``, ``mob_id``, the outbox
   key) use the ``"C"`` collation on Postgres, so lists come back in byte order
   as on SQLite whatever the database's locale.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from sqlalchemy import CheckConstraint, LargeBinary, Text
+from sqlalchemy import CheckConstraint, Index, LargeBinary, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from agentkeep.base import BIGINT, Base
@@ -134,7 +136,20 @@ class CompactionProjectionOutboxRow(Base):
     """Transactional outbox of compaction projections; a finalized row is a tombstone."""
 
     __tablename__ = "runtime_compaction_projection_outbox"
-    __table_args__ = (CheckConstraint("state IN ('pending','finalized')", name="state"),)
+    __table_args__ = (
+        CheckConstraint("state IN ('pending','finalized')", name="state"),
+        # The pending list (WHERE runtime_id = ? AND state = 'pending' ORDER BY
+        # the key) as a range scan, however many finalized tombstones pile up.
+        Index(
+            "ix_runtime_compaction_projection_outbox_pending",
+            "runtime_id",
+            "state",
+            "session_id",
+            "parent_revision",
+            "revision",
+            "commit_fingerprint",
+        ),
+    )
 
     runtime_id: Mapped[str] = mapped_column(Text, primary_key=True)
     session_id: Mapped[str] = mapped_column(ORDERED_TEXT, primary_key=True)
