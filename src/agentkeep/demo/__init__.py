@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from agentkeep.demo.report import Report
 from agentkeep.demo.runs import run as run_runs_scenario
+from agentkeep.demo.runtime import run as run_runtime_scenario
 from agentkeep.demo.sessions import run as run_sessions_scenario
 
 __all__ = ["Report", "run_all"]
 
-SCENARIOS = (("runs", run_runs_scenario), ("sessions", run_sessions_scenario))
+SCENARIOS = (
+    ("runs", run_runs_scenario),
+    ("sessions", run_sessions_scenario),
+    ("runtime", run_runtime_scenario),
+)
 
 
 def run_all(url: str, *, workers: int, ops: int) -> bool:
