@@ -45,14 +45,16 @@ async def run_to_completion(fn: Callable[[], T]) -> T:
         ``fn()``'s result.
 
     Raises:
-        asyncio.CancelledError: the caller was cancelled (after ``fn`` finished).
-        Exception: whatever ``fn`` raised.
+        asyncio.CancelledError: the caller was cancelled (raised after ``fn``
+            finished, whatever its outcome).
+        Exception: whatever ``fn`` raised, when the caller was not cancelled.
     """
     future = asyncio.get_running_loop().run_in_executor(None, fn)
     cancelled = False
     while not future.done():
         try:
-            await asyncio.shield(future)
+            # wait() neither cancels the future nor raises its exception.
+            await asyncio.wait({future})
         except asyncio.CancelledError:
             cancelled = True  # the thread's transaction is still running: keep waiting
     if cancelled:
