@@ -40,21 +40,30 @@ from agentkeep.errors import DatabaseError, ReadOnlyUnitOfWork, StoreBusy
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
 
-__all__ = ["OAUTH_SINGLETON_ID", "RuntimeAccess", "as_bytes"]
+__all__ = ["OAUTH_SINGLETON_ID", "RuntimeAccess", "as_bytes", "payload_bytes"]
 
 #: ``runtime_auth_oauth_flow_state.id`` of the one OAuth flow row (and its lock key).
 OAUTH_SINGLETON_ID: Final = "auth_oauth_flow_state"
 
 
 def as_bytes(value: Any, *, table: str, key: str, column: str) -> bytes:
-    """Return a payload column's value as ``bytes``.
+    """Return a payload column's value as ``bytes`` (see :func:`payload_bytes`).
+
+    Raises:
+        ReadFailed: the value is not bytes or text, naming table, key and column.
+    """
+    return payload_bytes(value, f"{table}[{key}].{column}")
+
+
+def payload_bytes(value: Any, what: str) -> bytes:
+    """Return a stored payload as ``bytes``.
 
     ``bytes`` / ``memoryview`` (BLOB, bytea) as is; ``str`` (a TEXT value in
     a SQLite BLOB column) as its UTF-8 bytes.
 
     Raises:
         ReadFailed: the value is neither (an INTEGER or REAL written by hand,
-            or NULL): corrupt data fails loudly, naming table, key and column.
+            or NULL): corrupt data fails loudly, naming ``what``.
     """
     if isinstance(value, bytes):
         return value
@@ -62,7 +71,7 @@ def as_bytes(value: Any, *, table: str, key: str, column: str) -> bytes:
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
-    raise ReadFailed(f"{table}[{key}].{column} holds a {type(value).__name__}, not JSON bytes")
+    raise ReadFailed(f"{what} is a {type(value).__name__}, not a BLOB or TEXT value")
 
 
 class RuntimeAccess:

@@ -76,6 +76,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from agentkeep.runtime.access import payload_bytes
 from agentkeep.runtime.errors import Internal, ReadFailed, RuntimeStoreError, WriteFailed
 from agentkeep.runtime.legacy_adapter import (
     LegacyBlocked,
@@ -205,17 +206,6 @@ def migrate_v0_6_34_completed_idle(
 # Preflight
 
 
-def _payload(value: object, what: str) -> bytes:
-    """A BLOB as bytes, a TEXT value as its UTF-8 bytes; anything else is ReadFailed."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    raise ReadFailed(f"{what} is a {type(value).__name__}, not a BLOB or TEXT value")
-
-
 def _text(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise ReadFailed(f"{what} is a {type(value).__name__}, not TEXT")
@@ -234,7 +224,7 @@ def _preflight(
     rows = sorted(
         (
             _text(rid, "runtime_states.runtime_id"),
-            _payload(data, f"runtime_states.runtime_state_json of runtime {rid}"),
+            payload_bytes(data, f"runtime_states.runtime_state_json of runtime {rid}"),
         )
         for rid, data in raw
     )
@@ -297,7 +287,7 @@ def _companions(
         )
         if rows:
             what = f"runtime_session_snapshots.session_snapshot of runtime {runtime_id}"
-            adapter.check_session_snapshot(runtime_id, _payload(rows[0][0], what))
+            adapter.check_session_snapshot(runtime_id, payload_bytes(rows[0][0], what))
     if "runtime_boundary_receipts" in tables:
         for run_id, sequence, receipt in conn.select(
             "SELECT run_id, sequence, receipt_json FROM runtime_boundary_receipts "
@@ -308,7 +298,7 @@ def _companions(
             if type(sequence) is not int:
                 raise ReadFailed(f"receipt sequence of run {run_text} is not an INTEGER")
             what = f"runtime_boundary_receipts.receipt_json of run {run_text}"
-            adapter.check_receipt(run_text, sequence, _payload(receipt, what))
+            adapter.check_receipt(run_text, sequence, payload_bytes(receipt, what))
     inputs: list[_PreparedInput] = []
     if "runtime_input_states" in tables:
         for input_id, state in conn.select(
@@ -317,7 +307,7 @@ def _companions(
             (runtime_id,),
         ):
             key = _text(input_id, "runtime_input_states.input_id")
-            original = _payload(state, f"runtime_input_states.state_json of input {key}")
+            original = payload_bytes(state, f"runtime_input_states.state_json of input {key}")
             if adapter.is_current_input(original):
                 raise LegacyBlocked(f"input {key}: {_MISMATCH}")
             inputs.append(_PreparedInput(key, original, adapter.convert_input(key, original)))
@@ -327,7 +317,9 @@ def _companions(
             "SELECT state_json FROM runtime_ops_lifecycle WHERE runtime_id = ?", (runtime_id,)
         )
         if rows:
-            ops = _payload(rows[0][0], f"runtime_ops_lifecycle.state_json of runtime {runtime_id}")
+            ops = payload_bytes(
+                rows[0][0], f"runtime_ops_lifecycle.state_json of runtime {runtime_id}"
+            )
             if adapter.is_current_ops(ops):
                 raise LegacyBlocked(_MIXED_OPS)
             adapter.validate_zero_ops(ops)
