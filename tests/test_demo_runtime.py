@@ -13,6 +13,7 @@ import uuid
 from agentkeep.demo import SCENARIOS
 from agentkeep.demo import runtime as scenario
 from agentkeep.demo.report import Report
+from agentkeep.demo.runtime_checks import check_boundaries
 from agentkeep.runtime import RunBoundaryReceipt
 from agentkeep.store import Store
 
@@ -78,14 +79,14 @@ def test_boundary_checks_catch_a_superseded_boundary_that_wrote(db_url: str) -> 
             "WriteFailed",
         ]
         honest = Report()
-        scenario._check_boundaries(
+        check_boundaries(
             honest, store, rt, chain, 2, [liar, longest, stale, winner, loser]
         )
         assert honest.ok, honest.render("honest")
 
         liar["outcome"] = "SessionSnapshotSuperseded"  # but its receipt and inputs are stored
         report = Report()
-        scenario._check_boundaries(
+        check_boundaries(
             report, store, rt, chain, 2, [liar, longest, stale, winner, loser]
         )
     held = {name: ok for name, ok, _ in report.checks}
