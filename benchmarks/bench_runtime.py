@@ -11,10 +11,11 @@
 
 Each is timed against raw ``sqlite3`` (the store's PRAGMAs, WAL) running the
 repository's own ``Sql`` constants in the same transaction shape
-(``BEGIN IMMEDIATE`` / ``BEGIN DEFERRED``, the same SELECTs, INSERTs and
-upserts, ``COMMIT``), with the payload bytes encoded beforehand: the raw side
-is the SQL alone. Before timing, one call of each runs through the store and
-through the raw side on twin files with SQLite's trace callback on: the
+(``BEGIN IMMEDIATE``, the same SELECTs, INSERTs and upserts, ``COMMIT``;
+the one-SELECT read runs without a transaction on both sides; batches of
+upserts go through ``executemany`` on both sides), with the payload bytes
+encoded beforehand: the raw side is the SQL alone. Before timing, one call
+of each runs through the store and through the raw side on twin files with SQLite's trace callback on: the
 statement texts (literals included) must be identical, or the script exits 1;
 after timing, the rows both sides left behind must be identical too.
 
@@ -200,8 +201,7 @@ def raw_apply(
     conn.execute(UPSERT_SNAPSHOT, {"rt": rt, "data": snapshot})
     conn.execute(CLEAR_QUARANTINE, {"rt": rt})
     conn.execute(INSERT_RECEIPT, {"rt": rt, "run": run_id, "seq": seq, "data": receipt_json})
-    for iid, data in inputs:
-        conn.execute(UPSERT_INPUT, {"rt": rt, "iid": iid, "data": data})
+    conn.executemany(UPSERT_INPUT, [{"rt": rt, "iid": iid, "data": d} for iid, d in inputs])
     conn.commit()
 
 
@@ -224,23 +224,20 @@ def raw_cas(conn: sqlite3.Connection, rt: str, rows: list[tuple[str, bytes, byte
     if all_replacements or not all_expected:
         conn.commit()
         return all_replacements
-    for iid, _, replacement in rows:
-        conn.execute(UPSERT_INPUT, {"rt": rt, "iid": iid, "data": replacement})
+    conn.executemany(UPSERT_INPUT, [{"rt": rt, "iid": iid, "data": r} for iid, _, r in rows])
     conn.commit()
     return True
 
 
 def raw_persist(conn: sqlite3.Connection, rt: str, rows: Sequence[tuple[str, bytes]]) -> None:
     conn.execute("BEGIN IMMEDIATE")
-    for iid, data in rows:
-        conn.execute(UPSERT_INPUT, {"rt": rt, "iid": iid, "data": data})
+    conn.executemany(UPSERT_INPUT, [{"rt": rt, "iid": iid, "data": d} for iid, d in rows])
     conn.commit()
 
 
 def raw_load(conn: sqlite3.Connection, rt: str) -> bytes:
-    conn.execute("BEGIN DEFERRED")
+    # One SELECT is its own snapshot: the store runs it without BEGIN/COMMIT.
     row = conn.execute(GET_SNAPSHOT, {"rt": rt}).fetchone()
-    conn.commit()
     return bytes(row[0])
 
 

@@ -30,7 +30,7 @@ import re
 import sqlite3
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
@@ -351,6 +351,23 @@ class Driver:
         except self._error as exc:
             raise _translate_driver_error(exc) from exc
         return cur
+
+    def executemany(self, stmt: Sql, params: Sequence[Mapping[str, Any]]) -> None:
+        """Run ``stmt`` once per parameter set (one driver call: no per-row Python overhead).
+
+        For batches of INSERT / UPDATE / upsert statements whose results are
+        not needed. An error in any row fails the call; the unit's
+        transaction (or savepoint) decides what is undone.
+        """
+        if not params:
+            return
+        cur = self.raw.cursor()
+        try:
+            cur.executemany(stmt.render(self._style), params)
+        except self._error as exc:
+            raise _translate_driver_error(exc) from exc
+        finally:
+            cur.close()
 
     def begin(self, *, write: bool) -> None:
         """Open the unit's transaction (lean one-call units; see :func:`one_call_unit`)."""

@@ -225,15 +225,26 @@ class Store:
         """
         return db.retry_transient(lambda: self._lean(fn, write=True), attempts=self._retry_attempts)
 
-    def call_read(self, fn: Callable[[Repositories], T]) -> T:
-        """Run ``fn`` in its own lean read unit (one snapshot), retried like :meth:`call_write`."""
+    def call_read(self, fn: Callable[[Repositories], T], *, single_statement: bool = False) -> T:
+        """Run ``fn`` in its own lean read unit (one snapshot), retried like :meth:`call_write`.
+
+        Args:
+            fn: the read.
+            single_statement: ``fn`` runs exactly one SELECT, which is a
+                consistent snapshot by itself: the unit then skips opening an
+                explicit snapshot transaction (``BEGIN`` on SQLite, ``SET
+                TRANSACTION … REPEATABLE READ`` on Postgres), saving a round
+                trip. Never set it for a read of several statements.
+        """
         return db.retry_transient(
-            lambda: self._lean(fn, write=False), attempts=self._retry_attempts
+            lambda: self._lean(fn, write=False, snapshot=not single_statement),
+            attempts=self._retry_attempts,
         )
 
-    def _lean(self, fn: Callable[[Repositories], T], *, write: bool) -> T:
+    def _lean(self, fn: Callable[[Repositories], T], *, write: bool, snapshot: bool = True) -> T:
         with self.pooled_driver() as (driver, _pooled):
-            driver.begin(write=write)
+            if write or snapshot:
+                driver.begin(write=write)
             try:
                 result = fn(self.repositories(driver, write=write))
                 driver.commit()

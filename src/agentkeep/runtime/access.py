@@ -31,7 +31,7 @@ column (a SQLite file edited by hand, spec §0.3) is returned as its UTF-8 bytes
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -148,6 +148,20 @@ class RuntimeAccess:
             StoreBusy: a busy / lock-timeout error (retryable).
         """
         return self._run(stmt, params, WriteFailed, f"failed to write {what}")
+
+    def _dml_many(self, stmt: Sql, params: Sequence[Mapping[str, Any]], what: str) -> None:
+        """Run an INSERT / UPDATE / upsert once per parameter set, in one driver call.
+
+        Raises:
+            WriteFailed: a row failed (``what`` says what was written).
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        try:
+            self.db.executemany(stmt, params)
+        except StoreBusy:
+            raise
+        except DatabaseError as exc:
+            raise WriteFailed(f"failed to write {what}: {exc}") from exc
 
     def _run(
         self,

@@ -50,8 +50,11 @@ class RuntimeCallsBase:
         except DatabaseError as exc:
             raise WriteFailed(str(exc)) from exc
 
-    def _read(self, fn: Callable[[RuntimeRepository], T]) -> T:
+    def _read(self, fn: Callable[[RuntimeRepository], T], *, single_statement: bool = True) -> T:
+        """Run a read; every runtime read is one SELECT unless it says otherwise."""
         try:
-            return self._store.call_read(lambda repos: fn(repos.runtime))
+            return self._store.call_read(
+                lambda repos: fn(repos.runtime), single_statement=single_statement
+            )
         except DatabaseError as exc:
             raise ReadFailed(str(exc)) from exc

@@ -284,7 +284,8 @@ class FinalizationCalls(RuntimeCallsBase):
         try:
             hook(FinalizationPoint.BEFORE_REOBSERVE)
             observed = self._read(
-                lambda r: r.observe_unregister_finalization(runtime_id, ids, epoch)
+                lambda r: r.observe_unregister_finalization(runtime_id, ids, epoch),
+                single_statement=False,  # several SELECTs: one snapshot
             )
         except Exception as exc:
             raise UnregisterFinalizationOutcomeUnknown(

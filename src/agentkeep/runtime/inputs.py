@@ -341,12 +341,8 @@ class InputStateOps(RuntimeAccess):
         self._upsert_encoded(runtime_id, encode_input_states(self.domain, states))
 
     def _upsert_encoded(self, runtime_id: str, encoded: Iterable[tuple[str, bytes]]) -> None:
-        for input_id, data in encoded:
-            self._dml(
-                _UPSERT,
-                {"rt": runtime_id, "iid": input_id, "data": data},
-                f"{_TABLE}[{runtime_id}, {input_id}]",
-            )
+        rows = [{"rt": runtime_id, "iid": input_id, "data": data} for input_id, data in encoded]
+        self._dml_many(_UPSERT, rows, f"{_TABLE}[{runtime_id}] ({len(rows)} rows)")
 
 
 class InputStateCalls(RuntimeCallsBase):
