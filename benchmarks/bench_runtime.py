@@ -15,8 +15,8 @@ repository's own ``Sql`` constants in the same transaction shape
 the one-SELECT read runs without a transaction on both sides; batches of
 upserts go through ``executemany`` on both sides), with the payload bytes
 encoded beforehand: the raw side is the SQL alone. Before timing, one call
-of each runs through the store and through the raw side on twin files with SQLite's trace callback on: the
-statement texts (literals included) must be identical, or the script exits 1;
+of each runs through the store and through the raw side on twin files with
+SQLite's trace callback on: the statement texts (literals included) must be identical, or the script exits 1;
 after timing, the rows both sides left behind must be identical too.
 
 The domain work of ``atomic_apply`` (decode the incoming snapshot, validate
