@@ -16,8 +16,9 @@ the one-SELECT read runs without a transaction on both sides; batches of
 upserts go through ``executemany`` on both sides), with the payload bytes
 encoded beforehand: the raw side is the SQL alone. Before timing, one call
 of each runs through the store and through the raw side on twin files with
-SQLite's trace callback on: the statement texts (literals included) must be identical, or the script exits 1;
-after timing, the rows both sides left behind must be identical too.
+SQLite's trace callback on: the statement texts (literals included) must be
+identical, or the script exits 1; after timing, the rows both sides left
+behind must be identical too.
 
 The domain work of ``atomic_apply`` (decode the incoming snapshot, validate
 its compaction intents, encode the receipt, decode the stored head, run the
