@@ -11,7 +11,6 @@ test's ~0.3 s lock hold, which is the thing under test.
 
 from __future__ import annotations
 
-import multiprocessing
 import sqlite3
 import threading
 import time
@@ -36,13 +35,10 @@ from agentkeep.runs.domain import (
     StepEntry,
 )
 from agentkeep.store import Store
+from tests.racing import Racing
 
 from .support import SLOT_A
 
-N_PROCS = 4  # the process pool size and the parties of its barrier (2 cores)
-N_THREADS = 8
-BARRIER_TIMEOUT_S = 30.0
-JOIN_TIMEOUT_S = 90.0
 T0_MS = 1_700_000_000_000
 T0_S = T0_MS // 1000
 
@@ -74,84 +70,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _racer(body_name: str, url: str, i: int, n: int, barrier: Any, params: dict[str, Any]) -> Any:
-    """Open this racer's own Store, run the body, always close the store."""
-    body = globals()[body_name]
-    try:
-        store = Store.open(url, clock=SettableClock(T0_MS))
-    except BaseException:
-        barrier.abort()
-        raise
-    try:
-        return body(store, i, n, barrier, params)
-    except BaseException:
-        barrier.abort()  # do not leave the other racers waiting
-        raise
-    finally:
-        store.close()
-
-
-_PROC_BARRIER: Any = None
-
-
-def _proc_init(barrier: Any) -> None:
-    global _PROC_BARRIER
-    _PROC_BARRIER = barrier
-
-
-def _proc_entry(args: tuple[str, str, int, int, dict[str, Any]]) -> Any:
-    body_name, url, i, n, params = args
-    return _racer(body_name, url, i, n, _PROC_BARRIER, params)
-
-
-@pytest.fixture(scope="module")
-def proc_pool() -> Iterator[tuple[Any, Any]]:
-    """A pool of ``N_PROCS`` spawned processes and the barrier they share."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(N_PROCS, timeout=BARRIER_TIMEOUT_S)
-    pool = ctx.Pool(N_PROCS, initializer=_proc_init, initargs=(barrier,))
-    try:
-        yield pool, barrier
-    finally:
-        pool.terminate()
-        pool.join()
-
-
-def run_threads(url: str, body: str, params: dict[str, Any], n: int = N_THREADS) -> list[Any]:
-    """Run ``body`` in ``n`` threads, each with its own Store; return results in racer order."""
-    barrier = threading.Barrier(n, timeout=BARRIER_TIMEOUT_S)
-    results: list[Any] = [None] * n
-    errors: list[BaseException] = []
-
-    def target(i: int) -> None:
-        try:
-            results[i] = _racer(body, url, i, n, barrier, params)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_TIMEOUT_S)
-    assert not any(t.is_alive() for t in threads), "a racer thread hung"
-    if errors:
-        raise errors[0]
-    return results
-
-
-def run_procs(pool: tuple[Any, Any], url: str, body: str, params: dict[str, Any]) -> list[Any]:
-    """Run ``body`` in the ``N_PROCS`` pool processes; return results in racer order."""
-    p, barrier = pool
-    barrier.reset()
-    tasks = [(body, url, i, N_PROCS, params) for i in range(N_PROCS)]
-    return p.map_async(_proc_entry, tasks, chunksize=1).get(JOIN_TIMEOUT_S)
-
-
-def racers(request: pytest.FixtureRequest, kind: str, url: str, body: str, params: dict) -> list:
-    if kind == "threads":
-        return run_threads(url, body, params)
-    return run_procs(request.getfixturevalue("proc_pool"), url, body, params)
+#: Each racer with its own store and clock at T0; 4 processes (2 cores), 8 threads.
+RACING = Racing(processes=4, threads=8, clock_ms=T0_MS, barrier_timeout_s=30.0, join_timeout_s=90.0)
+proc_pool = RACING.pool_fixture()
 
 
 KINDS = pytest.mark.parametrize("kind", ["threads", "processes"])
@@ -178,10 +99,10 @@ def _seconds(ms: int) -> int:
 
 
 # --------------------------------------------------------------------------
-# Bodies. Signature: body(store, i, n, barrier, params) -> picklable result.
+# Bodies. Signature: body(store, i, barrier, params) -> picklable result.
 
 
-def _body_transition(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) -> list:
+def _body_transition(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list:
     """Per round: racer 0 resets the run to Interrupted, then all race Interrupted→Running."""
     clock = store.clock
     assert isinstance(clock, SettableClock)
@@ -210,7 +131,7 @@ def _racer_ms(rnd: int, i: int) -> int:
     return T0_MS + rnd * 10**7 + (i + 1) * 1000
 
 
-def _body_acquire(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) -> list:
+def _body_acquire(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list:
     """M acquires each: even steps on a slot shared by everyone, odd steps on an own slot."""
     out = []
     barrier.wait()
@@ -222,7 +143,7 @@ def _body_acquire(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any])
     return out
 
 
-def _body_vacate(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) -> list:
+def _body_vacate(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list:
     """Per round: racer 0 acquires slot A, all read its gen, all vacate with it."""
     out = []
     for r in range(p["rounds"]):
@@ -242,7 +163,7 @@ def _body_vacate(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) 
     return out
 
 
-def _body_acquire_vs_vacate(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) -> list:
+def _body_acquire_vs_vacate(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list:
     """Pairs of racers, one run per pair: acquire(A) races vacate(A, observed gen)."""
     run_id = p["run_ids"][i // 2]
     role = i % 2
@@ -271,7 +192,7 @@ def _body_acquire_vs_vacate(store: Store, i: int, n: int, barrier: Any, p: dict[
 STATUS_CYCLE = [RunStatus.RUNNING, RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED]
 
 
-def _body_append_mixed(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) -> list:
+def _body_append_mixed(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list:
     """M rounds of: a step entry, a degradation, then an acquire or an update_status."""
     run_id = p["run_id"]
     out = []
@@ -291,7 +212,7 @@ def _body_append_mixed(store: Store, i: int, n: int, barrier: Any, p: dict[str, 
     return out
 
 
-def _body_create(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) -> list:
+def _body_create(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list:
     """Per round, every racer creates the same id with its own task id and times."""
     out = []
     for r in range(p["rounds"]):
@@ -301,7 +222,7 @@ def _body_create(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) 
     return out
 
 
-def _body_delete_race(store: Store, i: int, n: int, barrier: Any, p: dict[str, Any]) -> list:
+def _body_delete_race(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list:
     """Per round: racers 0 and 1 delete the run; the others append and acquire on it."""
     out = []
     for r in range(p["rounds"]):
@@ -332,8 +253,8 @@ def test_concurrent_try_transition_has_exactly_one_winner(
     """K racers CAS Interrupted→Running: one True, the rest False, updated_at bumped once."""
     store.runs.create(RunRecord.new("R-cas", "T-1", 100))
     rounds = 6 if kind == "threads" else 5
-    results = racers(
-        request, kind, db_url, "_body_transition", {"run_id": "R-cas", "rounds": rounds}
+    results = RACING.run(
+        request, kind, db_url, _body_transition, {"run_id": "R-cas", "rounds": rounds}
     )
     k = len(results)
     for r in range(rounds):
@@ -359,7 +280,7 @@ def test_concurrent_acquires_hand_out_each_generation_once(
     """N racers × M acquires: gens are exactly 1..N×M, G == N×M, every slot held, chains intact."""
     store.runs.create(RunRecord.new("R-acq", "T-1", 100))
     m = 6
-    results = racers(request, kind, db_url, "_body_acquire", {"run_id": "R-acq", "m": m})
+    results = RACING.run(request, kind, db_url, _body_acquire, {"run_id": "R-acq", "m": m})
     calls = [(i, *c) for i, per in enumerate(results) for c in per]
     assert all(c[4][0] == "ok" for c in calls), [c for c in calls if c[4][0] != "ok"]
     total = len(results) * m
@@ -402,7 +323,7 @@ def test_concurrent_vacates_with_same_gen_release_once(
     """K racers vacate(A, g): exactly one Released(g+1, holder), the rest Stale(None)."""
     store.runs.create(RunRecord.new("R-vac", "T-1", 100))
     rounds = 5
-    results = racers(request, kind, db_url, "_body_vacate", {"run_id": "R-vac", "rounds": rounds})
+    results = RACING.run(request, kind, db_url, _body_vacate, {"run_id": "R-vac", "rounds": rounds})
     k = len(results)
     for r in range(rounds):
         held = results[0][r][0]
@@ -427,13 +348,13 @@ def test_acquire_racing_vacate_is_one_of_two_linearizations(
     kind: str, db_url: str, store: Store, request: pytest.FixtureRequest
 ) -> None:
     """Vacate first: acquire gets (G+2, None). Acquire first: vacate gets Stale(new holder)."""
-    pairs = N_THREADS // 2 if kind == "threads" else N_PROCS // 2
+    pairs = (RACING.threads if kind == "threads" else RACING.processes) // 2
     run_ids = [f"R-av-{k}" for k in range(pairs)]
     for rid in run_ids:
         store.runs.create(RunRecord.new(rid, "T-1", 100))
     rounds = 8
-    results = racers(
-        request, kind, db_url, "_body_acquire_vs_vacate", {"run_ids": run_ids, "rounds": rounds}
+    results = RACING.run(
+        request, kind, db_url, _body_acquire_vs_vacate, {"run_ids": run_ids, "rounds": rounds}
     )
     seen = Counter()
     for pair in range(pairs):
@@ -475,7 +396,7 @@ def test_concurrent_appends_lose_nothing_and_clobber_nothing(
         )
     )
     m = 8
-    results = racers(request, kind, db_url, "_body_append_mixed", {"run_id": "R-app", "m": m})
+    results = RACING.run(request, kind, db_url, _body_append_mixed, {"run_id": "R-app", "m": m})
     n = len(results)
     for per in results:
         assert all(c[-1][0] == "ok" for c in per), per
@@ -524,7 +445,7 @@ def test_concurrent_create_same_id_one_success_rest_duplicate(
 ) -> None:
     """Exactly one create wins; every other racer gets RunDuplicate, never another error."""
     rounds = 4
-    results = racers(request, kind, db_url, "_body_create", {"rounds": rounds})
+    results = RACING.run(request, kind, db_url, _body_create, {"rounds": rounds})
     for r in range(rounds):
         outcomes = [per[r] for per in results]
         winners = [i for i, o in enumerate(outcomes) if o == ("ok", None)]
@@ -553,7 +474,7 @@ def test_delete_racing_writers_leaves_no_zombie(
     rounds = 4
     for r in range(rounds):
         store.runs.create(RunRecord.new(f"R-del-{r}", "T-1", 100))
-    results = racers(request, kind, db_url, "_body_delete_race", {"rounds": rounds, "ops": 3})
+    results = RACING.run(request, kind, db_url, _body_delete_race, {"rounds": rounds, "ops": 3})
     calls = [c for per in results for c in per]
     for _r, _what, res in calls:
         assert res[0] == "ok" or res[1] == "RunNotFound", res

@@ -1,6 +1,6 @@
 """Process racers of the runtime store's cross-process races (spawned children import this).
 
-:func:`race` runs ``n`` spawned processes, each with its own
+:func:`race` runs ``n`` spawned processes (:mod:`tests.racing`), each with its own
 :class:`~agentkeep.store.Store` (``store_kwargs`` passed to ``Store.open``);
 a body waits on the shared barrier before each round, so the racers of a
 round start together. Bodies return plain picklable outcomes per round:
@@ -10,10 +10,9 @@ Racer ``i`` plays role ``i`` where a race has two different operations.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 from agentkeep.runtime import (
     InputStatePersistenceRecord,
@@ -26,36 +25,11 @@ from agentkeep.runtime import (
     issue_delete_ops_finalization_authority,
 )
 from agentkeep.store import Store
+from tests import racing
 
 from .builders import receipt
 
-BARRIER_TIMEOUT_S: Final = 60.0
-JOIN_TIMEOUT_S: Final = 180.0
-
 Outcome = tuple[str, Any]
-
-_BARRIER: Any = None
-
-
-def _init(barrier: Any) -> None:
-    global _BARRIER
-    _BARRIER = barrier
-
-
-def _entry(args: tuple[str, str, int, dict[str, Any], dict[str, Any]]) -> Any:
-    body, url, i, params, store_kwargs = args
-    try:
-        store = Store.open(url, **store_kwargs)
-    except BaseException:
-        _BARRIER.abort()
-        raise
-    try:
-        return globals()[body](store, i, _BARRIER, params)
-    except BaseException:
-        _BARRIER.abort()  # never leave the other racers waiting
-        raise
-    finally:
-        store.close()
 
 
 def race(
@@ -65,16 +39,9 @@ def race(
     params: dict[str, Any],
     store_kwargs: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """Run ``body(store, i, barrier, params)`` in ``n`` spawned processes; their results."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(n, timeout=BARRIER_TIMEOUT_S)
-    pool = ctx.Pool(n, initializer=_init, initargs=(barrier,))
-    try:
-        tasks = [(body, url, i, params, store_kwargs or {}) for i in range(n)]
-        return list(pool.map_async(_entry, tasks, chunksize=1).get(JOIN_TIMEOUT_S))
-    finally:
-        pool.terminate()
-        pool.join()
+    """Run this module's ``body(store, i, barrier, params)`` in ``n`` spawned processes."""
+    setup = racing.Racing(processes=n, store_kwargs=store_kwargs or {})
+    return racing.race_processes(setup, url, globals()[body], params)
 
 
 def attempt(call: Callable[..., object], *args: Any) -> Outcome:
@@ -144,34 +111,32 @@ def body_finalize_vs_replay(store: Store, i: int, barrier: Any, p: dict[str, Any
     return out
 
 
-def body_replace_vs_commit(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[Outcome]:
-    """(4) Racer 0: ``replace_session_snapshot_if_current(X -> Y)``; racer 1: commit X'."""
+def _racing_a_commit(
+    store: Store, i: int, barrier: Any, p: dict[str, Any], op: Callable[[dict[str, Any]], Outcome]
+) -> list[Outcome]:
+    """Per round: racer 0 runs ``op(round)``; racer 1 commits the round's X'."""
     out = []
     for rnd in p["rounds"]:
         barrier.wait()
         if i == 0:
-            out.append(
-                attempt(
-                    store.runtime.replace_session_snapshot_if_current, rnd["rt"], rnd["x"], rnd["y"]
-                )
-            )
+            out.append(op(rnd))
         else:
             out.append(attempt(store.runtime.commit_session_snapshot, rnd["rt"], rnd["x2"]))
     return out
+
+
+def body_replace_vs_commit(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[Outcome]:
+    """(4) Racer 0: ``replace_session_snapshot_if_current(X -> Y)``; racer 1: commit X'."""
+    replace = store.runtime.replace_session_snapshot_if_current
+    return _racing_a_commit(
+        store, i, barrier, p, lambda rnd: attempt(replace, rnd["rt"], rnd["x"], rnd["y"])
+    )
 
 
 def body_clear_vs_commit(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[Outcome]:
     """(5) Racer 0: ``clear_session_snapshot_if_current(X)``; racer 1: commit X'."""
-    out = []
-    for rnd in p["rounds"]:
-        barrier.wait()
-        if i == 0:
-            out.append(
-                attempt(store.runtime.clear_session_snapshot_if_current, rnd["rt"], rnd["x"])
-            )
-        else:
-            out.append(attempt(store.runtime.commit_session_snapshot, rnd["rt"], rnd["x2"]))
-    return out
+    clear = store.runtime.clear_session_snapshot_if_current
+    return _racing_a_commit(store, i, barrier, p, lambda rnd: attempt(clear, rnd["rt"], rnd["x"]))
 
 
 def body_finalize_vs_persist(

@@ -11,7 +11,7 @@ the read-back helper every "refused call wrote nothing" assertion uses:
   validation bypassed), :func:`unbacked_intent`, :func:`foreign_intent`,
   :func:`with_summary_tokens`.
 * Receipts, inputs, lifecycle: :func:`receipt`, :func:`accepted_input`,
-  :func:`input_record`, :func:`idle_lifecycle`.
+  :func:`input_record`, :func:`idle_lifecycle`, :func:`unversioned_lifecycle`.
 * Raw blobs that must never decode as a current session: :func:`v0_session_blob`,
   :func:`v1_session_blob`, :func:`session_blob` (any JSON you like),
   :func:`malformed_history_blob`.
@@ -192,6 +192,19 @@ def input_record(state: StoredInputState | None = None) -> InputStatePersistence
 def idle_lifecycle() -> MachineLifecycleCommit:
     """Lifecycle Idle with the default (unbound) binding and UnboundNoReceipt authority."""
     return MachineLifecycleCommit(runtime_state="idle")
+
+
+def unversioned_lifecycle() -> dict[str, Any]:
+    """The seed's legacy lifecycle object (#32): retired, bound, no ``record_version``."""
+    return {
+        "runtime_state": "retired",
+        "binding": {
+            "agent_runtime_id": "rt:session:legacy",
+            "fence_token": 23,
+            "runtime_generation": 7,
+            "runtime_epoch_id": "epoch-legacy",
+        },
+    }
 
 
 # --------------------------------------------------------------------------

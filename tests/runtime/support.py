@@ -2,19 +2,20 @@
 
 * :func:`accepted` / :func:`replacement_records`: the seed's ``input_state()``
   and ``replacement_records(expected, n)`` fixtures (spec runtime §4).
-* :func:`raw_exec`, :func:`raw_rows`: SQL straight on the database (setup of
-  corrupt or legacy rows, and assertions on what is really stored).
+* :func:`raw_exec`, :func:`raw_rows`, :func:`raw_snapshot`: SQL straight on
+  the database (setup of corrupt or legacy rows, and assertions on what is
+  really stored).
 * :func:`abort_trigger`: a ``BEFORE INSERT/UPDATE/DELETE`` trigger that aborts
   (SQLite ``RAISE(ABORT)``; Postgres a plpgsql function), always dropped on
   exit. Tests that install one use a fresh database on Postgres.
-* :func:`race_processes`: ``n`` ``spawn``-ed processes, each with its own
-  :class:`~agentkeep.store.Store`, lined up on a barrier before every round;
-  the bodies below are module-level so the children can import them.
+* :func:`race_processes`: ``n`` ``spawn``-ed processes (:mod:`tests.racing`),
+  each with its own :class:`~agentkeep.store.Store`, lined up on a barrier
+  before every round; the bodies below are module-level so the children can
+  import them.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
@@ -23,10 +24,11 @@ from sqlalchemy import create_engine, text
 
 from agentkeep.runtime.domain import InputStatePersistenceRecord, OpsSnapshot, StoredInputState
 from agentkeep.store import Store
+from tests import racing
 
 RT: Final = "runtime-1"
-BARRIER_TIMEOUT_S: Final = 60.0
-JOIN_TIMEOUT_S: Final = 180.0
+#: A runtime id nothing is stored under: ``runtime_state(url, NOTHING)`` is "no rows at all".
+NOTHING: Final = "nothing-stored"
 
 
 # --------------------------------------------------------------------------
@@ -77,6 +79,15 @@ def raw_rows(url: str, sql: str, params: dict[str, Any] | None = None) -> list[t
     finally:
         eng.dispose()
     return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows]
+
+
+def raw_snapshot(url: str, data: bytes, runtime_id: str = RT) -> None:
+    """Store ``data`` as the runtime's session snapshot, bypassing every check."""
+    raw_exec(
+        url,
+        "INSERT INTO runtime_session_snapshots (runtime_id, session_snapshot) VALUES (:rt, :d)",
+        params={"rt": runtime_id, "d": data},
+    )
 
 
 def input_bytes(url: str, runtime_id: str) -> dict[str, Any]:
@@ -139,45 +150,15 @@ def abort_trigger(
 # --------------------------------------------------------------------------
 # Process racers
 
-_BARRIER: Any = None
-
-
-def _init(barrier: Any) -> None:
-    global _BARRIER
-    _BARRIER = barrier
-
-
-def _entry(args: tuple[str, str, int, dict[str, Any]]) -> Any:
-    body, url, i, params = args
-    try:
-        store = Store.open(url)
-    except BaseException:
-        _BARRIER.abort()
-        raise
-    try:
-        return globals()[body](store, i, _BARRIER, params)
-    except BaseException:
-        _BARRIER.abort()  # never leave the other racers waiting
-        raise
-    finally:
-        store.close()
-
 
 def race_processes(url: str, body: str, n: int, params: dict[str, Any]) -> list[Any]:
-    """Run ``body(store, i, barrier, params)`` in ``n`` spawned processes; return their results.
+    """Run this module's ``body(store, i, barrier, params)`` in ``n`` spawned processes.
 
-    Each process opens its own Store on ``url``. A body waits on the barrier
-    before each round, so the racers of a round start together.
+    Each process opens its own Store on ``url``; a body waits on the barrier
+    before each round, so the racers of a round start together. Returns their
+    results in racer order (see :mod:`tests.racing`).
     """
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(n, timeout=BARRIER_TIMEOUT_S)
-    pool = ctx.Pool(n, initializer=_init, initargs=(barrier,))
-    try:
-        tasks = [(body, url, i, params) for i in range(n)]
-        return list(pool.map_async(_entry, tasks, chunksize=1).get(JOIN_TIMEOUT_S))
-    finally:
-        pool.terminate()
-        pool.join()
+    return racing.race_processes(racing.Racing(processes=n), url, globals()[body], params)
 
 
 def body_input_cas(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[str]:

@@ -65,17 +65,7 @@ from .builders import (
     v0_session_blob,
     with_summary_tokens,
 )
-from .support import RT, raw_exec
-
-NOTHING = "nothing-stored"
-
-
-def _raw_snapshot(url: str, data: bytes, runtime_id: str = RT) -> None:
-    raw_exec(
-        url,
-        "INSERT INTO runtime_session_snapshots (runtime_id, session_snapshot) VALUES (:rt, :d)",
-        params={"rt": runtime_id, "d": data},
-    )
+from .support import NOTHING, RT, raw_exec, raw_snapshot
 
 
 def _empty(url: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -461,7 +451,7 @@ def test_26_boundary_replaces_a_placeholder_the_plain_commit_cannot(
     store: Store, db_url: str, kind: str
 ) -> None:
     sid = Session.new().id
-    _raw_snapshot(db_url, PLACEHOLDERS[kind](sid))
+    raw_snapshot(db_url, PLACEHOLDERS[kind](sid))
     before = runtime_state(db_url, RT)
     incoming = session_of(("system", "B"), ("user", "x"), session_id=sid)
     with pytest.raises(WriteFailed, match="continuity"):

@@ -26,6 +26,7 @@ from agentkeep.runtime.domain import (
 )
 from agentkeep.runtime.errors import InvalidInputStateBatchCas, ReadFailed, WriteFailed
 
+from .builders import unversioned_lifecycle
 from .test_domain import D, to_bytes
 
 # --------------------------------------------------------------------------
@@ -139,15 +140,7 @@ def test_lifecycle_round_trip() -> None:  # #24
 def test_legacy_lifecycle_rows_are_not_authority() -> None:  # #31, #32
     with pytest.raises(ReadFailed):
         D.decode_lifecycle(b'"retired"')
-    legacy = {
-        "runtime_state": "retired",
-        "binding": {
-            "agent_runtime_id": "rt:session:legacy",
-            "fence_token": 23,
-            "runtime_generation": 7,
-            "runtime_epoch_id": "epoch-legacy",
-        },
-    }
+    legacy = unversioned_lifecycle()
     with pytest.raises(ReadFailed, match="record_version"):
         D.decode_lifecycle(to_bytes(legacy))
 

@@ -25,6 +25,7 @@ from agentkeep.runtime.domain import (
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
 from agentkeep.store import Store
 
+from .builders import unversioned_lifecycle
 from .support import RT, abort_trigger, accepted, raw_exec, raw_rows
 
 SQLITE_BINDING = RuntimeBinding(
@@ -101,15 +102,7 @@ def test_legacy_bare_string_row_is_not_lifecycle_authority(
 def test_unversioned_lifecycle_object_is_not_lifecycle_authority(
     store: Store, db_url: str
 ) -> None:  # #32
-    legacy = {
-        "runtime_state": "retired",
-        "binding": {
-            "agent_runtime_id": "rt:session:legacy",
-            "fence_token": 23,
-            "runtime_generation": 7,
-            "runtime_epoch_id": "epoch-legacy",
-        },
-    }
+    legacy = unversioned_lifecycle()
     raw_exec(
         db_url,
         "INSERT INTO runtime_states (runtime_id, runtime_state_json) VALUES (:rt, :data)",

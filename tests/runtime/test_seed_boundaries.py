@@ -42,10 +42,7 @@ from .builders import (
     table_counts,
     user_session,
 )
-from .support import RT, abort_trigger, raw_exec, raw_rows
-
-NOTHING = "nothing-stored"
-
+from .support import NOTHING, RT, abort_trigger, raw_exec, raw_rows
 
 # --------------------------------------------------------------------------
 # The receipt fence (#19, #20)

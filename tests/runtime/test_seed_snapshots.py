@@ -45,18 +45,7 @@ from .builders import (
     v0_session_blob,
     v1_session_blob,
 )
-from .support import RT, abort_trigger, raw_exec, raw_rows
-
-NOTHING = "nothing-stored"
-
-
-def _raw_snapshot(url: str, data: bytes, runtime_id: str = RT) -> None:
-    raw_exec(
-        url,
-        "INSERT INTO runtime_session_snapshots (runtime_id, session_snapshot) VALUES (:rt, :d)",
-        params={"rt": runtime_id, "d": data},
-    )
-
+from .support import NOTHING, RT, abort_trigger, raw_exec, raw_rows, raw_snapshot
 
 # --------------------------------------------------------------------------
 # Boundary round trip and non-boundary commits (#7, #11–#14)
@@ -110,7 +99,7 @@ def test_12b_fast_path_still_checks_head_coherence(store: Store, db_url: str) ->
     obj = s.to_json()
     obj["messages"].append({"role": "user", "content": "head not updated"})
     incoherent = session_blob(obj)
-    _raw_snapshot(db_url, incoherent)
+    raw_snapshot(db_url, incoherent)
     raw_exec(db_url, "INSERT INTO runtime_projection_quarantine VALUES (:rt)", params={"rt": RT})
     before = runtime_state(db_url, RT)
     with pytest.raises(WriteFailed, match="coherence"):
@@ -262,7 +251,7 @@ def test_37_legacy_stored_row_fails_every_writer_closed(
     store: Store, db_url: str, blob: Callable[[], bytes]
 ) -> None:
     data = blob()
-    _raw_snapshot(db_url, data)
+    raw_snapshot(db_url, data)
     before = runtime_state(db_url, RT)
     s = user_session("hello")
     r = receipt(1)

@@ -21,8 +21,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -40,6 +38,7 @@ from agentkeep.sessions.records import (
     UsageDelta,
 )
 from agentkeep.store import Store
+from tests.racing import Racing
 
 from .test_commits import (
     SID,
@@ -62,10 +61,7 @@ from .test_commits import (
 A = LeaseOwnerIdentity(owner_id="owner-A", incarnation_id="inc-A1")
 T0 = 1_700_000_000_000
 LONG_TTL = 600_000
-N_RACERS = 2
 ROUNDS = 6
-BARRIER_TIMEOUT_S = 60.0
-JOIN_TIMEOUT_S = 120.0
 
 
 def take_lease(store: Store) -> SessionExecutionLease:
@@ -78,99 +74,40 @@ def take_lease(store: Store) -> SessionExecutionLease:
 # Two committers, one fence (module level so spawned children can import them)
 
 
-def _committer(url: str, i: int, barrier: Any, fence_json: str) -> list[tuple[Any, ...]]:
-    try:
-        store = Store.open(url, clock=SettableClock(T0))
-    except BaseException:
-        barrier.abort()
-        raise
-    fence = SessionExecutionLease.model_validate_json(fence_json)
+def _committer(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Per round: read the head, then commit a one-node successor of it with the shared fence."""
+    fence = SessionExecutionLease.model_validate_json(p["fence"])
     out: list[tuple[Any, ...]] = []
-    try:
-        for r in range(ROUNDS):
-            barrier.wait()  # every commit of the previous round has finished
-            seen = store.call_read(
-                lambda u: u.sessions.load_session(SID, ActivePathScope(leaf_node_id=None))
-            )
-            rev = 0 if seen is None else seen.head_revision
-            leaf = None if seen is None else seen.graph.leaf_node_id
-            barrier.wait()  # both have read the same head
-            nid = f"r{r}-c{i}"
-            c = RuntimeCommit(
-                session_id=SID,
-                expected_head_revision=rev,
-                session_execution_lease=fence,
-                graph=AppendNodes(
-                    nodes=(SessionNodeRecord(node_id=nid, parent_node_id=leaf),), leaf_node_id=nid
-                ),
-                checkpoint=HydratedSessionCheckpoint(turn_state={"round": r, "racer": i}),
-                usage_deltas=(
-                    UsageDelta(source="race", model="m", usage=TokenUsage(input_tokens=1)),
-                ),
-            )
-            try:
-                res = store.call_write(lambda u, c=c: u.sessions.commit_runtime_state(c))
-                out.append(("won", r, rev, res.head_revision, nid))
-            except HeadRevisionConflict as exc:
-                out.append(("lost", r, rev, exc.expected, exc.actual))
-        return out
-    except BaseException:
-        barrier.abort()  # never leave the other racer waiting
-        raise
-    finally:
-        store.close()
-
-
-_PROC_BARRIER: Any = None
-
-
-def _proc_init(barrier: Any) -> None:
-    global _PROC_BARRIER
-    _PROC_BARRIER = barrier
-
-
-def _proc_entry(args: tuple[str, int, str]) -> list[tuple[Any, ...]]:
-    url, i, fence_json = args
-    return _committer(url, i, _PROC_BARRIER, fence_json)
-
-
-@pytest.fixture(scope="module")
-def proc_pool() -> Iterator[tuple[Any, Any]]:
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(N_RACERS, timeout=BARRIER_TIMEOUT_S)
-    pool = ctx.Pool(N_RACERS, initializer=_proc_init, initargs=(barrier,))
-    try:
-        yield pool, barrier
-    finally:
-        pool.terminate()
-        pool.join()
-
-
-def run_committers(request: pytest.FixtureRequest, kind: str, url: str, fence_json: str) -> Any:
-    if kind == "processes":
-        pool, barrier = request.getfixturevalue("proc_pool")
-        barrier.reset()
-        tasks = [(url, i, fence_json) for i in range(N_RACERS)]
-        return pool.map_async(_proc_entry, tasks, chunksize=1).get(JOIN_TIMEOUT_S)
-    barrier = threading.Barrier(N_RACERS, timeout=BARRIER_TIMEOUT_S)
-    results: list[Any] = [None] * N_RACERS
-    errors: list[BaseException] = []
-
-    def target(i: int) -> None:
+    for r in range(ROUNDS):
+        barrier.wait()  # every commit of the previous round has finished
+        seen = store.call_read(
+            lambda u: u.sessions.load_session(SID, ActivePathScope(leaf_node_id=None))
+        )
+        rev = 0 if seen is None else seen.head_revision
+        leaf = None if seen is None else seen.graph.leaf_node_id
+        barrier.wait()  # both have read the same head
+        nid = f"r{r}-c{i}"
+        c = RuntimeCommit(
+            session_id=SID,
+            expected_head_revision=rev,
+            session_execution_lease=fence,
+            graph=AppendNodes(
+                nodes=(SessionNodeRecord(node_id=nid, parent_node_id=leaf),), leaf_node_id=nid
+            ),
+            checkpoint=HydratedSessionCheckpoint(turn_state={"round": r, "racer": i}),
+            usage_deltas=(UsageDelta(source="race", model="m", usage=TokenUsage(input_tokens=1)),),
+        )
         try:
-            results[i] = _committer(url, i, barrier, fence_json)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
+            res = store.call_write(lambda u, c=c: u.sessions.commit_runtime_state(c))
+            out.append(("won", r, rev, res.head_revision, nid))
+        except HeadRevisionConflict as exc:
+            out.append(("lost", r, rev, exc.expected, exc.actual))
+    return out
 
-    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(N_RACERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_TIMEOUT_S)
-    assert not any(t.is_alive() for t in threads), "a committer thread hung"
-    if errors:
-        raise errors[0]
-    return results
+
+#: Two committers, each with its own store and clock at T0.
+RACING = Racing(processes=2, threads=2, clock_ms=T0, barrier_timeout_s=60.0, join_timeout_s=120.0)
+proc_pool = RACING.pool_fixture()
 
 
 @pytest.mark.parametrize("kind", ["threads", "processes"])
@@ -178,7 +115,7 @@ def test_i_8_two_committers_with_one_fence_never_fork_the_graph(
     request: pytest.FixtureRequest, store: Store, db_url: str, kind: str
 ) -> None:
     fence = take_lease(store)
-    results = run_committers(request, kind, db_url, fence.model_dump_json())
+    results = RACING.run(request, kind, db_url, _committer, {"fence": fence.model_dump_json()})
 
     outcomes = [o for racer in results for o in racer]
     winners = []

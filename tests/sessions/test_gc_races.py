@@ -29,7 +29,6 @@ runs (a head's or turn commit's checkpoint is collected).
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from typing import Any
@@ -48,6 +47,7 @@ from agentkeep.sessions.records import (
     TurnCommitStamp,
 )
 from agentkeep.store import Store
+from tests.racing import SPAWN, run_processes, run_threads
 
 T0 = 1_700_000_000_000
 SESSIONS = ("gc-race-a", "gc-race-b")
@@ -147,54 +147,16 @@ def _run_body(name: str, url: str, ev: dict[str, Any]) -> Any:
         raise
 
 
-def _proc_entry(name: str, url: str, ev: dict[str, Any], out: Any) -> None:
-    try:
-        out.put((name, "ok", _run_body(name, url, ev)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        out.put((name, "error", repr(exc)))
-
-
 def run_race(kind: str, url: str) -> tuple[list[str], tuple[int, int]]:
-    """Run ``committer`` and ``gc_loop`` side by side; return their results."""
-    results: dict[str, Any] = {}
+    """Run ``gc_loop`` and ``committer`` side by side; return their results."""
     names = ("gc_loop", "committer")
     if kind == "processes":
-        ctx = multiprocessing.get_context("spawn")
-        ev = {"ran": ctx.Event(), "done": ctx.Event()}
-        out = ctx.Queue()
-        procs = [ctx.Process(target=_proc_entry, args=(n, url, ev, out)) for n in names]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:
-                name, status, value = out.get(timeout=JOIN_TIMEOUT_S)
-                assert status == "ok", f"{name} failed: {value}"
-                results[name] = value
-        finally:
-            for p in procs:
-                p.join(JOIN_TIMEOUT_S)
-                if p.is_alive():
-                    p.terminate()
-                    p.join()
+        ev = {"ran": SPAWN.Event(), "done": SPAWN.Event()}
+        gc, commits = run_processes([(_run_body, (n, url, ev)) for n in names], JOIN_TIMEOUT_S)
     else:
         t_ev = {"ran": threading.Event(), "done": threading.Event()}
-        errors: list[BaseException] = []
-
-        def target(name: str) -> None:
-            try:
-                results[name] = _run_body(name, url, t_ev)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-                errors.append(exc)
-
-        threads = [threading.Thread(target=target, args=(n,)) for n in names]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(JOIN_TIMEOUT_S)
-        assert not any(t.is_alive() for t in threads), "a racer thread hung"
-        if errors:
-            raise errors[0]
-    return results["committer"], results["gc_loop"]
+        gc, commits = run_threads([(_run_body, (n, url, t_ev)) for n in names], JOIN_TIMEOUT_S)
+    return commits, gc
 
 
 def assert_every_root_hydrates(store: Store) -> int:

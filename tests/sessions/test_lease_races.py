@@ -32,9 +32,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,10 +57,9 @@ from agentkeep.sessions.domain import (
     SessionExecutionLease,
 )
 from agentkeep.store import Store
+from tests.racing import Racing
 
 T0_MS = 1_700_000_000_000
-BARRIER_TIMEOUT_S = 30.0
-JOIN_TIMEOUT_S = 90.0
 ROUNDS = 10
 HOLD_TTL_MS = 1500  # the frozen child's lease, in real milliseconds
 
@@ -82,28 +80,12 @@ CHILD = LeaseOwnerIdentity(owner_id="child", incarnation_id="child-1")
 
 
 # --------------------------------------------------------------------------
-# Racer plumbing (module level so that spawned children can import it)
+# Racer bodies (module level so that spawned children can import them)
 
 
 def _gone(pid: int, start: str) -> Any:
     """The injected probe of L-26: every holder process is gone."""
     return "gone"
-
-
-def _racer(body: str, url: str, i: int, barrier: Any, params: dict[str, Any]) -> Any:
-    """Open this racer's own Store (settable clock at T0), run the body, always close it."""
-    try:
-        store = Store.open(url, clock=SettableClock(T0_MS))
-    except BaseException:
-        barrier.abort()
-        raise
-    try:
-        return globals()[body](store, i, barrier, params)
-    except BaseException:
-        barrier.abort()  # never leave the other racer waiting
-        raise
-    finally:
-        store.close()
 
 
 def _body_try_claim(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[Any]:
@@ -128,68 +110,9 @@ def _body_reclaim(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list
     return out
 
 
-_PROC_BARRIER: Any = None
-
-
-def _proc_init(barrier: Any) -> None:
-    global _PROC_BARRIER
-    _PROC_BARRIER = barrier
-
-
-def _proc_entry(args: tuple[str, str, int, dict[str, Any]]) -> Any:
-    body, url, i, params = args
-    return _racer(body, url, i, _PROC_BARRIER, params)
-
-
-@pytest.fixture(scope="module")
-def proc_pool() -> Iterator[tuple[Any, Any]]:
-    """Two ``spawn``-ed processes and the barrier they share."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(2, timeout=BARRIER_TIMEOUT_S)
-    pool = ctx.Pool(2, initializer=_proc_init, initargs=(barrier,))
-    try:
-        yield pool, barrier
-    finally:
-        pool.terminate()
-        pool.join()
-
-
-def run_threads(url: str, body: str, params: dict[str, Any]) -> list[Any]:
-    barrier = threading.Barrier(2, timeout=BARRIER_TIMEOUT_S)
-    results: list[Any] = [None, None]
-    errors: list[BaseException] = []
-
-    def target(i: int) -> None:
-        try:
-            results[i] = _racer(body, url, i, barrier, params)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_TIMEOUT_S)
-    assert not any(t.is_alive() for t in threads), "a racer thread hung"
-    if errors:
-        raise errors[0]
-    return results
-
-
-def run_procs(pool: tuple[Any, Any], url: str, body: str, params: dict[str, Any]) -> list[Any]:
-    p, barrier = pool
-    barrier.reset()
-    tasks = [(body, url, i, params) for i in range(2)]
-    return p.map_async(_proc_entry, tasks, chunksize=1).get(JOIN_TIMEOUT_S)
-
-
-def racers(
-    request: pytest.FixtureRequest, kind: str, url: str, body: str, params: dict[str, Any]
-) -> list[Any]:
-    if kind == "threads":
-        return run_threads(url, body, params)
-    return run_procs(request.getfixturevalue("proc_pool"), url, body, params)
-
+#: Two racers, each with its own store and clock at T0.
+RACING = Racing(processes=2, threads=2, clock_ms=T0_MS, barrier_timeout_s=30.0, join_timeout_s=90.0)
+proc_pool = RACING.pool_fixture()
 
 KINDS = pytest.mark.parametrize("kind", ["processes", "threads"])
 
@@ -225,7 +148,7 @@ def test_l_25_simultaneous_try_claim_has_one_winner(
 ) -> None:
     """L-25: no row; two racers try_claim at once → one Acquired (fencing 1), one Busy naming it."""
     sids = [f"race25-{kind}-{n}" for n in range(ROUNDS)]
-    results = racers(request, kind, db_url, "_body_try_claim", {"sids": sids})
+    results = RACING.run(request, kind, db_url, _body_try_claim, {"sids": sids})
     winners = []
     with Store.open(db_url, clock=SettableClock(T0_MS)) as store:
         for n, sid in enumerate(sids):
@@ -263,7 +186,8 @@ def test_l_26_simultaneous_reclaim_of_dead_holder_has_one_winner(
             out = store.leases.try_claim_session_execution_lease(sid, DEAD_A, 60_000)
             assert isinstance(out, Acquired)
             fences.append(out.lease)
-        results = racers(request, kind, db_url, "_body_reclaim", {"sids": sids, "fences": fences})
+        params = {"sids": sids, "fences": fences}
+        results = RACING.run(request, kind, db_url, _body_reclaim, params)
         for n, (sid, dead) in enumerate(zip(sids, fences, strict=True)):
             lease, busy = one_winner([results[0][n], results[1][n]])
             assert lease.fencing_token == dead.fencing_token + 1 == n % 3 + 2

@@ -17,10 +17,7 @@ Time comes from each racer's :class:`SettableClock`; nothing sleeps.
 
 from __future__ import annotations
 
-import multiprocessing
-import threading
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -40,15 +37,13 @@ from agentkeep.sessions.domain import (
     SlotPolicy,
 )
 from agentkeep.store import Store
+from tests.racing import Racing
 
 SID = "race-session"
 A = LeaseOwnerIdentity(owner_id="owner-a", incarnation_id="inc-a")
 B = LeaseOwnerIdentity(owner_id="owner-b", incarnation_id="inc-b")
 T0 = 1_700_000_000_000
-N_RACERS = 2
 ROUNDS = 22  # lockstep rounds; each claims >= 1 of the 20 batches while any is left
-BARRIER_TIMEOUT_S = 30.0
-JOIN_TIMEOUT_S = 120.0
 
 Outcome = tuple[Any, ...]
 
@@ -116,80 +111,9 @@ def _body_stale_vs_new(store: Store, i: int, barrier: Any, p: dict[str, Any]) ->
     return out
 
 
-def _racer(body_name: str, url: str, i: int, barrier: Any, params: dict[str, Any]) -> Any:
-    body = globals()[body_name]
-    try:
-        store = Store.open(url, clock=SettableClock(T0))
-    except BaseException:
-        barrier.abort()
-        raise
-    try:
-        return body(store, i, barrier, params)
-    except BaseException:
-        barrier.abort()  # never leave the other racer waiting
-        raise
-    finally:
-        store.close()
-
-
-_PROC_BARRIER: Any = None
-
-
-def _proc_init(barrier: Any) -> None:
-    global _PROC_BARRIER
-    _PROC_BARRIER = barrier
-
-
-def _proc_entry(args: tuple[str, str, int, dict[str, Any]]) -> Any:
-    body_name, url, i, params = args
-    return _racer(body_name, url, i, _PROC_BARRIER, params)
-
-
-@pytest.fixture(scope="module")
-def proc_pool() -> Iterator[tuple[Any, Any]]:
-    """``N_RACERS`` spawned processes and the barrier they share."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(N_RACERS, timeout=BARRIER_TIMEOUT_S)
-    pool = ctx.Pool(N_RACERS, initializer=_proc_init, initargs=(barrier,))
-    try:
-        yield pool, barrier
-    finally:
-        pool.terminate()
-        pool.join()
-
-
-def run_threads(url: str, body: str, params: dict[str, Any]) -> list[Any]:
-    barrier = threading.Barrier(N_RACERS, timeout=BARRIER_TIMEOUT_S)
-    results: list[Any] = [None] * N_RACERS
-    errors: list[BaseException] = []
-
-    def target(i: int) -> None:
-        try:
-            results[i] = _racer(body, url, i, barrier, params)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(N_RACERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_TIMEOUT_S)
-    assert not any(t.is_alive() for t in threads), "a racer thread hung"
-    if errors:
-        raise errors[0]
-    return results
-
-
-def run_racers(
-    request: pytest.FixtureRequest, kind: str, url: str, body: str, params: dict[str, Any]
-) -> list[Any]:
-    if kind == "threads":
-        return run_threads(url, body, params)
-    pool, barrier = request.getfixturevalue("proc_pool")
-    barrier.reset()
-    tasks = [(body, url, i, params) for i in range(N_RACERS)]
-    return list(pool.map_async(_proc_entry, tasks, chunksize=1).get(JOIN_TIMEOUT_S))
-
+#: Two racers, each with its own store and clock at T0.
+RACING = Racing(processes=2, threads=2, clock_ms=T0, barrier_timeout_s=30.0, join_timeout_s=120.0)
+proc_pool = RACING.pool_fixture()
 
 KINDS = pytest.mark.parametrize("kind", ["threads", "processes"])
 
@@ -262,11 +186,11 @@ def test_q_24_racers_with_the_same_fence_never_share_a_row(
 ) -> None:
     ids = fill_queue(store)
     fence = take_lease(store, A, 600_000)
-    results = run_racers(
+    results = RACING.run(
         request,
         kind,
         db_url,
-        "_body_same_fence",
+        _body_same_fence,
         {"fence": fence.model_dump_json(), "max_batches": max_batches},
     )
 
@@ -292,11 +216,11 @@ def test_a_stale_generation_claimant_never_wins_a_row_from_the_new_holder(
 ) -> None:
     ids = fill_queue(store)
     old = take_lease(store, A, 1_000)
-    results = run_racers(
+    results = RACING.run(
         request,
         kind,
         db_url,
-        "_body_stale_vs_new",
+        _body_stale_vs_new,
         {
             "fence": old.model_dump_json(),
             "max_batches": 2,

@@ -20,8 +20,6 @@ Phases are lined up on barriers; every wait is bounded.
 
 from __future__ import annotations
 
-import multiprocessing
-import threading
 import traceback
 from collections import Counter
 from typing import Any
@@ -41,6 +39,7 @@ from agentkeep.sessions.domain import (
     TurnInputClaim,
 )
 from agentkeep.store import Store
+from tests.racing import SPAWN, Racing, race_threads, run_processes
 
 SID = "sess-ti-race"
 T0_MS = 1_700_000_000_000
@@ -85,7 +84,7 @@ def _plain_claim(c: TurnInputClaim | None) -> Any:
 # T-23 racers (module level: spawned children import them)
 
 
-def _holder_a(url: str, barrier: Any, out: Any, handoff: Any) -> None:
+def _holder_a(url: str, barrier: Any, handoff: Any) -> dict[str, Any]:
     """Claim as generation g, hand the fence to B, then try to complete and abandon."""
     try:
         store = Store.open(url, clock=SettableClock(T0_MS))
@@ -128,16 +127,16 @@ def _holder_a(url: str, barrier: Any, out: Any, handoff: Any) -> None:
                     lambda: store.call_write(lambda r: r.turn_inputs.abandon_turn_input_claim(nxt))
                 ),
             }
-            out.put(("A", {"active": _plain_claim(active), "next": _plain_claim(nxt), **results}))
+            return {"active": _plain_claim(active), "next": _plain_claim(nxt), **results}
         finally:
             store.close()
     except BaseException:
         barrier.abort()
-        handoff.put(("error", "A", traceback.format_exc()))
-        out.put(("error", "A", traceback.format_exc()))
+        handoff.put(("error", "A", traceback.format_exc()))  # B is waiting for the fence
+        raise
 
 
-def _taker_b(url: str, barrier: Any, out: Any, handoff: Any, takeover: str) -> None:
+def _taker_b(url: str, barrier: Any, handoff: Any, takeover: str) -> dict[str, Any]:
     """Take the lease over as generation g+1, re-claim the rows, complete the active claim."""
     try:
         # expiry: B's clock is past A's lease; reclaim: still live, A verifiably dead.
@@ -179,24 +178,19 @@ def _taker_b(url: str, barrier: Any, out: Any, handoff: Any, takeover: str) -> N
                     )
                 )
             )
-            out.put(
-                (
-                    "B",
-                    {
-                        "generation": fence.fencing_token,
-                        "a_generation": a_fence.fencing_token,
-                        "recovered": [i.input_id for i in recovered],
-                        "active": _plain_claim(active),
-                        "next": _plain_claim(nxt),
-                        "complete_active": done,
-                    },
-                )
-            )
+            return {
+                "generation": fence.fencing_token,
+                "a_generation": a_fence.fencing_token,
+                "recovered": [i.input_id for i in recovered],
+                "active": _plain_claim(active),
+                "next": _plain_claim(nxt),
+                "complete_active": done,
+            }
         finally:
             store.close()
     except BaseException:
         barrier.abort()
-        out.put(("error", "B", traceback.format_exc()))
+        raise
 
 
 def out_get(q: Any, kind: str) -> Any:
@@ -238,30 +232,14 @@ def test_t_23_takeover_across_processes(db_url: str, store: Store, takeover: str
     the seed they would stay orphaned (T-22).
     """
     active_ids, deferred_ids = _enqueue_setup(store)
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(2, timeout=WAIT_S)
-    out, handoff = ctx.Queue(), ctx.Queue()
-    procs = [
-        ctx.Process(target=_holder_a, args=(db_url, barrier, out, handoff)),
-        ctx.Process(target=_taker_b, args=(db_url, barrier, out, handoff, takeover)),
-    ]
-    for p in procs:
-        p.start()
-    try:
-        results: dict[str, Any] = {}
-        for _ in range(2):
-            msg = out.get(timeout=3 * WAIT_S)
-            if msg[0] == "error":
-                pytest.fail(f"racer {msg[1]} failed:\n{msg[2]}")
-            results[msg[0]] = msg[1]
-    finally:
-        for p in procs:
-            p.join(WAIT_S)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
-
-    a, b = results["A"], results["B"]
+    barrier, handoff = SPAWN.Barrier(2, timeout=WAIT_S), SPAWN.Queue()
+    a, b = run_processes(
+        [
+            (_holder_a, (db_url, barrier, handoff)),
+            (_taker_b, (db_url, barrier, handoff, takeover)),
+        ],
+        3 * WAIT_S,
+    )
     assert b["generation"] == b["a_generation"] + 1
     assert b["recovered"] == active_ids
     assert a["active"]["input_ids"] == b["active"]["input_ids"] == active_ids
@@ -292,26 +270,24 @@ def test_t_23_takeover_across_processes(db_url: str, store: Store, takeover: str
 # One live fence, concurrent claimants (threads)
 
 
-def _claimant(
-    url: str, fence: Any, barrier: threading.Barrier, found: list[Any], rounds: int
-) -> None:
-    store = Store.open(url, clock=SettableClock(T0_MS))
-    try:
-        barrier.wait()
-        for _ in range(rounds):
-            active = store.call_write(
-                lambda r: r.turn_inputs.claim_active_turn_inputs(
-                    SID, fence, fence.owner, "T", CheckpointKind.AFTER_WORK, 3
-                )
+def _claimant(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[TurnInputClaim]:
+    """Start with the others, then claim with the shared fence until nothing is left."""
+    fence = p["fence"]
+    found: list[TurnInputClaim] = []
+    barrier.wait()
+    for _ in range(p["rounds"]):
+        active = store.call_write(
+            lambda r: r.turn_inputs.claim_active_turn_inputs(
+                SID, fence, fence.owner, "T", CheckpointKind.AFTER_WORK, 3
             )
-            nxt = store.call_write(
-                lambda r: r.turn_inputs.claim_next_turn_inputs(SID, fence, fence.owner, 2)
-            )
-            found.extend(c for c in (active, nxt) if c is not None)
-            if active is None and nxt is None:
-                return
-    finally:
-        store.close()
+        )
+        nxt = store.call_write(
+            lambda r: r.turn_inputs.claim_next_turn_inputs(SID, fence, fence.owner, 2)
+        )
+        found.extend(c for c in (active, nxt) if c is not None)
+        if active is None and nxt is None:
+            break
+    return found
 
 
 @pytest.mark.parametrize("n_threads", [2, 4])
@@ -328,25 +304,10 @@ def test_concurrent_claims_with_one_fence_never_share_an_input(
     got = store.leases.try_claim_session_execution_lease(SID, A, 60_000)
     assert isinstance(got, Acquired)
     fence = got.lease
-    barrier = threading.Barrier(n_threads, timeout=WAIT_S)
-    found: list[list[TurnInputClaim]] = [[] for _ in range(n_threads)]
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            _claimant(db_url, fence, barrier, found[i], rounds=total)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            barrier.abort()
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT_S)
-    assert not any(t.is_alive() for t in threads), "a claimant hung"
-    if errors:
-        raise errors[0]
+    racing = Racing(
+        threads=n_threads, clock_ms=T0_MS, barrier_timeout_s=WAIT_S, join_timeout_s=WAIT_S
+    )
+    found = race_threads(racing, db_url, _claimant, {"fence": fence, "rounds": total})
 
     claims = [c for per_thread in found for c in per_thread]
     held = Counter(i.input_id for c in claims for i in c.inputs)

@@ -32,6 +32,12 @@ from agentkeep.runtime.domain import (
     Session,
     StoredInputState,
 )
+from agentkeep.runtime.legacy import LegacyV0634MigrationDisposition
+
+#: The reference codec (the migrator's; expected decoder messages come from it too).
+DOMAIN = ReferenceDomain()
+#: The dispositions a migration report's items carry.
+D = LegacyV0634MigrationDisposition
 
 SESSION_ID = "018f0000-0000-7000-8000-000000000001"
 RUNTIME_ID = f"rt:session:{SESSION_ID}"
@@ -50,7 +56,7 @@ def compact(value: Any) -> bytes:
 
 def session_snapshot(session_id: str = SESSION_ID) -> bytes:
     """A persisted session (current reference format) with one user message."""
-    return ReferenceDomain().encode_session(Session.new(session_id).with_message("user", "hello"))
+    return DOMAIN.encode_session(Session.new(session_id).with_message("user", "hello"))
 
 
 RUNTIME_STATE = b'"idle"'
@@ -147,7 +153,7 @@ def current_input_state() -> StoredInputState:
 
 def current_lifecycle() -> bytes:
     """A current lifecycle record (the migrator reports it Current)."""
-    return ReferenceDomain().encode_lifecycle(MachineLifecycleCommit(runtime_state="idle"))
+    return DOMAIN.encode_lifecycle(MachineLifecycleCommit(runtime_state="idle"))
 
 
 SESSION_ROW = (SESSION_ID, 1714557600000, 1714557601500, 1, 42, '{"title":"legacy"}')

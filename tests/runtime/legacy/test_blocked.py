@@ -12,20 +12,17 @@ from typing import Any
 
 import pytest
 
-from agentkeep.runtime.domain import OpsSnapshot, ReferenceDomain
+from agentkeep.runtime.domain import OpsSnapshot
 from agentkeep.runtime.errors import ReadFailed
 from agentkeep.runtime.legacy import (
     LegacyMigrationBlocked,
-    LegacyV0634MigrationDisposition,
     LegacyV0634MigrationItem,
     migrate_v0_6_34_completed_idle,
 )
 
 from . import _legacy_db as F
-from ._legacy_db import LegacyDb
+from ._legacy_db import DOMAIN, D, LegacyDb
 
-D = LegacyV0634MigrationDisposition
-DOMAIN = ReferenceDomain()
 RT = F.RUNTIME_ID
 OTHER_SESSION = "018f0000-0000-7000-8000-0000000000ff"
 OTHER_ID = "018f0000-0000-7000-8000-0000000000ee"

@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from agentkeep.runtime.domain import ReferenceDomain, StoredInputState
+from agentkeep.runtime.domain import StoredInputState
 from agentkeep.runtime.errors import ReadFailed
 from agentkeep.runtime.legacy import (
     LegacyMigrationBlocked,
-    LegacyV0634MigrationDisposition,
     LegacyV0634MigrationItem,
     migrate_v0_6_34_completed_idle,
 )
 
 from . import _legacy_db as F
-from ._legacy_db import LegacyDb
-
-D = LegacyV0634MigrationDisposition
-DOMAIN = ReferenceDomain()
+from ._legacy_db import DOMAIN, D, LegacyDb
 
 
 def test_43_explicit_v0_6_34_completed_idle_migration_is_atomic_and_idempotent(
