@@ -16,16 +16,19 @@ import re
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
+from sqlalchemy import event
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from agentkeep import Assignee, RunStatus, StepEntry
 from agentkeep import db as akdb
 from agentkeep.runs import codec
 from agentkeep.runs import repository as repo
+from agentkeep.store import Store
 
 try:  # the module was renamed once; accept either name
     from agentkeep.migrations import upgrade as migrate_upgrade
@@ -254,3 +257,28 @@ def best_us(fn: Callable[[], object], n: int, rounds: int) -> float:
             fn()
 
     return min(timed(loop, 0, n) for _ in range(rounds)) / n * 1e6
+
+
+@contextmanager
+def traced_store(path: Path) -> Iterator[tuple[Store, list[str], list[bool]]]:
+    """A store on a SQLite file whose pooled connection reports every statement SQLite runs.
+
+    Yields the store, the trace (statements run while ``on[0]`` is true) and
+    the switch. The first connection is opened before yielding, so its
+    PRAGMAs are not part of any traced call.
+    """
+    store = Store.open(f"sqlite:///{path}")
+    trace: list[str] = []
+    on = [False]
+    store.engine.dispose()
+
+    @event.listens_for(store.engine, "connect")
+    def _connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.set_trace_callback(lambda s: trace.append(s) if on[0] else None)
+
+    with store.engine.connect():
+        pass
+    try:
+        yield store, trace, on
+    finally:
+        store.close()

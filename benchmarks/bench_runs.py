@@ -41,8 +41,8 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,9 @@ from _common import (  # noqa: E402
     seed_status,
     table_rows,
     timed,
+    traced_store,
 )
-from sqlalchemy import event, text  # noqa: E402
+from sqlalchemy import text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from agentkeep import RunListFilter, RunRecord, RunStatus, StepEntry, Store  # noqa: E402
@@ -463,26 +464,6 @@ def _mask(sql: str) -> str:
     return _LITERALS.sub("?", " ".join(sql.split()))
 
 
-@contextmanager
-def _traced_store(path: Path) -> Iterator[tuple[Store, list[str], list[bool]]]:
-    """A store whose (single, fresh) pooled connection reports every statement SQLite runs."""
-    store = Store.open(f"sqlite:///{path}")
-    trace: list[str] = []
-    on = [False]
-    store.engine.dispose()
-
-    @event.listens_for(store.engine, "connect")
-    def _connect(dbapi_conn: Any, _rec: Any) -> None:
-        dbapi_conn.set_trace_callback(lambda s: trace.append(s) if on[0] else None)
-
-    with store.engine.connect():  # open it now: its PRAGMAs are not part of the call
-        pass
-    try:
-        yield store, trace, on
-    finally:
-        store.close()
-
-
 def check_same_sql(op: Op, template: Path, workdir: Path) -> list[str]:
     """One call via the store and via raw sqlite3 on twin files; both must match."""
     a, b = workdir / f"check-{op.name}-store.db", workdir / f"check-{op.name}-raw.db"
@@ -491,7 +472,7 @@ def check_same_sql(op: Op, template: Path, workdir: Path) -> list[str]:
     k = 1  # not 0: exercises the rotation
     problems = []
     try:
-        with _traced_store(a) as (store, store_trace, on):
+        with traced_store(a) as (store, store_trace, on):
             on[0] = True
             store_result = op.call(store.runs, k)
             on[0] = False

@@ -35,14 +35,12 @@ import sqlite3
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from _common import raw_connect, timed
-from sqlalchemy import event
+from _common import raw_connect, timed, traced_store
 
 from agentkeep import Store
 from agentkeep.migrations import upgrade
@@ -249,24 +247,6 @@ def raw_load(conn: sqlite3.Connection, rt: str) -> bytes:
 def _fresh(path: Path) -> Path:
     upgrade(f"sqlite:///{path}")
     return path
-
-
-@contextmanager
-def traced_store(path: Path) -> Iterator[tuple[Store, list[str], list[bool]]]:
-    """A store whose pooled connections report every statement SQLite runs (when on)."""
-    store = Store.open(f"sqlite:///{path}")
-    trace: list[str] = []
-    on = [False]
-    store.engine.dispose()
-
-    @event.listens_for(store.engine, "connect")
-    def _connect(dbapi_conn: Any, _rec: Any) -> None:
-        dbapi_conn.set_trace_callback(lambda s: trace.append(s) if on[0] else None)
-
-    try:
-        yield store, trace, on
-    finally:
-        store.close()
 
 
 def table_rows(path: Path) -> dict[str, list[tuple[Any, ...]]]:
