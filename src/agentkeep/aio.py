@@ -1,4 +1,4 @@
-"""The async facade: :class:`AsyncStore` and ``astore.runtime`` (spec runtime §0.1, §6.7).
+"""The async facade: :class:`AsyncStore`, ``astore.runtime`` and the other stores (§6.7).
 
 Every async method runs the synchronous one-call operation of the same name
 on a worker thread (the repositories hold the only implementation of every
@@ -28,10 +28,28 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
+from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.facade import RuntimeCalls
+from agentkeep.sessions.facade import (
+    LeaseCalls,
+    MaintenanceCalls,
+    QueueCalls,
+    SessionCalls,
+    TurnInputCalls,
+)
 from agentkeep.store import Store
 
-__all__ = ["AsyncRuntimeCalls", "AsyncStore", "run_to_completion"]
+__all__ = [
+    "AsyncLeaseCalls",
+    "AsyncMaintenanceCalls",
+    "AsyncQueueCalls",
+    "AsyncRunCalls",
+    "AsyncRuntimeCalls",
+    "AsyncSessionCalls",
+    "AsyncStore",
+    "AsyncTurnInputCalls",
+    "run_to_completion",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -147,19 +165,133 @@ class AsyncRuntimeCalls(_AsyncCalls[RuntimeCalls]):
     revoke_mob_host_binding = _Async(RuntimeCalls.revoke_mob_host_binding)
 
 
+class AsyncRunCalls(_AsyncCalls[RunCalls]):
+    """``astore.runs``: the run store's operations as coroutines."""
+
+    __slots__ = ()
+
+    create = _Async(RunCalls.create)
+    get = _Async(RunCalls.get)
+    list_by_task = _Async(RunCalls.list_by_task)
+    list_running = _Async(RunCalls.list_running)
+    list = _Async(RunCalls.list)
+    append_step_entry = _Async(RunCalls.append_step_entry)
+    append_degradation = _Async(RunCalls.append_degradation)
+    update_status = _Async(RunCalls.update_status)
+    try_transition = _Async(RunCalls.try_transition)
+    acquire_assignee = _Async(RunCalls.acquire_assignee)
+    vacate_assignee = _Async(RunCalls.vacate_assignee)
+    set_result = _Async(RunCalls.set_result)
+    set_input_json = _Async(RunCalls.set_input_json)
+    delete = _Async(RunCalls.delete)
+
+    @property
+    def name(self) -> str:
+        """``"sqlite"`` or ``"postgres"`` (no database access)."""
+        return self._sync.name
+
+
+class AsyncLeaseCalls(_AsyncCalls[LeaseCalls]):
+    """``astore.leases``: session execution leases as coroutines."""
+
+    __slots__ = ()
+
+    try_claim_session_execution_lease = _Async(LeaseCalls.try_claim_session_execution_lease)
+    reclaim_session_execution_lease = _Async(LeaseCalls.reclaim_session_execution_lease)
+    renew_session_execution_lease = _Async(LeaseCalls.renew_session_execution_lease)
+    release_session_execution_lease = _Async(LeaseCalls.release_session_execution_lease)
+    ensure_session_execution_lease = _Async(LeaseCalls.ensure_session_execution_lease)
+    get_session_execution_lease = _Async(LeaseCalls.get_session_execution_lease)
+
+
+class AsyncQueueCalls(_AsyncCalls[QueueCalls]):
+    """``astore.queue``: queued work of sessions as coroutines."""
+
+    __slots__ = ()
+
+    enqueue_queued_work = _Async(QueueCalls.enqueue_queued_work)
+    claim_leading_ready_session_command = _Async(QueueCalls.claim_leading_ready_session_command)
+    claim_ready_queued_work = _Async(QueueCalls.claim_ready_queued_work)
+    claim_ready_queued_work_by_batch_ids = _Async(QueueCalls.claim_ready_queued_work_by_batch_ids)
+    abandon_queued_work_claim = _Async(QueueCalls.abandon_queued_work_claim)
+    complete_queued_work_claim = _Async(QueueCalls.complete_queued_work_claim)
+    cancel_queued_work_batch = _Async(QueueCalls.cancel_queued_work_batch)
+    list_queued_work = _Async(QueueCalls.list_queued_work)
+    list_pending_queued_work = _Async(QueueCalls.list_pending_queued_work)
+
+
+class AsyncTurnInputCalls(_AsyncCalls[TurnInputCalls]):
+    """``astore.turn_inputs``: pending turn inputs as coroutines."""
+
+    __slots__ = ()
+
+    enqueue_pending_turn_input = _Async(TurnInputCalls.enqueue_pending_turn_input)
+    list_pending_turn_inputs = _Async(TurnInputCalls.list_pending_turn_inputs)
+    list_turn_inputs = _Async(TurnInputCalls.list_turn_inputs)
+    cancel_pending_turn_inputs = _Async(TurnInputCalls.cancel_pending_turn_inputs)
+    cancel_pending_turn_input_suffix = _Async(TurnInputCalls.cancel_pending_turn_input_suffix)
+    claim_active_turn_inputs = _Async(TurnInputCalls.claim_active_turn_inputs)
+    claim_next_turn_inputs = _Async(TurnInputCalls.claim_next_turn_inputs)
+    abandon_turn_input_claim = _Async(TurnInputCalls.abandon_turn_input_claim)
+    complete_turn_input_claim = _Async(TurnInputCalls.complete_turn_input_claim)
+    recover_stale_turn_input_claims = _Async(TurnInputCalls.recover_stale_turn_input_claims)
+
+
+class AsyncSessionCalls(_AsyncCalls[SessionCalls]):
+    """``astore.sessions``: session commits and reads as coroutines."""
+
+    __slots__ = ()
+
+    commit_runtime_state = _Async(SessionCalls.commit_runtime_state)
+    load_session = _Async(SessionCalls.load_session)
+    load_node = _Async(SessionCalls.load_node)
+    get_head_revision = _Async(SessionCalls.get_head_revision)
+    save_session_meta = _Async(SessionCalls.save_session_meta)
+    load_session_meta = _Async(SessionCalls.load_session_meta)
+
+
+class AsyncMaintenanceCalls(_AsyncCalls[MaintenanceCalls]):
+    """``astore.maintenance``: tombstones, vacuum and blob GC as coroutines."""
+
+    __slots__ = ()
+
+    tombstone_nodes = _Async(MaintenanceCalls.tombstone_nodes)
+    vacuum = _Async(MaintenanceCalls.vacuum)
+    vacuum_all_sessions = _Async(MaintenanceCalls.vacuum_all_sessions)
+    gc_unreachable = _Async(MaintenanceCalls.gc_unreachable)
+    gc_unreachable_strict = _Async(MaintenanceCalls.gc_unreachable_strict)
+
+
 class AsyncStore:
     """An asyncio handle on one agentkeep database (wraps a :class:`~agentkeep.Store`).
 
     Attributes:
-        store: the synchronous store (its units of work and other facades).
+        store: the synchronous store (its units of work).
         runtime: the runtime store's operations as coroutines.
+        runs, leases, queue, turn_inputs, sessions, maintenance: the other
+            stores' one-call operations as coroutines.
     """
 
-    __slots__ = ("runtime", "store")
+    __slots__ = (
+        "leases",
+        "maintenance",
+        "queue",
+        "runs",
+        "runtime",
+        "sessions",
+        "store",
+        "turn_inputs",
+    )
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.runtime = AsyncRuntimeCalls(store.runtime)
+        self.runs = AsyncRunCalls(store.runs)
+        self.leases = AsyncLeaseCalls(store.leases)
+        self.queue = AsyncQueueCalls(store.queue)
+        self.turn_inputs = AsyncTurnInputCalls(store.turn_inputs)
+        self.sessions = AsyncSessionCalls(store.sessions)
+        self.maintenance = AsyncMaintenanceCalls(store.maintenance)
 
     @classmethod
     async def open(cls, url: str = "sqlite:///agentkeep.db", **kwargs: Any) -> AsyncStore:
