@@ -90,6 +90,18 @@ def body_divergent_commit(store: Store, i: int, barrier: Any, p: dict[str, Any])
     return out
 
 
+def body_divergent_rewrite(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[Outcome]:
+    """Racer ``i`` rewrites the shared head with its own commit (both name the same parent)."""
+    out = []
+    for rt, rewrites in p["rounds"]:
+        snapshot, commit = rewrites[i]
+        barrier.wait()
+        out.append(
+            attempt(store.runtime.commit_session_transcript_rewrite_snapshot, rt, snapshot, commit)
+        )
+    return out
+
+
 def body_finalize_vs_replay(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[Outcome]:
     """(3) Racer 0 finalizes the projection; racer 1 re-applies S-with-I under a new receipt."""
     out = []

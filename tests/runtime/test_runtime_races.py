@@ -22,7 +22,7 @@ import psycopg
 from sqlalchemy import make_url
 
 from agentkeep.db import LockNamespace, _key_hash
-from agentkeep.runtime import MachineLifecycleCommit, OpsSnapshot, RuntimeState
+from agentkeep.runtime import MachineLifecycleCommit, Message, OpsSnapshot, RuntimeState
 from agentkeep.store import Store
 
 from ._workers_runtime import finalization, race
@@ -107,6 +107,31 @@ def test_divergent_snapshot_writers_one_wins(db_url: str) -> None:
             assert outcomes[1 - w][0] in ("WriteFailed", "GuardRejected"), outcomes
             assert outcomes[1 - w][1].startswith("Store write failed:")
             assert store.runtime.load_session_snapshot(rt) == successors[w]
+
+
+def test_racing_transcript_rewrites_of_one_parent_one_wins(db_url: str) -> None:
+    """The rewrite fence: two rewrites naming the same parent revision -> one wins, the other
+    gets TranscriptRevisionConflict and the head is the winner's."""
+    rounds: list[Any] = []
+    with Store.open(db_url) as store:
+        for rt in _rts("rewrite"):
+            head = user_session("hello").with_message("assistant", "verbose answer")
+            store.runtime.commit_session_snapshot(rt, encode(head))
+            rewrites = []
+            for i in (0, 1):
+                rewritten, commit = head.rewrite(
+                    1, 2, [Message(role="assistant", content=f"compact {i}")], actor=f"racer-{i}"
+                )
+                rewrites.append((encode(rewritten), commit))
+            rounds.append((rt, rewrites))
+    results = race(db_url, "body_divergent_rewrite", 2, {"rounds": rounds})
+    with Store.open(db_url) as store:
+        for (rt, rewrites), outcomes in zip(rounds, _by_round(results), strict=True):
+            winners = [i for i, (kind, _) in enumerate(outcomes) if kind == OK]
+            assert len(winners) == 1, outcomes
+            (w,) = winners
+            assert outcomes[1 - w][0] == "TranscriptRevisionConflict", outcomes
+            assert store.runtime.load_session_snapshot(rt) == rewrites[w][0]
 
 
 # --------------------------------------------------------------------------
