@@ -123,19 +123,10 @@ class FinalizationObservation:
     retired_marker_present: bool
 
 
-_RETIRED: Final = Sql(
-    "SELECT EXISTS (SELECT 1 FROM runtime_retired_ops_epochs "
-    "WHERE runtime_id = :rt AND epoch_id = :epoch)"
-)
-_LIFECYCLE: Final = Sql("SELECT runtime_state_json FROM runtime_states WHERE runtime_id = :rt")
-_INPUT: Final = Sql(
-    "SELECT state_json FROM runtime_input_states WHERE runtime_id = :rt AND input_id = :iid"
-)
 _RETIRE: Final = Sql(
     "INSERT INTO runtime_retired_ops_epochs (runtime_id, epoch_id) VALUES (:rt, :epoch) "
     "ON CONFLICT DO NOTHING"
 )
-_DELETE_OPS: Final = Sql("DELETE FROM runtime_ops_lifecycle WHERE runtime_id = :rt")
 
 
 class FinalizationOps(LifecycleOps):
@@ -151,31 +142,11 @@ class FinalizationOps(LifecycleOps):
         Raises:
             ReadFailed: a SELECT failed.
         """
-        lifecycle = self._one_bytes(
-            _LIFECYCLE,
-            {"rt": runtime_id},
-            table="runtime_states",
-            key=runtime_id,
-            column="runtime_state_json",
-        )
-        inputs = tuple(
-            (
-                iid,
-                self._one_bytes(
-                    _INPUT,
-                    {"rt": runtime_id, "iid": iid},
-                    table="runtime_input_states",
-                    key=f"{runtime_id}/{iid}",
-                    column="state_json",
-                ),
-            )
-            for iid in input_ids
-        )
-        retired = self._select(
-            _RETIRED, {"rt": runtime_id, "epoch": retired_epoch}, "runtime_retired_ops_epochs"
-        ).fetchone()[0]
         return FinalizationObservation(
-            lifecycle, inputs, self._load_ops_bytes(runtime_id), bool(retired)
+            self.load_machine_lifecycle_record(runtime_id),
+            tuple((iid, self._input_state_bytes(runtime_id, iid)) for iid in input_ids),
+            self._load_ops_bytes(runtime_id),
+            self._is_epoch_retired(runtime_id, retired_epoch),
         )
 
     def write_unregister_finalization(
@@ -209,7 +180,7 @@ class FinalizationOps(LifecycleOps):
         _fault(hook, FinalizationPoint.AFTER_LIFECYCLE_WRITE)
         self._dml(_RETIRE, {"rt": runtime_id, "epoch": retired_epoch}, "runtime_retired_ops_epochs")
         if before.ops is not None and final_ops is None:
-            self._dml(_DELETE_OPS, {"rt": runtime_id}, f"runtime_ops_lifecycle[{runtime_id}]")
+            self._delete_ops_row(runtime_id)
         _fault(hook, FinalizationPoint.AFTER_OPS_DELETE)
         return before, final
 

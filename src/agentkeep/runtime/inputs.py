@@ -188,10 +188,22 @@ class InputStateOps(RuntimeAccess):
             ReadFailed: the SELECT failed or the row does not decode.
         """
         canonical_uuid(input_id, "input_id")
-        row = self._select(
-            _LOAD_ONE, {"rt": runtime_id, "iid": input_id}, f"{_TABLE}[{runtime_id}, {input_id}]"
-        ).fetchone()
-        return None if row is None else self._decode_row(runtime_id, input_id, row[0])
+        data = self._input_state_bytes(runtime_id, input_id)
+        return None if data is None else self._decode_row(runtime_id, input_id, data)
+
+    def _input_state_bytes(self, runtime_id: str, input_id: str) -> bytes | None:
+        """The stored bytes of one input state (TEXT as UTF-8), or None.
+
+        Raises:
+            ReadFailed: the SELECT failed, or the value is not bytes/text.
+        """
+        return self._one_bytes(
+            _LOAD_ONE,
+            {"rt": runtime_id, "iid": input_id},
+            table=_TABLE,
+            key=f"{runtime_id}, {input_id}",
+            column=_COLUMN,
+        )
 
     def _decode_row(self, runtime_id: str, input_id: str, value: Any) -> StoredInputState:
         key = f"{runtime_id}, {input_id}"
@@ -235,7 +247,10 @@ class InputStateOps(RuntimeAccess):
             WriteFailed: a state does not encode, or an upsert failed (none of
                 the rows stays written).
         """
-        encoded = encode_input_states(self.domain, records)
+        self.apply_input_states(runtime_id, encode_input_states(self.domain, records))
+
+    def apply_input_states(self, runtime_id: str, encoded: Sequence[tuple[str, bytes]]) -> None:
+        """:meth:`persist_input_states_atomically` after :func:`encode_input_states`."""
         self._begin_write(LockNamespace.RUNTIME, runtime_id)
         with self._atomic():
             self._upsert_encoded(runtime_id, encoded)
@@ -300,13 +315,7 @@ class InputStateOps(RuntimeAccess):
         all_expected = True
         all_replacements = True
         for row in prepared:
-            current = self._one_bytes(
-                _LOAD_ONE,
-                {"rt": runtime_id, "iid": row.input_id},
-                table=_TABLE,
-                key=f"{runtime_id}, {row.input_id}",
-                column=_COLUMN,
-            )
+            current = self._input_state_bytes(runtime_id, row.input_id)
             if current is None:
                 return InputStateCasOutcome.STALE
             all_expected = all_expected and current == row.expected_json
@@ -361,16 +370,15 @@ class InputStateCalls(RuntimeCallsBase):
 
     def persist_input_state(self, runtime_id: str, record: InputStateRecord) -> None:
         """One-call form of :meth:`InputStateOps.persist_input_state`."""
-        encode_input_states(self.domain, (record,))  # refuse bad input before the unit opens
-        self._write(lambda repo: repo.persist_input_state(runtime_id, record))
+        encoded = encode_input_states(self.domain, (record,))  # refused before the unit opens
+        self._write(lambda repo: repo.apply_input_states(runtime_id, encoded))
 
     def persist_input_states_atomically(
         self, runtime_id: str, records: Sequence[InputStateRecord]
     ) -> None:
         """One-call form of :meth:`InputStateOps.persist_input_states_atomically`."""
-        records = tuple(records)
-        encode_input_states(self.domain, records)  # refuse bad input before the unit opens
-        self._write(lambda repo: repo.persist_input_states_atomically(runtime_id, records))
+        encoded = encode_input_states(self.domain, records)  # refused before the unit opens
+        self._write(lambda repo: repo.apply_input_states(runtime_id, encoded))
 
     def compare_and_swap_input_states_atomically(
         self,

@@ -126,8 +126,16 @@ class LifecycleOps(InputStateOps):
             WriteFailed: a value does not encode, or an upsert failed (nothing
                 of the call stays written).
         """
-        data = self.domain.encode_lifecycle(commit)
-        inputs = encode_input_states(self.domain, input_states)
+        self.apply_machine_lifecycle(
+            runtime_id,
+            self.domain.encode_lifecycle(commit),
+            encode_input_states(self.domain, input_states),
+        )
+
+    def apply_machine_lifecycle(
+        self, runtime_id: str, data: bytes, inputs: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """:meth:`commit_machine_lifecycle` after the encodes."""
         self._begin_write(LockNamespace.RUNTIME, runtime_id)
         with self._atomic():
             self._upsert_lifecycle_bytes(runtime_id, data)
@@ -146,10 +154,13 @@ class LifecycleOps(InputStateOps):
                 this runtime (nothing written).
             ReadFailed: the retired-epoch check failed.
         """
-        data = self.domain.encode_ops(snapshot)
+        self.apply_persist_ops(runtime_id, snapshot.epoch_id, self.domain.encode_ops(snapshot))
+
+    def apply_persist_ops(self, runtime_id: str, epoch_id: str, data: bytes) -> None:
+        """:meth:`persist_ops_lifecycle` after the encode (``data`` is epoch ``epoch_id``'s)."""
         self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        if self._is_epoch_retired(runtime_id, snapshot.epoch_id):
-            raise OpsLifecycleEpochRetired(runtime_id, snapshot.epoch_id)
+        if self._is_epoch_retired(runtime_id, epoch_id):
+            raise OpsLifecycleEpochRetired(runtime_id, epoch_id)
         self._dml(_UPSERT_OPS, {"rt": runtime_id, "data": data}, f"{_OPS_TABLE}[{runtime_id}]")
 
     def initialize_ops_lifecycle_if_absent(
@@ -172,10 +183,15 @@ class LifecycleOps(InputStateOps):
                 stored snapshot's epoch is (naming that epoch); nothing written.
             ReadFailed: a SELECT failed, or the stored snapshot does not decode.
         """
-        data = self.domain.encode_ops(candidate)
+        return self.apply_initialize_ops(
+            runtime_id, candidate.epoch_id, self.domain.encode_ops(candidate)
+        )
+
+    def apply_initialize_ops(self, runtime_id: str, epoch_id: str, data: bytes) -> OpsSnapshot:
+        """:meth:`initialize_ops_lifecycle_if_absent` after the encode."""
         self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        if self._is_epoch_retired(runtime_id, candidate.epoch_id):
-            raise OpsLifecycleEpochRetired(runtime_id, candidate.epoch_id)
+        if self._is_epoch_retired(runtime_id, epoch_id):
+            raise OpsLifecycleEpochRetired(runtime_id, epoch_id)
         with self._atomic():
             self._dml(
                 _INSERT_OPS_IF_ABSENT,
@@ -206,7 +222,7 @@ class LifecycleOps(InputStateOps):
             WriteFailed: the DELETE failed.
         """
         self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        self._dml(_DELETE_OPS, {"rt": runtime_id}, f"{_OPS_TABLE}[{runtime_id}]")
+        self._delete_ops_row(runtime_id)
 
     # -- shared with the boundary and finalization writers -------------------
 
@@ -219,6 +235,14 @@ class LifecycleOps(InputStateOps):
         self._dml(
             _UPSERT_LIFECYCLE, {"rt": runtime_id, "data": data}, f"{_LIFECYCLE_TABLE}[{runtime_id}]"
         )
+
+    def _delete_ops_row(self, runtime_id: str) -> None:
+        """Delete the ops snapshot row (the caller holds the runtime lock).
+
+        Raises:
+            WriteFailed: the DELETE failed (a trigger abort).
+        """
+        self._dml(_DELETE_OPS, {"rt": runtime_id}, f"{_OPS_TABLE}[{runtime_id}]")
 
     def _is_epoch_retired(self, runtime_id: str, epoch_id: str) -> bool:
         """True if ``(runtime_id, epoch_id)`` has a retired-epoch tombstone.
@@ -268,23 +292,22 @@ class LifecycleCalls(RuntimeCallsBase):
         input_states: Sequence[InputStateRecord] = (),
     ) -> None:
         """One-call form of :meth:`LifecycleOps.commit_machine_lifecycle`."""
-        states = tuple(input_states)
-        self.domain.encode_lifecycle(commit)  # refuse bad input before the unit opens
-        encode_input_states(self.domain, states)
-        self._write(lambda repo: repo.commit_machine_lifecycle(runtime_id, commit, states))
+        data = self.domain.encode_lifecycle(commit)  # refused before the unit opens
+        inputs = encode_input_states(self.domain, input_states)
+        self._write(lambda repo: repo.apply_machine_lifecycle(runtime_id, data, inputs))
 
     def persist_ops_lifecycle(self, runtime_id: str, snapshot: OpsSnapshot) -> None:
         """One-call form of :meth:`LifecycleOps.persist_ops_lifecycle`."""
-        self.domain.encode_ops(snapshot)  # refuse bad input before the unit opens
-        self._write(lambda repo: repo.persist_ops_lifecycle(runtime_id, snapshot))
+        data = self.domain.encode_ops(snapshot)  # refused before the unit opens
+        self._write(lambda repo: repo.apply_persist_ops(runtime_id, snapshot.epoch_id, data))
 
     def initialize_ops_lifecycle_if_absent(
         self, runtime_id: str, candidate: OpsSnapshot
     ) -> OpsSnapshot:
         """One-call form of :meth:`LifecycleOps.initialize_ops_lifecycle_if_absent`."""
-        self.domain.encode_ops(candidate)  # refuse bad input before the unit opens
+        data = self.domain.encode_ops(candidate)  # refused before the unit opens
         return self._write(
-            lambda repo: repo.initialize_ops_lifecycle_if_absent(runtime_id, candidate)
+            lambda repo: repo.apply_initialize_ops(runtime_id, candidate.epoch_id, data)
         )
 
     def load_ops_lifecycle(self, runtime_id: str) -> OpsSnapshot | None:
