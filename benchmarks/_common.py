@@ -1,8 +1,8 @@
 """Shared pieces of the run store benchmarks: seed data, SQL, raw sqlite3 connections.
 
 The SQL that the raw ``sqlite3`` side runs is never written by hand: it is the
-repository's own module constants (``agentkeep.db.Sql``) rendered the way the
-repository renders them for sqlite3 (named ``:binds``, parameter dicts). The
+repository's own module constants (``agentkeep.statements.Statement``) compiled the
+way the store compiles them for sqlite3 (named ``:binds``, parameter dicts). The
 bind names of each statement are checked at import, so a change in the
 repository makes the benchmark fail loudly instead of silently measuring
 something else.
@@ -28,6 +28,7 @@ from agentkeep import Assignee, RunStatus, StepEntry
 from agentkeep import db as akdb
 from agentkeep.runs import codec
 from agentkeep.runs import repository as repo
+from agentkeep.statements import CompileTarget, Statement
 from agentkeep.store import Store
 
 try:  # the module was renamed once; accept either name
@@ -46,10 +47,22 @@ STATUS_BY_TEXT: Final = {t: s.value for s, t in STATUS_TEXT.items()}
 _BIND = re.compile(r"(?<![:\w]):(\w+)")
 
 
+#: What the store compiles its statements for on sqlite3 (named binds, dicts bound as is).
+SQLITE_TARGET: Final = CompileTarget.of(sqlite_dialect.dialect(paramstyle="named"))
+
+
+def sqlite_sql(stmt: Statement) -> str:
+    """The text the store hands to sqlite3 for one of its statements."""
+    form = stmt.compiled(SQLITE_TARGET)
+    if form.fixed:
+        raise SystemExit(f"benchmark: {stmt.name} binds fixed values; pass them explicitly")
+    return form.sql
+
+
 def _sql(stmt: Any, expected_binds: Sequence[str]) -> str:
     """The text the repository hands to sqlite3 for ``stmt``, with its binds checked."""
-    if hasattr(stmt, "render"):  # agentkeep.db.Sql: sqlite3 gets the named rendering
-        sql = stmt.render("named")
+    if isinstance(stmt, Statement):
+        sql = sqlite_sql(stmt)
     else:  # a SQLAlchemy construct
         sql = stmt.compile(dialect=sqlite_dialect.dialect(paramstyle="named")).string
     binds = sorted(set(_BIND.findall(sql)))

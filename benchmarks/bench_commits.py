@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import best_us, raw_connect
+from _common import best_us, raw_connect, sqlite_sql
 
 from agentkeep import Store
 from agentkeep.migrations import upgrade
@@ -49,7 +49,7 @@ OWNER = LeaseOwnerIdentity(owner_id="bench", incarnation_id="bench")
 
 
 def _sql(stmt: object) -> str:
-    return str(stmt.render("named"))  # type: ignore[attr-defined]
+    return sqlite_sql(stmt)  # type: ignore[arg-type]
 
 
 def _canon(value: object) -> str:

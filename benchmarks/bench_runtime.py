@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from _common import raw_connect, timed, traced_store
+from _common import raw_connect, sqlite_sql, timed, traced_store
 
 from agentkeep import Store
 from agentkeep.migrations import upgrade
@@ -70,7 +70,7 @@ _BIND = re.compile(r"(?<![:\w]):(\w+)")
 
 def _sql(stmt: Any, binds: Sequence[str]) -> str:
     """The text the repository hands to sqlite3 for ``stmt``, with its bind names checked."""
-    sql = str(stmt.render("named"))
+    sql = sqlite_sql(stmt)
     if sorted(set(_BIND.findall(sql))) != sorted(binds):
         raise SystemExit(f"benchmark out of date: {sql!r} does not bind exactly {sorted(binds)}")
     return sql

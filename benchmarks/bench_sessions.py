@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import best_us, raw_connect
+from _common import best_us, raw_connect, sqlite_sql
 
 from agentkeep import Store
 from agentkeep.migrations import upgrade
@@ -57,7 +57,7 @@ LIVENESS = '{"kind":"opaque"}'
 
 
 def _sql(stmt: Any) -> str:
-    return str(stmt.render("named"))
+    return sqlite_sql(stmt)
 
 
 def _now() -> int:

@@ -34,13 +34,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Engine, bindparam, event, func, select
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
 from agentkeep.errors import DatabaseError, StoreBusy
+from agentkeep.statements import CompileTarget, Statement
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
@@ -167,6 +168,9 @@ def _create_sqlite_engine(
         # One shared connection: the in-memory database lives in it. Callers
         # serialise units of work on it (Store holds a mutex).
         engine_kwargs.setdefault("poolclass", StaticPool)
+    # sqlite3 takes :name parameters natively: statements are compiled in that
+    # style, so a call binds its parameter dict as is.
+    engine_kwargs.setdefault("paramstyle", "named")
     engine = sa_create_engine(url, connect_args=connect_args, **engine_kwargs)
 
     @event.listens_for(engine, "connect")
@@ -322,37 +326,50 @@ class Driver:
         postgres: True on Postgres.
     """
 
-    __slots__ = ("_error", "_style", "postgres", "raw")
+    __slots__ = ("_error", "postgres", "raw", "target")
 
-    def __init__(self, raw: Any, dialect_name: str, error: type[BaseException]) -> None:
+    def __init__(self, raw: Any, target: CompileTarget, error: type[BaseException]) -> None:
         self.raw = raw
-        self.postgres = dialect_name == "postgresql"
-        # sqlite3 takes :name natively; psycopg takes %(name)s.
-        self._style = "pyformat" if self.postgres else "named"
+        self.target = target
+        self.postgres = target.dialect.name == "postgresql"
         self._error = error
 
     @classmethod
-    def of(cls, conn: Connection) -> Driver:
+    def of(
+        cls,
+        conn: Connection,
+        schema_translate_map: Mapping[str | None, str | None] | None = None,
+    ) -> Driver:
         """The driver connection under a SQLAlchemy connection (inside its transaction)."""
         return cls(
-            conn.connection.driver_connection, conn.dialect.name, conn.dialect.loaded_dbapi.Error
+            conn.connection.driver_connection,
+            CompileTarget.of(conn.dialect, schema_translate_map),
+            conn.dialect.loaded_dbapi.Error,
         )
 
-    def execute(self, stmt: Sql, params: Mapping[str, Any]) -> Any:
+    def execute(self, stmt: Statement | Sql, params: Mapping[str, Any]) -> Any:
         """Run ``stmt``; return the DBAPI cursor.
 
+        The statement is compiled for this connection's target on first use
+        (:mod:`agentkeep.statements`); only ``params`` are bound per call.
         Use ``fetchone()`` / ``fetchall()`` for rows (plain tuples) and
         ``rowcount`` for UPDATE/DELETE (exact on both drivers; never for
         ``INSERT … ON CONFLICT``: use ``RETURNING``).
         """
+        if isinstance(stmt, Statement):
+            form = stmt.compiled(self.target)
+            sql: str = form.sql
+            bound: Any = form.bind(params)
+        else:
+            sql, bound = stmt.render(self.target.paramstyle), params
         cur = self.raw.cursor()
         try:
-            cur.execute(stmt.render(self._style), params)
+            cur.execute(sql, bound)
         except self._error as exc:
             raise _translate_driver_error(exc) from exc
         return cur
 
-    def executemany(self, stmt: Sql, params: Sequence[Mapping[str, Any]]) -> None:
+    def executemany(self, stmt: Statement | Sql, params: Sequence[Mapping[str, Any]]) -> None:
         """Run ``stmt`` once per parameter set (one driver call: no per-row Python overhead).
 
         For batches of INSERT / UPDATE / upsert statements whose results are
@@ -361,9 +378,15 @@ class Driver:
         """
         if not params:
             return
+        if isinstance(stmt, Statement):
+            form = stmt.compiled(self.target)
+            sql: str = form.sql
+            rows: Any = [form.bind(p) for p in params]
+        else:
+            sql, rows = stmt.render(self.target.paramstyle), params
         cur = self.raw.cursor()
         try:
-            cur.executemany(stmt.render(self._style), params)
+            cur.executemany(sql, rows)
         except self._error as exc:
             raise _translate_driver_error(exc) from exc
         finally:
@@ -420,8 +443,13 @@ class Driver:
 # --------------------------------------------------------------------------
 # The aggregate write lock
 
-_LOCK_SQL: Final = Sql("SELECT pg_advisory_xact_lock(:ns, :key)")
-_LOCK_SHARED_SQL: Final = Sql("SELECT pg_advisory_xact_lock_shared(:ns, :key)")
+_LOCK_SQL: Final = Statement(
+    select(func.pg_advisory_xact_lock(bindparam("ns"), bindparam("key"))), name="advisory_lock"
+)
+_LOCK_SHARED_SQL: Final = Statement(
+    select(func.pg_advisory_xact_lock_shared(bindparam("ns"), bindparam("key"))),
+    name="advisory_lock_shared",
+)
 
 
 def _key_hash(key: str) -> int:

@@ -35,6 +35,7 @@ from agentkeep.sessions.facade import (
     SessionCalls,
     TurnInputCalls,
 )
+from agentkeep.statements import CompileTarget
 from agentkeep.unit_of_work import Repositories, UnitOfWork
 
 __all__ = ["Store"]
@@ -73,7 +74,7 @@ class Store:
         self.clock: Clock = clock or SystemClock()
         self._write_engine = db.write_engine(engine)
         self._read_engine = db.read_engine(engine)
-        self._dialect = engine.dialect.name
+        self._target: CompileTarget | None = None
         self._dbapi_error: type[BaseException] = engine.dialect.loaded_dbapi.Error
         self._retry_attempts = retry_attempts
         self._mutex: Callable[[], AbstractContextManager[Any]]
@@ -272,13 +273,25 @@ class Store:
             except sa_exc.DBAPIError as exc:
                 raise db.translate_db_error(exc) from exc
             try:
-                yield db.Driver(pooled.driver_connection, self._dialect, self._dbapi_error), pooled
+                driver = db.Driver(pooled.driver_connection, self.compile_target, self._dbapi_error)
+                yield driver, pooled
             finally:
                 pooled.close()
 
     def repositories(self, driver: db.Driver, *, write: bool) -> Repositories:
         """The repositories of a one-call unit on ``driver`` (see :meth:`pooled_driver`)."""
         return Repositories(driver, self.clock, writable=write, runtime_domain=self.runtime_domain)
+
+    @property
+    def compile_target(self) -> CompileTarget:
+        """What this store's statements are compiled for (its dialect and paramstyle).
+
+        Built after the first connection, when the dialect knows the server version.
+        """
+        target = self._target
+        if target is None:
+            target = self._target = CompileTarget.of(self.engine.dialect)
+        return target
 
     @property
     def retry_attempts(self) -> int:

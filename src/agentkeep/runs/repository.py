@@ -31,8 +31,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, select, update
+
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
+from agentkeep.db import Driver, LockNamespace, lock_aggregate
 from agentkeep.errors import (
     AssigneeDescRequired,
     AssigneeSlotRequired,
@@ -61,6 +64,8 @@ from agentkeep.runs.domain import (
     is_blank_desc,
     validate_assignment_generations,
 )
+from agentkeep.runs.models import Run
+from agentkeep.statements import Statement, upsert
 
 __all__ = ["RunRepository"]
 
@@ -68,12 +73,8 @@ T = TypeVar("T")
 
 _MAX_I64: Final = 2**63 - 1
 _MAX_U64: Final = 2**64 - 1
-_TABLE: Final = "runs"
+_TABLE: Final = Run.__tablename__
 
-_COLUMNS: Final = (
-    "id, task_id, status, step_entries_json, degradations_json, operator_sid, "
-    "current_json, next_generation, result_ref_json, input_json, created_at, updated_at"
-)
 _FIELD_COLUMN: Final = {
     "status": "status",
     "step_entries": "step_entries_json",
@@ -82,64 +83,126 @@ _FIELD_COLUMN: Final = {
     "result_ref": "result_ref_json",
 }
 
-_INSERT: Final = Sql(
-    "INSERT INTO runs (id, task_id, status, step_entries_json, degradations_json, "
-    "operator_sid, current_json, next_generation, result_ref_json, input_json, "
-    "created_at, updated_at) VALUES (:id, :task_id, :status, :steps, :degradations, "
-    ":operator_sid, :current, :gen, :result, :input, :created_at, :updated_at) "
-    "ON CONFLICT (id) DO NOTHING RETURNING id"
+# The columns of a whole record, in the order _row_to_record reads them.
+_RECORD = (
+    Run.id,
+    Run.task_id,
+    Run.status,
+    Run.step_entries_json,
+    Run.degradations_json,
+    Run.operator_sid,
+    Run.current_json,
+    Run.next_generation,
+    Run.result_ref_json,
+    Run.input_json,
+    Run.created_at,
+    Run.updated_at,
 )
-_GET: Final = Sql(f"SELECT {_COLUMNS} FROM runs WHERE id = :id")
-_LIST_BY_TASK: Final = Sql(
-    f"SELECT {_COLUMNS} FROM runs WHERE task_id = :task_id ORDER BY created_at ASC, seq ASC"
+_BY_ID = Run.id == p("id")
+
+_INSERT: Final = Statement(
+    lambda d: (
+        upsert(d, Run)
+        .values(
+            id=p("id"),
+            task_id=p("task_id"),
+            status=p("status"),
+            step_entries_json=p("steps"),
+            degradations_json=p("degradations"),
+            operator_sid=p("operator_sid"),
+            current_json=p("current"),
+            next_generation=p("gen"),
+            result_ref_json=p("result"),
+            input_json=p("input"),
+            created_at=p("created_at"),
+            updated_at=p("updated_at"),
+        )
+        .on_conflict_do_nothing(index_elements=[Run.id])
+        .returning(Run.id)
+    ),
+    name="runs.insert",
 )
-_LIST_RUNNING: Final = Sql(f"SELECT {_COLUMNS} FROM runs WHERE status = :status ORDER BY seq ASC")
-_GET_STEPS: Final = Sql("SELECT step_entries_json FROM runs WHERE id = :id")
-_GET_DEGRADATIONS: Final = Sql("SELECT degradations_json FROM runs WHERE id = :id")
-_SET_STEPS: Final = Sql(
-    "UPDATE runs SET step_entries_json = :new, updated_at = :now "
-    "WHERE id = :id AND step_entries_json = :old"
+_GET: Final = Statement(select(*_RECORD).where(_BY_ID), name="runs.get")
+_LIST_BY_TASK: Final = Statement(
+    select(*_RECORD)
+    .where(Run.task_id == p("task_id"))
+    .order_by(Run.created_at.asc(), Run.seq.asc()),
+    name="runs.list_by_task",
 )
-_SET_DEGRADATIONS: Final = Sql(
-    "UPDATE runs SET degradations_json = :new, updated_at = :now "
-    "WHERE id = :id AND degradations_json = :old"
+_LIST_RUNNING: Final = Statement(
+    select(*_RECORD).where(Run.status == p("status")).order_by(Run.seq.asc()),
+    name="runs.list_running",
 )
-_SET_STATUS: Final = Sql("UPDATE runs SET status = :status, updated_at = :now WHERE id = :id")
-_TRANSITION: Final = Sql(
-    "UPDATE runs SET status = :to, updated_at = :now WHERE id = :id AND status = :from_"
+_GET_STEPS: Final = Statement(select(Run.step_entries_json).where(_BY_ID), name="runs.get_steps")
+_GET_DEGRADATIONS: Final = Statement(
+    select(Run.degradations_json).where(_BY_ID), name="runs.get_degradations"
 )
-_GET_SLOTS: Final = Sql("SELECT current_json, next_generation FROM runs WHERE id = :id")
-_SET_SLOTS: Final = Sql(
-    "UPDATE runs SET current_json = :current, next_generation = :new_gen, updated_at = :now "
-    "WHERE id = :id AND next_generation = :old_gen"
+_SET_STEPS: Final = Statement(
+    update(Run)
+    .values(step_entries_json=p("new"), updated_at=p("now"))
+    .where(_BY_ID, Run.step_entries_json == p("old")),
+    name="runs.set_steps",
 )
-_SET_RESULT: Final = Sql("UPDATE runs SET result_ref_json = :v, updated_at = :now WHERE id = :id")
-_SET_INPUT: Final = Sql("UPDATE runs SET input_json = :v, updated_at = :now WHERE id = :id")
-_DELETE: Final = Sql("DELETE FROM runs WHERE id = :id")
+_SET_DEGRADATIONS: Final = Statement(
+    update(Run)
+    .values(degradations_json=p("new"), updated_at=p("now"))
+    .where(_BY_ID, Run.degradations_json == p("old")),
+    name="runs.set_degradations",
+)
+_SET_STATUS: Final = Statement(
+    update(Run).values(status=p("status"), updated_at=p("now")).where(_BY_ID),
+    name="runs.set_status",
+)
+_TRANSITION: Final = Statement(
+    update(Run).values(status=p("to"), updated_at=p("now")).where(_BY_ID, Run.status == p("from_")),
+    name="runs.transition",
+)
+_GET_SLOTS: Final = Statement(
+    select(Run.current_json, Run.next_generation).where(_BY_ID), name="runs.get_slots"
+)
+_SET_SLOTS: Final = Statement(
+    update(Run)
+    .values(current_json=p("current"), next_generation=p("new_gen"), updated_at=p("now"))
+    .where(_BY_ID, Run.next_generation == p("old_gen")),
+    name="runs.set_slots",
+)
+_SET_RESULT: Final = Statement(
+    update(Run).values(result_ref_json=p("v"), updated_at=p("now")).where(_BY_ID),
+    name="runs.set_result",
+)
+_SET_INPUT: Final = Statement(
+    update(Run).values(input_json=p("v"), updated_at=p("now")).where(_BY_ID),
+    name="runs.set_input",
+)
+_DELETE: Final = Statement(delete(Run).where(_BY_ID), name="runs.delete")
 
 _RUNNING: Final = codec.encode_status(RunStatus.RUNNING)
 
-_LIST_CACHE: dict[tuple[bool, bool], Sql] = {}
 
-
-def _list_statement(task: bool, status: bool) -> Sql:
-    """The ``list`` query for one combination of filters (built once, then cached).
+def _list(task: bool, status: bool) -> Statement:
+    """The ``list`` query for one combination of filters.
 
     Filter clauses are added only when given (no ``(:p IS NULL OR …)``: Postgres
     cannot type an untyped NULL parameter). LIMIT and OFFSET are always bound;
     "no cap" binds 2**63-1, which both dialects accept (never a negative LIMIT).
     """
-    key = (task, status)
-    stmt = _LIST_CACHE.get(key)
-    if stmt is None:
-        where = [c for c, on in (("task_id = :task_id", task), ("status = :status", status)) if on]
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
-        stmt = Sql(
-            f"SELECT {_COLUMNS} FROM runs{clause} "
-            "ORDER BY created_at DESC, seq DESC LIMIT :limit OFFSET :offset"
-        )
-        _LIST_CACHE[key] = stmt
-    return stmt
+    query = select(*_RECORD)
+    if task:
+        query = query.where(Run.task_id == p("task_id"))
+    if status:
+        query = query.where(Run.status == p("status"))
+    query = query.order_by(Run.created_at.desc(), Run.seq.desc()).limit(p("limit"))
+    return Statement(query.offset(p("offset")), name=f"runs.list(task={task}, status={status})")
+
+
+_LIST: Final = {
+    (task, status): _list(task, status) for task in (False, True) for status in (False, True)
+}
+
+
+def _list_statement(task: bool, status: bool) -> Statement:
+    """The ``list`` query for one combination of filters."""
+    return _LIST[(task, status)]
 
 
 class RunRepository:
@@ -344,8 +407,8 @@ class RunRepository:
         self,
         run_id: str,
         item_json: str,
-        read: Sql,
-        write: Sql,
+        read: Statement,
+        write: Statement,
         decode: Callable[[object], object],
         field: str,
     ) -> None:
