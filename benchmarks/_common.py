@@ -28,7 +28,7 @@ from agentkeep import Assignee, RunStatus, StepEntry
 from agentkeep import db as akdb
 from agentkeep.runs import codec
 from agentkeep.runs import repository as repo
-from agentkeep.statements import CompileTarget, Statement
+from agentkeep.statements import Compiled, CompileTarget, Statement
 from agentkeep.store import Store
 
 try:  # the module was renamed once; accept either name
@@ -51,12 +51,23 @@ _BIND = re.compile(r"(?<![:\w]):(\w+)")
 SQLITE_TARGET: Final = CompileTarget.of(sqlite_dialect.dialect(paramstyle="named"))
 
 
+def sqlite_form(stmt: Statement) -> Compiled:
+    """One of the store's statements as it runs on sqlite3.
+
+    ``form.sql`` is the text; ``form.bind(params)`` the parameters the store
+    binds for ``params`` (adding the values the construct fixed itself, such
+    as a constant state), so the raw side runs exactly the store's statement.
+    """
+    return stmt.compiled(SQLITE_TARGET)
+
+
 def sqlite_sql(stmt: Statement) -> str:
-    """The text the store hands to sqlite3 for one of its statements."""
-    form = stmt.compiled(SQLITE_TARGET)
-    if form.fixed:
-        raise SystemExit(f"benchmark: {stmt.name} binds fixed values; pass them explicitly")
-    return form.sql
+    """The text the store hands to sqlite3 for one of its statements.
+
+    A statement with fixed values (``sqlite_form(stmt).fixed``) also needs
+    them bound: use :func:`sqlite_form` and ``form.bind(params)`` for it.
+    """
+    return sqlite_form(stmt).sql
 
 
 def _sql(stmt: Any, expected_binds: Sequence[str]) -> str:
