@@ -10,44 +10,22 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agentkeep.errors import DatabaseError, SessionCorrupt
-from agentkeep.sessions.domain import (
-    AcquireOutcome,
-    AnchorNotFound,
-    CancelResult,
-    CancelTarget,
-    CheckpointKind,
-    ClaimBoundary,
-    LeaseFence,
-    LeaseOwnerIdentity,
-    PendingTurnInput,
-    PendingTurnInputDraft,
-    QueuedWorkBatch,
-    QueuedWorkClaim,
-    QueuedWorkCompletion,
-    QueuedWorkDraft,
-    SessionExecutionLease,
-    SuffixOutcomes,
-    TurnInputClaim,
-    TurnInputCompletion,
-)
-from agentkeep.sessions.liveness import ProcessProbe, procfs_probe
+from agentkeep.one_call import OneCalls, read, write
+from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
+from agentkeep.sessions.leases import SessionLeaseRepository as _LEASES
+from agentkeep.sessions.maintenance import MaintenanceRepository as _MAINTENANCE
 from agentkeep.sessions.maintenance import log_gc_failure
+from agentkeep.sessions.queue import QueuedWorkRepository as _QUEUE
 from agentkeep.sessions.records import (
     BlobProfile,
-    FullGraphScope,
     GcReport,
-    LoadScope,
-    PersistedSessionRead,
     RuntimeCommit,
     RuntimeCommitResult,
-    SessionMeta,
-    SessionNodeRecord,
-    VacuumReport,
 )
+from agentkeep.sessions.turn_inputs import TurnInputRepository as _TURN_INPUTS
 
 if TYPE_CHECKING:
     from agentkeep.store import Store
@@ -55,234 +33,65 @@ if TYPE_CHECKING:
 __all__ = ["LeaseCalls", "MaintenanceCalls", "QueueCalls", "SessionCalls", "TurnInputCalls"]
 
 
-class LeaseCalls:
+class LeaseCalls(OneCalls):
     """``store.leases``: session execution leases, each call in its own unit of work."""
 
-    __slots__ = ("_store",)
+    _repository = "leases"
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    def try_claim_session_execution_lease(
-        self, session_id: str, owner: LeaseOwnerIdentity, ttl_ms: int
-    ) -> AcquireOutcome:
-        """See :meth:`SessionLeaseRepository.try_claim_session_execution_lease`."""
-        return self._store.call_write(
-            lambda r: r.leases.try_claim_session_execution_lease(session_id, owner, ttl_ms)
-        )
-
-    def reclaim_session_execution_lease(
-        self,
-        session_id: str,
-        owner: LeaseOwnerIdentity,
-        observed_holder: LeaseFence,
-        ttl_ms: int,
-        *,
-        probe: ProcessProbe = procfs_probe,
-    ) -> AcquireOutcome:
-        """See :meth:`SessionLeaseRepository.reclaim_session_execution_lease`."""
-        return self._store.call_write(
-            lambda r: r.leases.reclaim_session_execution_lease(
-                session_id, owner, observed_holder, ttl_ms, probe=probe
-            )
-        )
-
-    def renew_session_execution_lease(
-        self, fence: LeaseFence, ttl_ms: int
-    ) -> SessionExecutionLease:
-        """See :meth:`SessionLeaseRepository.renew_session_execution_lease`."""
-        return self._store.call_write(
-            lambda r: r.leases.renew_session_execution_lease(fence, ttl_ms)
-        )
-
-    def release_session_execution_lease(self, completion: LeaseFence) -> None:
-        """See :meth:`SessionLeaseRepository.release_session_execution_lease`."""
-        self._store.call_write(lambda r: r.leases.release_session_execution_lease(completion))
-
-    def ensure_session_execution_lease(self, fence: LeaseFence) -> None:
-        """See :meth:`SessionLeaseRepository.ensure_session_execution_lease`."""
-        self._store.call_read(lambda r: r.leases.ensure_session_execution_lease(fence))
-
-    def get_session_execution_lease(self, session_id: str) -> SessionExecutionLease | None:
-        """See :meth:`SessionLeaseRepository.get_session_execution_lease`."""
-        return self._store.call_read(lambda r: r.leases.get_session_execution_lease(session_id))
+    try_claim_session_execution_lease = write(_LEASES.try_claim_session_execution_lease)
+    reclaim_session_execution_lease = write(_LEASES.reclaim_session_execution_lease)
+    renew_session_execution_lease = write(_LEASES.renew_session_execution_lease)
+    release_session_execution_lease = write(_LEASES.release_session_execution_lease)
+    ensure_session_execution_lease = read(_LEASES.ensure_session_execution_lease)
+    get_session_execution_lease = read(_LEASES.get_session_execution_lease)
 
 
-class QueueCalls:
+class QueueCalls(OneCalls):
     """``store.queue``: queued work of sessions, each call in its own unit of work."""
 
-    __slots__ = ("_store",)
+    _repository = "queue"
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    def enqueue_queued_work(self, draft: QueuedWorkDraft) -> QueuedWorkBatch:
-        """See :meth:`QueuedWorkRepository.enqueue_queued_work`."""
-        return self._store.call_write(lambda r: r.queue.enqueue_queued_work(draft))
-
-    def claim_leading_ready_session_command(
-        self, session_id: str, fence: LeaseFence, owner: LeaseOwnerIdentity
-    ) -> QueuedWorkClaim | None:
-        """See :meth:`QueuedWorkRepository.claim_leading_ready_session_command`."""
-        return self._store.call_write(
-            lambda r: r.queue.claim_leading_ready_session_command(session_id, fence, owner)
-        )
-
-    def claim_ready_queued_work(
-        self,
-        session_id: str,
-        fence: LeaseFence,
-        owner: LeaseOwnerIdentity,
-        boundary: ClaimBoundary,
-        max_batches: int,
-    ) -> QueuedWorkClaim | None:
-        """See :meth:`QueuedWorkRepository.claim_ready_queued_work`."""
-        return self._store.call_write(
-            lambda r: r.queue.claim_ready_queued_work(
-                session_id, fence, owner, boundary, max_batches
-            )
-        )
-
-    def claim_ready_queued_work_by_batch_ids(
-        self,
-        session_id: str,
-        fence: LeaseFence,
-        owner: LeaseOwnerIdentity,
-        boundary: ClaimBoundary,
-        batch_ids: Sequence[str],
-    ) -> QueuedWorkClaim | None:
-        """See :meth:`QueuedWorkRepository.claim_ready_queued_work_by_batch_ids`."""
-        return self._store.call_write(
-            lambda r: r.queue.claim_ready_queued_work_by_batch_ids(
-                session_id, fence, owner, boundary, batch_ids
-            )
-        )
-
-    def abandon_queued_work_claim(self, claim: QueuedWorkClaim | QueuedWorkCompletion) -> None:
-        """See :meth:`QueuedWorkRepository.abandon_queued_work_claim`."""
-        self._store.call_write(lambda r: r.queue.abandon_queued_work_claim(claim))
-
-    def complete_queued_work_claim(
-        self, fence: LeaseFence, completion: QueuedWorkCompletion
-    ) -> None:
-        """See :meth:`QueuedWorkRepository.complete_queued_work_claim`."""
-        self._store.call_write(lambda r: r.queue.complete_queued_work_claim(fence, completion))
-
-    def cancel_queued_work_batch(self, session_id: str, batch_id: str) -> QueuedWorkBatch | None:
-        """See :meth:`QueuedWorkRepository.cancel_queued_work_batch`."""
-        return self._store.call_write(
-            lambda r: r.queue.cancel_queued_work_batch(session_id, batch_id)
-        )
-
-    def list_queued_work(self, session_id: str) -> list[QueuedWorkBatch]:
-        """See :meth:`QueuedWorkRepository.list_queued_work`."""
-        return self._store.call_read(lambda r: r.queue.list_queued_work(session_id))
-
-    def list_pending_queued_work(self, session_id: str) -> list[QueuedWorkBatch]:
-        """See :meth:`QueuedWorkRepository.list_pending_queued_work`."""
-        return self._store.call_read(lambda r: r.queue.list_pending_queued_work(session_id))
+    enqueue_queued_work = write(_QUEUE.enqueue_queued_work)
+    claim_leading_ready_session_command = write(_QUEUE.claim_leading_ready_session_command)
+    claim_ready_queued_work = write(_QUEUE.claim_ready_queued_work)
+    claim_ready_queued_work_by_batch_ids = write(_QUEUE.claim_ready_queued_work_by_batch_ids)
+    abandon_queued_work_claim = write(_QUEUE.abandon_queued_work_claim)
+    complete_queued_work_claim = write(_QUEUE.complete_queued_work_claim)
+    cancel_queued_work_batch = write(_QUEUE.cancel_queued_work_batch)
+    list_queued_work = read(_QUEUE.list_queued_work)
+    list_pending_queued_work = read(_QUEUE.list_pending_queued_work)
 
 
-class TurnInputCalls:
+class TurnInputCalls(OneCalls):
     """``store.turn_inputs``: pending turn inputs, each call in its own unit of work."""
 
-    __slots__ = ("_store",)
+    _repository = "turn_inputs"
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    def enqueue_pending_turn_input(self, draft: PendingTurnInputDraft) -> PendingTurnInput:
-        """See :meth:`TurnInputRepository.enqueue_pending_turn_input`."""
-        return self._store.call_write(lambda r: r.turn_inputs.enqueue_pending_turn_input(draft))
-
-    def list_pending_turn_inputs(self, session_id: str) -> list[PendingTurnInput]:
-        """See :meth:`TurnInputRepository.list_pending_turn_inputs`."""
-        return self._store.call_read(lambda r: r.turn_inputs.list_pending_turn_inputs(session_id))
-
-    def list_turn_inputs(self, session_id: str) -> list[PendingTurnInput]:
-        """See :meth:`TurnInputRepository.list_turn_inputs`."""
-        return self._store.call_read(lambda r: r.turn_inputs.list_turn_inputs(session_id))
-
-    def cancel_pending_turn_inputs(
-        self, session_id: str, targets: Sequence[CancelTarget]
-    ) -> list[CancelResult]:
-        """See :meth:`TurnInputRepository.cancel_pending_turn_inputs`."""
-        return self._store.call_write(
-            lambda r: r.turn_inputs.cancel_pending_turn_inputs(session_id, targets)
-        )
-
-    def cancel_pending_turn_input_suffix(
-        self, session_id: str, anchor: CancelTarget
-    ) -> AnchorNotFound | SuffixOutcomes:
-        """See :meth:`TurnInputRepository.cancel_pending_turn_input_suffix`."""
-        return self._store.call_write(
-            lambda r: r.turn_inputs.cancel_pending_turn_input_suffix(session_id, anchor)
-        )
-
-    def claim_active_turn_inputs(
-        self,
-        session_id: str,
-        fence: LeaseFence,
-        owner: LeaseOwnerIdentity,
-        turn_id: str,
-        checkpoint: CheckpointKind,
-        max_inputs: int,
-    ) -> TurnInputClaim | None:
-        """See :meth:`TurnInputRepository.claim_active_turn_inputs`."""
-        return self._store.call_write(
-            lambda r: r.turn_inputs.claim_active_turn_inputs(
-                session_id, fence, owner, turn_id, checkpoint, max_inputs
-            )
-        )
-
-    def claim_next_turn_inputs(
-        self, session_id: str, fence: LeaseFence, owner: LeaseOwnerIdentity, max_inputs: int
-    ) -> TurnInputClaim | None:
-        """See :meth:`TurnInputRepository.claim_next_turn_inputs`."""
-        return self._store.call_write(
-            lambda r: r.turn_inputs.claim_next_turn_inputs(session_id, fence, owner, max_inputs)
-        )
-
-    def abandon_turn_input_claim(self, claim: TurnInputClaim) -> None:
-        """See :meth:`TurnInputRepository.abandon_turn_input_claim`."""
-        self._store.call_write(lambda r: r.turn_inputs.abandon_turn_input_claim(claim))
-
-    def complete_turn_input_claim(self, fence: LeaseFence, completion: TurnInputCompletion) -> None:
-        """See :meth:`TurnInputRepository.complete_turn_input_claim`."""
-        self._store.call_write(lambda r: r.turn_inputs.complete_turn_input_claim(fence, completion))
-
-    def recover_stale_turn_input_claims(
-        self, session_id: str, fence: LeaseFence
-    ) -> list[PendingTurnInput]:
-        """See :meth:`TurnInputRepository.recover_stale_turn_input_claims`."""
-        return self._store.call_write(
-            lambda r: r.turn_inputs.recover_stale_turn_input_claims(session_id, fence)
-        )
+    enqueue_pending_turn_input = write(_TURN_INPUTS.enqueue_pending_turn_input)
+    list_pending_turn_inputs = read(_TURN_INPUTS.list_pending_turn_inputs)
+    list_turn_inputs = read(_TURN_INPUTS.list_turn_inputs)
+    cancel_pending_turn_inputs = write(_TURN_INPUTS.cancel_pending_turn_inputs)
+    cancel_pending_turn_input_suffix = write(_TURN_INPUTS.cancel_pending_turn_input_suffix)
+    claim_active_turn_inputs = write(_TURN_INPUTS.claim_active_turn_inputs)
+    claim_next_turn_inputs = write(_TURN_INPUTS.claim_next_turn_inputs)
+    abandon_turn_input_claim = write(_TURN_INPUTS.abandon_turn_input_claim)
+    complete_turn_input_claim = write(_TURN_INPUTS.complete_turn_input_claim)
+    recover_stale_turn_input_claims = write(_TURN_INPUTS.recover_stale_turn_input_claims)
 
 
 # --------------------------------------------------------------------------
 # Maintenance (appended; its imports stay with it so appends never collide)
 
 
-class MaintenanceCalls:
+class MaintenanceCalls(OneCalls):
     """``store.maintenance``: tombstones, vacuum and blob GC, each call in its own unit of work."""
 
-    __slots__ = ("_store",)
+    _repository = "maintenance"
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    def tombstone_nodes(self, session_id: str, node_ids: Sequence[str]) -> None:
-        """See :meth:`MaintenanceRepository.tombstone_nodes`."""
-        self._store.call_write(lambda r: r.maintenance.tombstone_nodes(session_id, node_ids))
-
-    def vacuum(self, session_id: str) -> VacuumReport:
-        """See :meth:`MaintenanceRepository.vacuum`."""
-        return self._store.call_write(lambda r: r.maintenance.vacuum(session_id))
-
-    def vacuum_all_sessions(self) -> VacuumReport:
-        """See :meth:`MaintenanceRepository.vacuum_all_sessions`."""
-        return self._store.call_write(lambda r: r.maintenance.vacuum_all_sessions())
+    tombstone_nodes = write(_MAINTENANCE.tombstone_nodes)
+    vacuum = write(_MAINTENANCE.vacuum)
+    vacuum_all_sessions = write(_MAINTENANCE.vacuum_all_sessions)
+    gc_unreachable_strict = write(_MAINTENANCE.gc_unreachable_strict)
 
     def gc_unreachable(self) -> GcReport:
         """See :meth:`MaintenanceRepository.gc_unreachable` (never raises for a failed GC).
@@ -297,16 +106,11 @@ class MaintenanceCalls:
             log_gc_failure(exc)
             return GcReport()
 
-    def gc_unreachable_strict(self) -> GcReport:
-        """See :meth:`MaintenanceRepository.gc_unreachable_strict`."""
-        return self._store.call_write(lambda r: r.maintenance.gc_unreachable_strict())
-
 
 _session_log = logging.getLogger("agentkeep.sessions")
-_FULL_GRAPH_SCOPE = FullGraphScope()
 
 
-class SessionCalls:
+class SessionCalls(OneCalls):
     """``store.sessions``: session commits and reads, each call in its own unit of work.
 
     Auto-GC (spec §4.12): when the store was opened with
@@ -318,10 +122,16 @@ class SessionCalls:
     Commits made inside ``store.write()`` do not count and never trigger GC.
     """
 
-    __slots__ = ("_commits", "_store")
+    _repository = "sessions"
+
+    load_session = read(_SESSIONS.load_session)
+    load_node = read(_SESSIONS.load_node)
+    get_head_revision = read(_SESSIONS.get_head_revision)
+    save_session_meta = write(_SESSIONS.save_session_meta)
+    load_session_meta = read(_SESSIONS.load_session_meta)
 
     def __init__(self, store: Store) -> None:
-        self._store = store
+        super().__init__(store)
         self._commits = itertools.count(1)
 
     def commit_runtime_state(
@@ -344,25 +154,3 @@ class SessionCalls:
             self._store.call_write(lambda r: r.maintenance.gc_unreachable())
         except Exception as exc:  # noqa: BLE001 - best effort, never fails the commit
             _session_log.warning("auto-GC after a session commit failed: %s", exc)
-
-    def load_session(
-        self, session_id: str, scope: LoadScope = _FULL_GRAPH_SCOPE
-    ) -> PersistedSessionRead | None:
-        """See :meth:`SessionCommitRepository.load_session` (one read snapshot)."""
-        return self._store.call_read(lambda r: r.sessions.load_session(session_id, scope))
-
-    def load_node(self, session_id: str, node_id: str) -> SessionNodeRecord | None:
-        """See :meth:`SessionCommitRepository.load_node`."""
-        return self._store.call_read(lambda r: r.sessions.load_node(session_id, node_id))
-
-    def get_head_revision(self, session_id: str) -> int:
-        """See :meth:`SessionCommitRepository.get_head_revision`."""
-        return self._store.call_read(lambda r: r.sessions.get_head_revision(session_id))
-
-    def save_session_meta(self, meta: SessionMeta) -> None:
-        """See :meth:`SessionCommitRepository.save_session_meta`."""
-        self._store.call_write(lambda r: r.sessions.save_session_meta(meta))
-
-    def load_session_meta(self, session_id: str) -> SessionMeta | None:
-        """See :meth:`SessionCommitRepository.load_session_meta`."""
-        return self._store.call_read(lambda r: r.sessions.load_session_meta(session_id))
