@@ -23,11 +23,11 @@ from agentkeep.runtime.domain import (
 )
 from agentkeep.runtime.errors import (
     GuardRejected,
-    Internal,
     InvalidInputStateBatchCas,
-    NotFound,
     OpsLifecycleEpochRetired,
     ReadFailed,
+    RuntimeInternalError,
+    RuntimeNotFound,
     RuntimeStoreError,
     SessionKeyMismatch,
     SessionSnapshotSuperseded,
@@ -70,7 +70,7 @@ def to_bytes(obj: Any) -> bytes:
 def test_error_texts_and_ids() -> None:
     assert str(WriteFailed("boom")) == "Store write failed: boom"
     assert str(ReadFailed("bad")) == "Store read failed: bad"
-    nf = NotFound("compaction outbox rewrite", "sha256:x")
+    nf = RuntimeNotFound("compaction outbox rewrite", "sha256:x")
     assert str(nf) == "Not found: compaction outbox rewrite sha256:x"
     assert isinstance(nf, GenericNotFound) and nf.key == "sha256:x"
     e = SessionKeyMismatch("a", "b")
@@ -84,7 +84,7 @@ def test_error_texts_and_ids() -> None:
     assert str(r) == "Ops lifecycle epoch ep for runtime rt is retired"
     u = UnregisterFinalizationOutcomeUnknown("lost ack")
     assert str(u) == "Unregister finalization outcome is unknown: lost ack"
-    assert str(Internal("join")) == "Internal error: join"
+    assert str(RuntimeInternalError("join")) == "Internal error: join"
     b = InvalidInputStateBatchCas("why")
     assert str(b) == "Invalid input-state batch compare-and-swap: why"
     assert isinstance(b, InvalidInput) and b.reason == "why"

@@ -4,8 +4,8 @@ Spec: shared/spec/runs.md. Tables in :mod:`.models`, values in :mod:`.domain`,
 JSON encoding in :mod:`.codec`, operations in :mod:`.repository` (one-call
 forms in :mod:`.facade`), legacy adoption in :mod:`.adoption`.
 
-The public error names of the spec (§2.10) are re-exported here:
-``NotFound`` and ``Duplicate`` are the run store's subclasses.
+The run store's errors (:class:`~agentkeep.errors.RunNotFound`, ...) live in
+:mod:`agentkeep.errors` with every other error, and are re-exported here.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from agentkeep.errors import (
     AssigneeDescRequired,
     AssigneeGenerationAhead,
     AssigneeSlotRequired,
+    GenerationOverflow,
+    RunCorrupt,
+    RunDuplicate,
+    RunNotFound,
     RunStoreError,
 )
-from agentkeep.errors import RunCorrupt as Corrupt
-from agentkeep.errors import RunDuplicate as Duplicate
-from agentkeep.errors import RunNotFound as NotFound
 from agentkeep.runs.domain import (
     UNSET,
     Assignee,
@@ -41,13 +42,14 @@ __all__ = [
     "AssigneeDescRequired",
     "AssigneeGenerationAhead",
     "AssigneeSlotRequired",
-    "Corrupt",
     "DegradationEntry",
-    "Duplicate",
-    "NotFound",
+    "GenerationOverflow",
     "Released",
     "RunId",
+    "RunCorrupt",
+    "RunDuplicate",
     "RunListFilter",
+    "RunNotFound",
     "RunRecord",
     "RunStatus",
     "RunStoreError",

@@ -40,7 +40,7 @@ pair; payload id equals the row key; mapped, recovered, encoded and
 re-decoded), the ops row (not current-format; the strict legacy shape; zero;
 default capacity). The first failure is the Blocked detail. Otherwise the
 migrated lifecycle record is computed (a failure there is
-:class:`~agentkeep.runtime.errors.Internal` and aborts the call) and the
+:class:`~agentkeep.errors.RuntimeInternalError` and aborts the call) and the
 runtime WouldMigrate.
 
 **Input mapping.** Our :class:`~agentkeep.runtime.domain.StoredInputState` is
@@ -77,7 +77,12 @@ import os
 from dataclasses import dataclass, replace
 
 from agentkeep.runtime.access import payload_bytes
-from agentkeep.runtime.errors import Internal, ReadFailed, RuntimeStoreError, WriteFailed
+from agentkeep.runtime.errors import (
+    ReadFailed,
+    RuntimeInternalError,
+    RuntimeStoreError,
+    WriteFailed,
+)
 from agentkeep.runtime.legacy_adapter import (
     LegacyBlocked,
     LegacyV0634Adapter,
@@ -167,7 +172,7 @@ def migrate_v0_6_34_completed_idle(
         WriteFailed: an apply cannot open the database read-write, cannot take
             the exclusive lock at once, or a DDL/DML/COMMIT statement fails
             (nothing is written).
-        Internal: the completed-idle lifecycle recovery failed.
+        RuntimeInternalError: the completed-idle lifecycle recovery failed.
     """
     legacy_adapter: LegacyV0634Adapter = adapter or ReferenceLegacyV0634Adapter()
     target = resolve_target(url_or_path)
@@ -269,7 +274,7 @@ def _classify(
     except RuntimeStoreError:
         raise  # e.g. an encode failure: propagates as it is
     except Exception as exc:
-        raise Internal(
+        raise RuntimeInternalError(
             f"v0.6.34 completed-idle lifecycle recovery failed for runtime {runtime_id}: {exc}"
         ) from exc
     prepared = _PreparedRuntime(runtime_id, data, migrated, inputs, zero_ops)

@@ -32,7 +32,7 @@ from agentkeep.db import LockNamespace, Sql
 from agentkeep.runtime.access import as_bytes
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import CompactionIntent, ProjectionId
-from agentkeep.runtime.errors import NotFound, WriteFailed
+from agentkeep.runtime.errors import RuntimeNotFound, WriteFailed
 from agentkeep.runtime.snapshot_rows import SnapshotRows
 
 __all__ = ["OutboxCalls", "OutboxOps"]
@@ -177,7 +177,7 @@ class OutboxOps(SnapshotRows):
         Idempotent: a second call succeeds and changes nothing.
 
         Raises:
-            NotFound: no outbox row at the projection's key
+            RuntimeNotFound: no outbox row at the projection's key
                 (``compaction outbox rewrite {revision}``).
             ReadFailed: the stored snapshot does not decode.
             WriteFailed: a statement failed.
@@ -185,7 +185,7 @@ class OutboxOps(SnapshotRows):
         self._begin_write(LockNamespace.RUNTIME, runtime_id)
         key = _key(runtime_id, projection)
         if self._select(_EXISTS, key, f"{_T}[{projection.revision}]").fetchone() is None:
-            raise NotFound("compaction outbox rewrite", projection.revision)
+            raise RuntimeNotFound("compaction outbox rewrite", projection.revision)
         with self._atomic():
             _, session = self._previous_session(runtime_id)
             if session is not None:

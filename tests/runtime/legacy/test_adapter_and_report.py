@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentkeep.runtime.domain import ReferenceDomain, StoredInputState
-from agentkeep.runtime.errors import Internal, ReadFailed, WriteFailed
+from agentkeep.runtime.errors import ReadFailed, RuntimeInternalError, WriteFailed
 from agentkeep.runtime.legacy import (
     LegacyBlocked,
     LegacyMigrationBlocked,
@@ -297,7 +297,7 @@ def test_lifecycle_recovery_failure_is_internal_and_writes_nothing(
     F.build_complete_v0_6_34(legacy_db)
     before = legacy_db.snapshot()
     adapter: LegacyV0634Adapter = _FailingLifecycle(RuntimeError("machine refused"))
-    with pytest.raises(Internal) as info:
+    with pytest.raises(RuntimeInternalError) as info:
         migrate_v0_6_34_completed_idle(legacy_db.target, apply=apply, adapter=adapter)
     assert str(info.value) == (
         "Internal error: v0.6.34 completed-idle lifecycle recovery failed for runtime "
