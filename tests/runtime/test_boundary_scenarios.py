@@ -36,8 +36,8 @@ from agentkeep.errors import InvalidInput
 from agentkeep.runtime import (
     CompactionIntent,
     Message,
-    NotFound,
     ReadFailed,
+    RuntimeNotFound,
     RuntimeStoreError,
     Session,
     SessionKeyMismatch,
@@ -339,7 +339,7 @@ def test_22_finalize_unknown_key_is_not_found_and_writes_nothing(store: Store, d
     store.runtime.commit_session_snapshot(RT, encode(completed(s)))
     store.runtime.clear_session_snapshot_if_current(RT, encode(completed(s)))
     before = runtime_state(db_url, RT)
-    with pytest.raises(NotFound, match=f"compaction outbox rewrite {i.projection.revision}"):
+    with pytest.raises(RuntimeNotFound, match=f"compaction outbox rewrite {i.projection.revision}"):
         store.runtime.mark_compaction_projection_finalized(RT, i.projection)
     assert runtime_state(db_url, RT) == before  # quarantine not cleared either
 

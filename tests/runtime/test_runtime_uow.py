@@ -20,8 +20,8 @@ import agentkeep
 from agentkeep.aio import AsyncStore
 from agentkeep.errors import ReadOnlyUnitOfWork
 from agentkeep.runtime import (
-    NotFound,
     ReadFailed,
+    RuntimeNotFound,
     Session,
     SessionKeyMismatch,
     SessionSnapshotSuperseded,
@@ -105,7 +105,7 @@ def _refusals() -> dict[str, tuple[type[Exception], Callable[[UnitOfWork], objec
             lambda u: u.runtime.commit_session_snapshot(RT, conflicting),
         ),
         "finalize-unknown": (
-            NotFound,
+            RuntimeNotFound,
             lambda u: u.runtime.mark_compaction_projection_finalized(
                 RT, with_summary_tokens(i, 1).projection.model_copy(update={"revision": "nope"})
             ),

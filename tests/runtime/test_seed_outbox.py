@@ -16,8 +16,8 @@ import pytest
 from agentkeep.runtime import (
     CompactionIntent,
     Message,
-    NotFound,
     ReadFailed,
+    RuntimeNotFound,
     Session,
     SessionSnapshotSuperseded,
     WriteFailed,
@@ -249,7 +249,7 @@ def test_finalize_unknown_key_is_not_found_and_writes_nothing(store: Store, db_u
     store.runtime.clear_session_snapshot_if_current(RT, encode(s.with_compaction_intents([])))
     before = runtime_state(db_url, RT)
     assert before["runtime_projection_quarantine"] == [(RT,)]
-    with pytest.raises(NotFound, match=f"compaction outbox rewrite {i.projection.revision}"):
+    with pytest.raises(RuntimeNotFound, match=f"compaction outbox rewrite {i.projection.revision}"):
         store.runtime.mark_compaction_projection_finalized(RT, i.projection)
     assert runtime_state(db_url, RT) == before  # quarantine not cleared either
 
@@ -258,7 +258,7 @@ def test_finalize_is_scoped_to_its_runtime(store: Store, db_url: str) -> None:
     """The outbox key includes the runtime: runtime B's finalize cannot ack A's row."""
     s, i = session_with_compaction_intent()
     store.runtime.atomic_apply(RT, encode(s), receipt(1), (), s.id)
-    with pytest.raises(NotFound):
+    with pytest.raises(RuntimeNotFound):
         store.runtime.mark_compaction_projection_finalized("runtime-2", i.projection)
     assert store.runtime.load_pending_compaction_projections(RT) == [i]
     assert store.runtime.load_session_snapshot(RT) == encode(s)
