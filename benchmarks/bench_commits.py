@@ -11,6 +11,14 @@
 * load: ``load_session(ActivePathScope())`` with an active path of depth 10
   and 1000, against raw ``sqlite3`` running the same four reads in one
   deferred transaction and decoding the node JSON.
+
+The raw side's SQL is the repositories' own statements as the store compiles
+them for sqlite3 (``_common.sqlite_form``), bound as the store binds them
+(``form.bind(params)``, which adds the values a statement fixes itself, such
+as ``tombstoned = 0``). Before timing, the benchmark checks that one store
+commit and one store load run exactly the statements the raw side runs, in the
+same order (:data:`COMMIT_STATEMENTS`, :data:`LOAD_STATEMENTS`); a change in
+the store's statements makes it fail loudly instead of measuring something else.
 * scale: the depth-10 active-path load when the session's graph holds 1k vs
   100k nodes: it must cost in proportion to the path, not the graph.
 """
@@ -24,12 +32,14 @@ import json
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from _common import best_us, raw_connect, sqlite_sql
+from _common import best_us, raw_connect, sqlite_form
 
 from agentkeep import Store
+from agentkeep.db import Driver, Sql
 from agentkeep.migrations import upgrade
 from agentkeep.sessions import checkpoints as C
 from agentkeep.sessions import commits as K
@@ -44,12 +54,50 @@ from agentkeep.sessions.records import (
     TokenUsage,
     UsageDelta,
 )
+from agentkeep.statements import Compiled, Statement
 
 OWNER = LeaseOwnerIdentity(owner_id="bench", incarnation_id="bench")
 
 
-def _sql(stmt: object) -> str:
-    return sqlite_sql(stmt)  # type: ignore[arg-type]
+def _form(stmt: Statement | Sql) -> Compiled:
+    """A repository statement as the store runs it on sqlite3 (text and binding)."""
+    if isinstance(stmt, Statement):
+        return sqlite_form(stmt)
+    # A statement not yet built from the models (db.Sql): its named text, nothing fixed.
+    return Compiled(stmt.render("named"), None, None)
+
+
+#: The repository statements of one commit, in the store's order (raw_commit runs them).
+COMMIT_STATEMENTS: tuple[Statement | Sql, ...] = (
+    L._GET,
+    K._GET_HEAD_COUNTERS,
+    C._PUT,
+    K._PUT_USAGE,
+    K._PUT_NODE,
+    K._PUT_HEAD,
+)
+#: The repository statements of one active-path load, in the store's order (raw_load).
+LOAD_STATEMENTS: tuple[Statement | Sql, ...] = (K._GET_HEAD, K.ACTIVE_PATH, C._GET, K._GET_USAGE)
+
+
+def check_same_statements(what: str, call: Callable[[], object], expected: Sequence[Any]) -> None:
+    """Fail unless one ``call`` of the store runs exactly ``expected``, in order."""
+    seen: list[Any] = []
+    real = Driver.execute
+
+    def spy(self: Driver, stmt: Statement | Sql, params: Any) -> Any:
+        seen.append(stmt)
+        return real(self, stmt, params)
+
+    Driver.execute = spy  # type: ignore[method-assign]
+    try:
+        call()
+    finally:
+        Driver.execute = real  # type: ignore[method-assign]
+    if seen != list(expected):
+        raise SystemExit(
+            f"benchmark out of date: the store's {what} runs {seen}, the raw side {list(expected)}"
+        )
 
 
 def _canon(value: object) -> str:
@@ -96,24 +144,27 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
     now = time.time_ns() // 1_000_000
     token = f"s:raw:raw:{now}:1"
     conn.execute("BEGIN IMMEDIATE")
+    acquire = _form(L._ACQUIRE)
     conn.execute(
-        _sql(L._ACQUIRE),
-        {
-            "sid": "s",
-            "owner": "raw",
-            "inc": "raw",
-            "liveness": '{"kind":"opaque"}',
-            "token": token,
-            "fencing": 1,
-            "now": now,
-            "expires": now + 10**12,
-            "previous": -1,
-        },
+        acquire.sql,
+        acquire.bind(
+            {
+                "sid": "s",
+                "owner": "raw",
+                "inc": "raw",
+                "liveness": '{"kind":"opaque"}',
+                "token": token,
+                "fencing": 1,
+                "now": now,
+                "expires": now + 10**12,
+                "previous": -1,
+            }
+        ),
     ).fetchone()
     conn.commit()
-    get_lease, head_counters = _sql(L._GET), _sql(K._GET_HEAD_COUNTERS)
-    put_blob, put_usage = _sql(C._PUT), _sql(K._PUT_USAGE)
-    put_node, put_head = _sql(K._PUT_NODE), _sql(K._PUT_HEAD)
+    get_lease, head_counters, put_blob, put_usage, put_node, put_head = map(
+        _form, COMMIT_STATEMENTS
+    )
     counter = itertools.count()
     state: dict[str, object] = {"leaf": None}
 
@@ -124,9 +175,9 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
         c = conn
         c.execute("BEGIN IMMEDIATE")
         c.execute("SAVEPOINT ak_raw")
-        row = c.execute(get_lease, {"sid": "s"}).fetchone()
+        row = c.execute(get_lease.sql, get_lease.bind({"sid": "s"})).fetchone()
         assert row[3] == token and row[4] == 1 and row[6] > now
-        head = c.execute(head_counters, {"sid": "s"}).fetchone()
+        head = c.execute(head_counters.sql, head_counters.bind({"sid": "s"})).fetchone()
         actual, count = (0, 0) if head is None else head
         manifest = {
             "execution_state_ref": None,
@@ -139,21 +190,25 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
         raw = _canon(manifest).encode()
         ref = hashlib.sha256(raw).hexdigest()
         c.execute(
-            put_blob,
-            {"hash": ref, "kind": "checkpoint_manifest", "compression": "none", "content": raw},
+            put_blob.sql,
+            put_blob.bind(
+                {"hash": ref, "kind": "checkpoint_manifest", "compression": "none", "content": raw}
+            ),
         )
         c.execute(
-            put_usage,
-            {
-                "sid": "s",
-                "source": "s",
-                "model": "m",
-                "input": 5,
-                "output": 0,
-                "cache_read": 0,
-                "cache_write": 0,
-                "reasoning": 0,
-            },
+            put_usage.sql,
+            put_usage.bind(
+                {
+                    "sid": "s",
+                    "source": "s",
+                    "model": "m",
+                    "input": 5,
+                    "output": 0,
+                    "cache_read": 0,
+                    "cache_write": 0,
+                    "reasoning": 0,
+                }
+            ),
         )
         node_json = _canon(
             {
@@ -165,25 +220,30 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
         )
         assert (
             c.execute(
-                put_node, {"sid": "s", "nid": node_id, "parent": state["leaf"], "json": node_json}
+                put_node.sql,
+                put_node.bind(
+                    {"sid": "s", "nid": node_id, "parent": state["leaf"], "json": node_json}
+                ),
             ).fetchone()
             is not None
         )
         assert (
             c.execute(
-                put_head,
-                {
-                    "sid": "s",
-                    "schema": 1,
-                    "next": actual + 1,
-                    "leaf": node_id,
-                    "ref": ref,
-                    "config": "null",
-                    "frames": "[]",
-                    "frame_id": None,
-                    "count": count + 1,
-                    "actual": actual,
-                },
+                put_head.sql,
+                put_head.bind(
+                    {
+                        "sid": "s",
+                        "schema": 1,
+                        "next": actual + 1,
+                        "leaf": node_id,
+                        "ref": ref,
+                        "config": "null",
+                        "frames": "[]",
+                        "frame_id": None,
+                        "count": count + 1,
+                        "actual": actual,
+                    }
+                ),
             ).fetchone()
             is not None
         )
@@ -208,21 +268,16 @@ def store_load(store: Store) -> Callable[[], object]:
 
 
 def raw_load(conn: sqlite3.Connection) -> Callable[[], object]:
-    get_head, path, get_blob, usage = (
-        _sql(K._GET_HEAD),
-        _sql(K.ACTIVE_PATH),
-        _sql(C._GET),
-        _sql(K._GET_USAGE),
-    )
+    get_head, path, get_blob, usage = map(_form, LOAD_STATEMENTS)
 
     def load() -> object:
         conn.execute("BEGIN")
-        head = conn.execute(get_head, {"sid": "s"}).fetchone()
-        rows = conn.execute(path, {"sid": "s", "leaf": head[2]}).fetchall()
+        head = conn.execute(get_head.sql, get_head.bind({"sid": "s"})).fetchone()
+        rows = conn.execute(path.sql, path.bind({"sid": "s", "leaf": head[2]})).fetchall()
         nodes = [json.loads(r[3]) for r in rows]
-        blob = conn.execute(get_blob, {"hash": head[3]}).fetchone()
+        blob = conn.execute(get_blob.sql, get_blob.bind({"hash": head[3]})).fetchone()
         json.loads(bytes(blob[2]))
-        ledger = conn.execute(usage, {"sid": "s"}).fetchall()
+        ledger = conn.execute(usage.sql, usage.bind({"sid": "s"})).fetchall()
         conn.commit()
         return nodes, ledger
 
@@ -258,7 +313,9 @@ def main() -> None:
         rows: list[tuple[str, float, float]] = []
 
         store, lease = _store(tmp / "commit-store.db")
-        s_us = best_us(store_commit(store, lease), args.n, args.rounds)
+        commit = store_commit(store, lease)
+        check_same_statements("commit", commit, COMMIT_STATEMENTS)
+        s_us = best_us(commit, args.n, args.rounds)
         store.close()
         upgrade(f"sqlite:///{tmp / 'commit-raw.db'}")
         r_us = best_us(raw_commit(raw_connect(tmp / "commit-raw.db")), args.n, args.rounds)
@@ -268,6 +325,7 @@ def main() -> None:
             path = tmp / f"load-{depth}.db"
             store, lease = _store(path)
             _chain(store, lease, depth)
+            check_same_statements("active-path load", store_load(store), LOAD_STATEMENTS)
             s_us = best_us(store_load(store), args.n, args.rounds)
             store.close()
             r_us = best_us(raw_load(raw_connect(path)), args.n, args.rounds)

@@ -37,6 +37,7 @@ from agentkeep.sessions.records import (
     TokenUsage,
     UsageDelta,
 )
+from agentkeep.statements import Statement
 from agentkeep.store import Store
 from tests.racing import Racing
 
@@ -168,7 +169,8 @@ def _doomed_committer(url: str, point: str, commit_json: str, ready: Any) -> Non
 
         def paused(self: Any, stmt: Any, params: Any) -> Any:
             cur = real(self, stmt, params)
-            if stmt.text.startswith(point):
+            sql = stmt.compiled(self.target).sql if isinstance(stmt, Statement) else stmt.text
+            if sql.startswith(point):
                 ready.set()
                 signal.pause()  # killed here, inside the open write unit
             return cur

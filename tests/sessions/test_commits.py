@@ -84,6 +84,7 @@ from agentkeep.sessions.records import (
     UsageDelta,
     UsageLedgerEntry,
 )
+from agentkeep.statements import CompileTarget
 from agentkeep.store import Store
 
 T = TypeVar("T")
@@ -970,9 +971,13 @@ def _fill_graph(store: Store, backend: str, start: int, stop: int) -> None:
 
 
 def _path_plan(store: Store, backend: str) -> str:
+    """The plan of the active-path statement exactly as the store compiles and binds it."""
     prefix = "EXPLAIN QUERY PLAN " if backend == "sqlite" else "EXPLAIN "
-    got = rows(store, prefix + ACTIVE_PATH.text, sid=SID, leaf="p9")
-    return "\n".join(" ".join(str(v) for v in r.values()) for r in got)
+    with store.read() as uow:
+        form = ACTIVE_PATH.compiled(uow.driver.target)
+        params = form.bind({"sid": SID, "leaf": "p9"})
+        got = uow.driver.raw.execute(prefix + form.sql, params).fetchall()
+    return "\n".join(" ".join(str(v) for v in r) for r in got)
 
 
 def _sqlite_steps(store: Store) -> int:
@@ -988,7 +993,8 @@ def _sqlite_steps(store: Store) -> int:
 
         driver.set_progress_handler(tick, 1)
         try:
-            found = driver.execute(ACTIVE_PATH.text, {"sid": SID, "leaf": "p9"}).fetchall()
+            form = ACTIVE_PATH.compiled(CompileTarget.of(store.engine.dialect))
+            found = driver.execute(form.sql, form.bind({"sid": SID, "leaf": "p9"})).fetchall()
         finally:
             driver.set_progress_handler(None, 1)
         assert len(found) == 10

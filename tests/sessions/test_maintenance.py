@@ -67,6 +67,7 @@ from agentkeep.sessions.records import (
     UnchangedGraph,
     VacuumReport,
 )
+from agentkeep.statements import Statement
 from agentkeep.store import Store
 
 SID = "sess-maint-1"
@@ -233,8 +234,9 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     seen: list[str] = []
     original = agentkeep_db.Driver.execute
 
-    def spy(self: agentkeep_db.Driver, stmt: agentkeep_db.Sql, params: Any) -> Any:
-        seen.append(stmt.text)
+    def spy(self: agentkeep_db.Driver, stmt: Statement | agentkeep_db.Sql, params: Any) -> Any:
+        # The SQL text the driver receives (a Statement as compiled for this connection).
+        seen.append(stmt.compiled(self.target).sql if isinstance(stmt, Statement) else stmt.text)
         return original(self, stmt, params)
 
     monkeypatch.setattr(agentkeep_db.Driver, "execute", spy)

@@ -14,6 +14,10 @@ commit transaction, so a root is never visible without its leaves.
 Reading: a missing blob is ``None`` (the component, or the whole checkpoint
 when the manifest is missing); a blob that is present but does not decode is
 an error (:class:`~agentkeep.errors.SessionCorrupt`), never read as empty.
+
+Both statements (the idempotent insert and the read by hash) are
+:class:`~agentkeep.statements.Statement` constants built from
+:class:`~agentkeep.sessions.models.BlobRow`.
 """
 
 from __future__ import annotations
@@ -22,16 +26,21 @@ import hashlib
 import zlib
 from typing import Any, Final
 
+from sqlalchemy import bindparam as p
+from sqlalchemy import select
+
 from agentkeep.columns import canonical_json
-from agentkeep.db import Driver, Sql
+from agentkeep.db import Driver
 from agentkeep.errors import InvalidInput, SessionCorrupt
 from agentkeep.sessions.codec import loads
+from agentkeep.sessions.models import BlobRow
 from agentkeep.sessions.records import (
     MANIFEST_SCHEMA_VERSION,
     BlobProfile,
     CheckpointManifest,
     HydratedSessionCheckpoint,
 )
+from agentkeep.statements import Statement, upsert
 
 __all__ = [
     "KIND_EXECUTION_STATE",
@@ -51,11 +60,20 @@ KIND_TOOL_STATE: Final = "tool_state"
 KIND_PLUGIN_SNAPSHOT: Final = "plugin_snapshot"
 KIND_EXECUTION_STATE: Final = "execution_state"
 
-_PUT: Final = Sql(
-    "INSERT INTO blobs (hash, kind, compression, content) VALUES (:hash, :kind, :compression, "
-    ":content) ON CONFLICT (hash) DO NOTHING"
+# Idempotent: a blob already stored under its hash is left as it is.
+_PUT: Final = Statement(
+    lambda d: (
+        upsert(d, BlobRow)
+        .values(hash=p("hash"), kind=p("kind"), compression=p("compression"), content=p("content"))
+        .on_conflict_do_nothing(index_elements=[BlobRow.hash])
+    ),
+    name="checkpoints.put_blob",
 )
-_GET: Final = Sql("SELECT kind, compression, content FROM blobs WHERE hash = :hash")
+#: The columns :func:`get_blob` decodes, in its order.
+_BLOB: Final = (BlobRow.kind, BlobRow.compression, BlobRow.content)
+_GET: Final = Statement(
+    select(*_BLOB).where(BlobRow.hash == p("hash")), name="checkpoints.get_blob"
+)
 
 
 def _encode(value: Any, field: str) -> bytes:

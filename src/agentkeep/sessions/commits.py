@@ -77,6 +77,14 @@ Reads (:meth:`~SessionCommitRepository.load_session`,
 read and write units; ``load_session`` issues several SELECTs, which see one
 snapshot in a ``store.read()`` unit (decision 5).
 
+Statements. Every statement of this module is a module-level
+:class:`~agentkeep.statements.Statement` built from the mapped tables of
+:mod:`agentkeep.sessions.models` (the head upsert and the metadata upsert per
+dialect, through :func:`~agentkeep.statements.upsert`); the values a statement
+fixes itself (``tombstoned = 0``, the ``pending_active`` and
+``deferred_next_turn`` states) are bound on every call. Row decoders read the
+columns in the order of the column tuples next to the statements.
+
 Choices recorded here (spec [PROPOSED] points and spec/README.md decisions):
 
 * Multi-session: every statement is scoped by ``session_id``; ``ReplaceFull``
@@ -124,10 +132,15 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
+from sqlalchemy import and_, delete, func, insert, null, select, update
+from sqlalchemy import bindparam as p
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import aliased
 
+from agentkeep.base import BIGINT
 from agentkeep.clock import Clock
 from agentkeep.columns import canonical_json
-from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
+from agentkeep.db import Driver, LockNamespace, lock_aggregate
 from agentkeep.errors import (
     ConcurrentModification,
     Duplicate,
@@ -156,6 +169,15 @@ from agentkeep.sessions.leases import (
     SessionLeaseRepository,
     begin_session_write,
     ensure_session_execution_lease,
+)
+from agentkeep.sessions.models import (
+    AttachmentManifestRow,
+    GraphNodeRow,
+    PendingTurnInputRow,
+    RuntimeTurnCommitRow,
+    SessionHeadRow,
+    SessionMetaRow,
+    UsageDeltaRow,
 )
 from agentkeep.sessions.queue import (
     _check_completion as _check_queue_completion,
@@ -192,6 +214,7 @@ from agentkeep.sessions.turn_inputs import (
     complete_turn_input_rows,
     ensure_turn_input_completion,
 )
+from agentkeep.statements import Statement, upsert
 
 __all__ = [
     "ACTIVE_PATH",
@@ -205,99 +228,267 @@ log = logging.getLogger("agentkeep.sessions")
 # --------------------------------------------------------------------------
 # Statements
 
+_BY_SESSION_HEAD = SessionHeadRow.session_id == p("sid")
+
+#: The head columns :meth:`SessionCommitRepository.load_session` decodes, in its order.
 _HEAD_COLUMNS: Final = (
-    "schema_version, head_revision, leaf_node_id, checkpoint_ref, config_json, "
-    "agent_frames_json, current_agent_frame_id, graph_node_count"
+    SessionHeadRow.schema_version,
+    SessionHeadRow.head_revision,
+    SessionHeadRow.leaf_node_id,
+    SessionHeadRow.checkpoint_ref,
+    SessionHeadRow.config_json,
+    SessionHeadRow.agent_frames_json,
+    SessionHeadRow.current_agent_frame_id,
+    SessionHeadRow.graph_node_count,
 )
-_GET_HEAD: Final = Sql(f"SELECT {_HEAD_COLUMNS} FROM session_head WHERE session_id = :sid")
-_GET_HEAD_REVISION: Final = Sql("SELECT head_revision FROM session_head WHERE session_id = :sid")
-_GET_HEAD_COUNTERS: Final = Sql(
-    "SELECT head_revision, graph_node_count FROM session_head WHERE session_id = :sid"
+_GET_HEAD: Final = Statement(
+    select(*_HEAD_COLUMNS).where(_BY_SESSION_HEAD), name="sessions.get_head"
 )
-# Step 13: the head upsert, fenced by the revision read under the lock.
-_PUT_HEAD: Final = Sql(
-    "INSERT INTO session_head (session_id, schema_version, head_revision, leaf_node_id, "
-    "checkpoint_ref, config_json, agent_frames_json, current_agent_frame_id, graph_node_count) "
-    "VALUES (:sid, :schema, :next, :leaf, :ref, :config, :frames, :frame_id, :count) "
-    "ON CONFLICT (session_id) DO UPDATE SET schema_version = excluded.schema_version, "
-    "head_revision = excluded.head_revision, leaf_node_id = excluded.leaf_node_id, "
-    "checkpoint_ref = excluded.checkpoint_ref, config_json = excluded.config_json, "
-    "agent_frames_json = excluded.agent_frames_json, "
-    "current_agent_frame_id = excluded.current_agent_frame_id, "
-    "graph_node_count = excluded.graph_node_count "
-    "WHERE session_head.head_revision = :actual RETURNING head_revision"
+_GET_HEAD_REVISION: Final = Statement(
+    select(SessionHeadRow.head_revision).where(_BY_SESSION_HEAD),
+    name="sessions.get_head_revision",
 )
-_GET_TURN_COMMIT: Final = Sql(
-    "SELECT turn_commit_hash, result_json FROM runtime_turn_commits "
-    "WHERE session_id = :sid AND turn_id = :tid"
+_GET_HEAD_COUNTERS: Final = Statement(
+    select(SessionHeadRow.head_revision, SessionHeadRow.graph_node_count).where(_BY_SESSION_HEAD),
+    name="sessions.get_head_counters",
 )
-_PUT_TURN_COMMIT: Final = Sql(
-    "INSERT INTO runtime_turn_commits (session_id, turn_id, turn_commit_hash, result_json, "
-    "checkpoint_ref, committed_at_ms) VALUES (:sid, :tid, :hash, :result, :ref, :now)"
+
+
+def _put_head(dialect: Dialect) -> Any:
+    """Step 13: the head upsert, fenced by the revision read under the lock.
+
+    A conflicting row whose ``head_revision`` is not ``:actual`` is left as it
+    is and no row is returned.
+    """
+    insert = upsert(dialect, SessionHeadRow).values(
+        session_id=p("sid"),
+        schema_version=p("schema"),
+        head_revision=p("next"),
+        leaf_node_id=p("leaf"),
+        checkpoint_ref=p("ref"),
+        config_json=p("config"),
+        agent_frames_json=p("frames"),
+        current_agent_frame_id=p("frame_id"),
+        graph_node_count=p("count"),
+    )
+    new = insert.excluded
+    return insert.on_conflict_do_update(
+        index_elements=[SessionHeadRow.session_id],
+        set_={
+            SessionHeadRow.schema_version: new.schema_version,
+            SessionHeadRow.head_revision: new.head_revision,
+            SessionHeadRow.leaf_node_id: new.leaf_node_id,
+            SessionHeadRow.checkpoint_ref: new.checkpoint_ref,
+            SessionHeadRow.config_json: new.config_json,
+            SessionHeadRow.agent_frames_json: new.agent_frames_json,
+            SessionHeadRow.current_agent_frame_id: new.current_agent_frame_id,
+            SessionHeadRow.graph_node_count: new.graph_node_count,
+        },
+        where=SessionHeadRow.head_revision == p("actual"),
+    ).returning(SessionHeadRow.head_revision)
+
+
+_PUT_HEAD: Final = Statement(_put_head, name="sessions.put_head")
+_GET_TURN_COMMIT: Final = Statement(
+    select(RuntimeTurnCommitRow.turn_commit_hash, RuntimeTurnCommitRow.result_json).where(
+        RuntimeTurnCommitRow.session_id == p("sid"), RuntimeTurnCommitRow.turn_id == p("tid")
+    ),
+    name="sessions.get_turn_commit",
 )
-_PUT_USAGE: Final = Sql(
-    "INSERT INTO usage_deltas (session_id, source, model, input_tokens, output_tokens, "
-    "cache_read_input_tokens, cache_write_input_tokens, reasoning_output_tokens) "
-    "VALUES (:sid, :source, :model, :input, :output, :cache_read, :cache_write, :reasoning)"
+# A plain insert: a second record of the same (session, turn) is a unique violation.
+_PUT_TURN_COMMIT: Final = Statement(
+    insert(RuntimeTurnCommitRow)
+    .inline()
+    .values(
+        session_id=p("sid"),
+        turn_id=p("tid"),
+        turn_commit_hash=p("hash"),
+        result_json=p("result"),
+        checkpoint_ref=p("ref"),
+        committed_at_ms=p("now"),
+    ),
+    name="sessions.put_turn_commit",
 )
-_GET_USAGE: Final = Sql(
-    "SELECT seq, source, model, input_tokens, output_tokens, cache_read_input_tokens, "
-    "cache_write_input_tokens, reasoning_output_tokens FROM usage_deltas "
-    "WHERE session_id = :sid ORDER BY seq"
+# inline(): no implicit RETURNING of the generated seq on Postgres.
+_PUT_USAGE: Final = Statement(
+    insert(UsageDeltaRow)
+    .inline()
+    .values(
+        session_id=p("sid"),
+        source=p("source"),
+        model=p("model"),
+        input_tokens=p("input"),
+        output_tokens=p("output"),
+        cache_read_input_tokens=p("cache_read"),
+        cache_write_input_tokens=p("cache_write"),
+        reasoning_output_tokens=p("reasoning"),
+    ),
+    name="sessions.put_usage",
+)
+#: The ledger columns :meth:`SessionCommitRepository._usage` decodes: seq,
+#: source, model, then the counters in the order of ``_USAGE_FIELDS``.
+_USAGE_COLUMNS: Final = (
+    UsageDeltaRow.seq,
+    UsageDeltaRow.source,
+    UsageDeltaRow.model,
+    UsageDeltaRow.input_tokens,
+    UsageDeltaRow.output_tokens,
+    UsageDeltaRow.cache_read_input_tokens,
+    UsageDeltaRow.cache_write_input_tokens,
+    UsageDeltaRow.reasoning_output_tokens,
+)
+_GET_USAGE: Final = Statement(
+    select(*_USAGE_COLUMNS).where(UsageDeltaRow.session_id == p("sid")).order_by(UsageDeltaRow.seq),
+    name="sessions.get_usage",
 )
 # A node id already in the session inserts nothing and returns no row.
-_PUT_NODE: Final = Sql(
-    "INSERT INTO graph_nodes (session_id, node_id, parent_node_id, node_json, tombstoned) "
-    "VALUES (:sid, :nid, :parent, :json, 0) "
-    "ON CONFLICT (session_id, node_id) DO NOTHING RETURNING seq"
+_PUT_NODE: Final = Statement(
+    lambda d: (
+        upsert(d, GraphNodeRow)
+        .values(
+            session_id=p("sid"),
+            node_id=p("nid"),
+            parent_node_id=p("parent"),
+            node_json=p("json"),
+            tombstoned=0,
+        )
+        .on_conflict_do_nothing(index_elements=[GraphNodeRow.session_id, GraphNodeRow.node_id])
+        .returning(GraphNodeRow.seq)
+    ),
+    name="sessions.put_node",
 )
-_DELETE_NODES: Final = Sql("DELETE FROM graph_nodes WHERE session_id = :sid")
-_FULL_GRAPH: Final = Sql(
-    "SELECT seq, node_id, node_json FROM graph_nodes "
-    "WHERE session_id = :sid AND tombstoned = 0 ORDER BY seq"
+_DELETE_NODES: Final = Statement(
+    delete(GraphNodeRow).where(GraphNodeRow.session_id == p("sid")), name="sessions.delete_nodes"
 )
-_GET_NODE: Final = Sql(
-    "SELECT seq, node_id, node_json FROM graph_nodes "
-    "WHERE session_id = :sid AND node_id = :nid AND tombstoned = 0"
+#: The node columns the graph reads decode: seq, node id, node JSON.
+_NODE_COLUMNS: Final = (GraphNodeRow.seq, GraphNodeRow.node_id, GraphNodeRow.node_json)
+_LIVE_NODE_OF_SESSION = (GraphNodeRow.session_id == p("sid"), GraphNodeRow.tombstoned == 0)
+_FULL_GRAPH: Final = Statement(
+    select(*_NODE_COLUMNS).where(*_LIVE_NODE_OF_SESSION).order_by(GraphNodeRow.seq),
+    name="sessions.full_graph",
 )
+_GET_NODE: Final = Statement(
+    select(*_NODE_COLUMNS).where(
+        GraphNodeRow.session_id == p("sid"),
+        GraphNodeRow.node_id == p("nid"),
+        GraphNodeRow.tombstoned == 0,
+    ),
+    name="sessions.get_node",
+)
+
+
+def _active_path() -> Any:
+    nodes = aliased(GraphNodeRow, name="g")
+    path = (
+        select(
+            GraphNodeRow.seq,
+            GraphNodeRow.node_id,
+            GraphNodeRow.parent_node_id,
+            GraphNodeRow.node_json,
+        )
+        .where(
+            GraphNodeRow.session_id == p("sid"),
+            GraphNodeRow.node_id == p("leaf"),
+            GraphNodeRow.tombstoned == 0,
+        )
+        .cte("path", recursive=True)
+    )
+    step = (
+        select(nodes.seq, nodes.node_id, nodes.parent_node_id, nodes.node_json)
+        .select_from(
+            path.join(
+                nodes,
+                and_(nodes.session_id == p("sid"), nodes.node_id == path.c.parent_node_id),
+            )
+        )
+        .where(nodes.tombstoned == 0)
+    )
+    path = path.union(step)
+    return select(path.c.seq, path.c.node_id, path.c.parent_node_id, path.c.node_json)
+
+
 #: The active-path walk (§2.2): from ``:leaf`` up through ``parent_node_id``
 #: across live nodes of ``:sid``. Every step is a lookup on the unique index
 #: ``(session_id, node_id)``; ``UNION`` (not ``UNION ALL``) ends a cycle.
-#: The rows come unordered; the caller orders them by following the parents.
-ACTIVE_PATH: Final = Sql(
-    "WITH RECURSIVE path(seq, node_id, parent_node_id, node_json) AS ("
-    "SELECT seq, node_id, parent_node_id, node_json FROM graph_nodes "
-    "WHERE session_id = :sid AND node_id = :leaf AND tombstoned = 0 "
-    "UNION "
-    "SELECT g.seq, g.node_id, g.parent_node_id, g.node_json FROM path "
-    "JOIN graph_nodes g ON g.session_id = :sid AND g.node_id = path.parent_node_id "
-    "WHERE g.tombstoned = 0) "
-    "SELECT seq, node_id, parent_node_id, node_json FROM path"
+#: The rows (seq, node id, parent id, node JSON) come unordered; the caller
+#: orders them by following the parents.
+ACTIVE_PATH: Final = Statement(_active_path(), name="sessions.active_path")
+_PENDING_ACTIVE: Final = Statement(
+    select(PendingTurnInputRow.input_id, PendingTurnInputRow.ingress_json)
+    .where(
+        PendingTurnInputRow.session_id == p("sid"),
+        PendingTurnInputRow.state == "pending_active",
+    )
+    .order_by(PendingTurnInputRow.enqueue_seq),
+    name="sessions.pending_active_inputs",
 )
-_PENDING_ACTIVE: Final = Sql(
-    "SELECT input_id, ingress_json FROM pending_turn_inputs "
-    "WHERE session_id = :sid AND state = 'pending_active' ORDER BY enqueue_seq"
+# Step 16: the input moves to the next turn with its claim cleared (the claim
+# fencing token is kept: it only grows).
+_DEFER: Final = Statement(
+    update(PendingTurnInputRow)
+    .values(
+        state="deferred_next_turn",
+        ingress_json=p("ingress"),
+        claim_id=null(),
+        claim_owner_id=null(),
+        claim_owner_incarnation_id=null(),
+        claim_owner_liveness_json=null(),
+        claim_token=null(),
+        claim_session_lease_generation=0,
+    )
+    .where(
+        PendingTurnInputRow.session_id == p("sid"),
+        PendingTurnInputRow.input_id == p("iid"),
+        PendingTurnInputRow.state == "pending_active",
+    ),
+    name="sessions.defer_input",
 )
-_DEFER: Final = Sql(
-    "UPDATE pending_turn_inputs SET state = 'deferred_next_turn', ingress_json = :ingress, "
-    "claim_id = NULL, claim_owner_id = NULL, claim_owner_incarnation_id = NULL, "
-    "claim_owner_liveness_json = NULL, claim_token = NULL, claim_session_lease_generation = 0 "
-    "WHERE session_id = :sid AND input_id = :iid AND state = 'pending_active'"
+_COMMIT_ATTACHMENT: Final = Statement(
+    update(AttachmentManifestRow)
+    .values(
+        committed_at_ms=func.coalesce(AttachmentManifestRow.committed_at_ms, p("now", type_=BIGINT))
+    )
+    .where(
+        AttachmentManifestRow.session_id == p("sid"),
+        AttachmentManifestRow.attachment_id == p("aid"),
+    ),
+    name="sessions.commit_attachment",
 )
-_COMMIT_ATTACHMENT: Final = Sql(
-    "UPDATE attachment_manifest SET committed_at_ms = COALESCE(committed_at_ms, :now) "
-    "WHERE session_id = :sid AND attachment_id = :aid"
+
+
+def _put_meta(dialect: Dialect) -> Any:
+    insert = upsert(dialect, SessionMetaRow).values(
+        session_id=p("sid"),
+        session_name=p("name"),
+        created_at=p("created_at"),
+        model=p("model"),
+        cwd=p("cwd"),
+        relation_json=p("relation"),
+    )
+    new = insert.excluded
+    return insert.on_conflict_do_update(
+        index_elements=[SessionMetaRow.session_id],
+        set_={
+            SessionMetaRow.session_name: new.session_name,
+            SessionMetaRow.created_at: new.created_at,
+            SessionMetaRow.model: new.model,
+            SessionMetaRow.cwd: new.cwd,
+            SessionMetaRow.relation_json: new.relation_json,
+        },
+    )
+
+
+_PUT_META: Final = Statement(_put_meta, name="sessions.put_meta")
+#: The metadata columns :meth:`SessionCommitRepository.load_session_meta` decodes.
+_META_COLUMNS: Final = (
+    SessionMetaRow.session_name,
+    SessionMetaRow.created_at,
+    SessionMetaRow.model,
+    SessionMetaRow.cwd,
+    SessionMetaRow.relation_json,
 )
-_PUT_META: Final = Sql(
-    "INSERT INTO session_meta (session_id, session_name, created_at, model, cwd, relation_json) "
-    "VALUES (:sid, :name, :created_at, :model, :cwd, :relation) "
-    "ON CONFLICT (session_id) DO UPDATE SET session_name = excluded.session_name, "
-    "created_at = excluded.created_at, model = excluded.model, cwd = excluded.cwd, "
-    "relation_json = excluded.relation_json"
-)
-_GET_META: Final = Sql(
-    "SELECT session_name, created_at, model, cwd, relation_json FROM session_meta "
-    "WHERE session_id = :sid"
+_GET_META: Final = Statement(
+    select(*_META_COLUMNS).where(SessionMetaRow.session_id == p("sid")), name="sessions.get_meta"
 )
 
 _NEXT_TURN_INGRESS: Final = encode_ingress(NextTurnIngress())

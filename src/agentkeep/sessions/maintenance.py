@@ -88,6 +88,11 @@ failure leaves nothing of the GC behind and the caller's unit of work stays
 usable (decision 3). Calling either inside ``store.read()`` is a programming
 error and raises :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
 
+Statements are :class:`~agentkeep.statements.Statement` constants built from
+:mod:`agentkeep.sessions.models`. Those that take a list of ids or hashes use a
+fixed ``IN`` list of :data:`SWEEP_BATCH` named parameters (``v0..v255``), a
+shorter batch padded by repeating its first value, so each is compiled once.
+
 Argument checks run before anything is written: a session id must be a
 non-blank string, node ids a sequence (not a bare string) of non-blank strings
 (:class:`~agentkeep.errors.InvalidInput`).
@@ -97,15 +102,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Any, Final
+
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, literal, select, union, update
+from sqlalchemy.sql.elements import BindParameter
 
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
+from agentkeep.db import Driver, LockNamespace, lock_aggregate
 from agentkeep.errors import DatabaseError, InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
 from agentkeep.sessions.checkpoints import KIND_MANIFEST, manifest_refs, read_manifest
 from agentkeep.sessions.domain import check_id
 from agentkeep.sessions.leases import begin_session_write
+from agentkeep.sessions.models import (
+    ArtifactRefRow,
+    BlobRow,
+    GraphNodeRow,
+    PendingTurnInputRow,
+    RuntimeTurnCommitRow,
+    SessionHeadRow,
+)
 from agentkeep.sessions.records import GcReport, VacuumReport
+from agentkeep.statements import Statement
 
 __all__ = ["BLOB_GC_KEY", "SWEEP_BATCH", "MaintenanceRepository", "log_gc_failure"]
 
@@ -117,40 +135,79 @@ BLOB_GC_KEY: Final = "blobs"
 #: parameter limits).
 SWEEP_BATCH: Final = 256
 
-# A fixed-size IN list: shorter batches are padded by repeating their first
-# value, so each statement is one module constant rendered once.
-_IN: Final = "(" + ", ".join(f":v{i}" for i in range(SWEEP_BATCH)) + ")"
 
-_TOMBSTONE: Final = Sql(
-    "UPDATE graph_nodes SET tombstoned = 1 "
-    f"WHERE session_id = :sid AND tombstoned = 0 AND node_id IN {_IN}"
+def _in_list() -> list[BindParameter[Any]]:
+    """A fixed-size ``IN`` list of :data:`SWEEP_BATCH` named parameters ``v0..v255``.
+
+    Shorter batches are padded by repeating their first value
+    (:func:`_in_params`), so each statement is one constant compiled once.
+    """
+    return [p(f"v{i}") for i in range(SWEEP_BATCH)]
+
+
+_TOMBSTONE: Final = Statement(
+    update(GraphNodeRow)
+    .values(tombstoned=1)
+    .where(
+        GraphNodeRow.session_id == p("sid"),
+        GraphNodeRow.tombstoned == 0,
+        GraphNodeRow.node_id.in_(_in_list()),
+    ),
+    name="maintenance.tombstone",
 )
-_UNCOUNT: Final = Sql(
-    "UPDATE session_head SET graph_node_count = graph_node_count - :n WHERE session_id = :sid"
+_UNCOUNT: Final = Statement(
+    update(SessionHeadRow)
+    .values(graph_node_count=SessionHeadRow.graph_node_count - p("n"))
+    .where(SessionHeadRow.session_id == p("sid")),
+    name="maintenance.uncount",
 )
-_VACUUM_NODES: Final = Sql("DELETE FROM graph_nodes WHERE session_id = :sid AND tombstoned = 1")
-_VACUUM_INPUTS: Final = Sql(
-    "DELETE FROM pending_turn_inputs "
-    "WHERE session_id = :sid AND state IN ('cancelled', 'completed')"
+#: Turn-input states vacuum deletes (the terminal ones).
+_TERMINAL_INPUT = PendingTurnInputRow.state.in_([literal("cancelled"), literal("completed")])
+_VACUUM_NODES: Final = Statement(
+    delete(GraphNodeRow).where(GraphNodeRow.session_id == p("sid"), GraphNodeRow.tombstoned == 1),
+    name="maintenance.vacuum_nodes",
 )
-_VACUUM_ALL_NODES: Final = Sql("DELETE FROM graph_nodes WHERE tombstoned = 1")
-_VACUUM_ALL_INPUTS: Final = Sql(
-    "DELETE FROM pending_turn_inputs WHERE state IN ('cancelled', 'completed')"
+_VACUUM_INPUTS: Final = Statement(
+    delete(PendingTurnInputRow).where(PendingTurnInputRow.session_id == p("sid"), _TERMINAL_INPUT),
+    name="maintenance.vacuum_inputs",
+)
+_VACUUM_ALL_NODES: Final = Statement(
+    delete(GraphNodeRow).where(GraphNodeRow.tombstoned == 1), name="maintenance.vacuum_all_nodes"
+)
+_VACUUM_ALL_INPUTS: Final = Statement(
+    delete(PendingTurnInputRow).where(_TERMINAL_INPUT), name="maintenance.vacuum_all_inputs"
 )
 # The roots, tagged 1 when the ref names a checkpoint manifest.
-_ROOTS: Final = Sql(
-    "SELECT checkpoint_ref, 1 FROM session_head "
-    "UNION SELECT checkpoint_ref, 1 FROM runtime_turn_commits "
-    "UNION SELECT blob_ref, 0 FROM artifact_refs"
+_ROOTS: Final = Statement(
+    union(
+        select(SessionHeadRow.checkpoint_ref, literal(1)),
+        select(RuntimeTurnCommitRow.checkpoint_ref, literal(1)),
+        select(ArtifactRefRow.blob_ref, literal(0)),
+    ),
+    name="maintenance.roots",
 )
-_MANIFESTS_AMONG: Final = Sql(f"SELECT hash FROM blobs WHERE kind = :kind AND hash IN {_IN}")
-_FIRST_PAGE: Final = Sql("SELECT hash FROM blobs ORDER BY hash LIMIT :limit")
-_NEXT_PAGE: Final = Sql("SELECT hash FROM blobs WHERE hash > :after ORDER BY hash LIMIT :limit")
-_SWEEP: Final = Sql(f"DELETE FROM blobs WHERE hash IN {_IN}")
+_MANIFESTS_AMONG: Final = Statement(
+    select(BlobRow.hash).where(BlobRow.kind == p("kind"), BlobRow.hash.in_(_in_list())),
+    name="maintenance.manifests_among",
+)
+_FIRST_PAGE: Final = Statement(
+    select(BlobRow.hash).order_by(BlobRow.hash).limit(p("limit")),
+    name="maintenance.first_page",
+)
+_NEXT_PAGE: Final = Statement(
+    select(BlobRow.hash).where(BlobRow.hash > p("after")).order_by(BlobRow.hash).limit(p("limit")),
+    name="maintenance.next_page",
+)
+_SWEEP: Final = Statement(
+    delete(BlobRow).where(BlobRow.hash.in_(_in_list())), name="maintenance.sweep"
+)
 
 
 def _in_params(values: Sequence[str]) -> dict[str, str]:
-    """Parameters of :data:`_IN` for 1..SWEEP_BATCH values (padded with the first one)."""
+    """Parameters of the ``IN`` list (:func:`_in_list`) for 1..SWEEP_BATCH values.
+
+    Padded with the first value, which changes nothing an ``IN`` matches.
+    """
     return {f"v{i}": values[i] if i < len(values) else values[0] for i in range(SWEEP_BATCH)}
 
 
