@@ -45,6 +45,7 @@ __all__ = [
     "InvalidInput",
     "InvalidInputStateBatchCas",
     "LegacySchemaMismatch",
+    "NodeAlreadyExists",
     "NotFound",
     "OpsLifecycleEpochRetired",
     "PendingTurnInputSourceKeyConflict",
@@ -472,6 +473,24 @@ class RuntimeTurnCommitConflict(SessionStoreError):
         self.session_id = session_id
         self.turn_id = turn_id
         super().__init__(f"turn {turn_id} of session {session_id} was committed differently")
+
+
+class NodeAlreadyExists(Duplicate, SessionStoreError):
+    """A commit inserts a graph node whose id the session already has (or twice).
+
+    The original store surfaced the unique violation as a backend error;
+    this store raises this typed error instead. Nothing of the commit
+    persists.
+
+    Attributes:
+        session_id: the session.
+        node_id: the duplicated node id.
+    """
+
+    def __init__(self, session_id: str, node_id: str) -> None:
+        self.session_id = session_id
+        self.node_id = node_id
+        super().__init__("graph node", f"{session_id}/{node_id}")
 
 
 class HeadRevisionConflict(SessionStoreError):

@@ -30,6 +30,7 @@ from agentkeep.errors import (
     Duplicate,
     HeadRevisionConflict,
     InvalidInput,
+    NodeAlreadyExists,
     QueuedWorkClaimSuperseded,
     QueuedWorkSourceKeyConflict,
     ReadOnlyUnitOfWork,
@@ -40,7 +41,7 @@ from agentkeep.errors import (
     TurnInputClaimSuperseded,
 )
 from agentkeep.sessions import commits as commits_mod
-from agentkeep.sessions.commits import ACTIVE_PATH, NodeAlreadyExists
+from agentkeep.sessions.commits import ACTIVE_PATH
 from agentkeep.sessions.domain import (
     Acquired,
     ActiveTurnIngress,

@@ -143,15 +143,14 @@ from agentkeep.columns import canonical_json
 from agentkeep.db import Driver, LockNamespace, lock_aggregate
 from agentkeep.errors import (
     ConcurrentModification,
-    Duplicate,
     HeadRevisionConflict,
     InvalidInput,
+    NodeAlreadyExists,
     QueuedWorkClaimSuperseded,
     RuntimeTurnCommitConflict,
     SessionBindingMismatch,
     SessionCorrupt,
     SessionExecutionLeaseExpired,
-    SessionStoreError,
     TurnInputClaimSuperseded,
 )
 from agentkeep.sessions.checkpoints import get_checkpoint, put_checkpoint
@@ -518,24 +517,6 @@ def _warn_once(table: str, session_id: str, key: str, detail: str) -> None:
 
 # --------------------------------------------------------------------------
 # Errors and pure helpers
-
-
-class NodeAlreadyExists(Duplicate, SessionStoreError):
-    """A commit inserts a graph node whose id the session already has (or twice).
-
-    The spec (§2.4 step 11) surfaces the unique violation as a ``Backend``
-    error; this store raises this typed error instead. Nothing of the commit
-    persists.
-
-    Attributes:
-        session_id: the session.
-        node_id: the duplicated node id.
-    """
-
-    def __init__(self, session_id: str, node_id: str) -> None:
-        self.session_id = session_id
-        self.node_id = node_id
-        super().__init__("graph node", f"{session_id}/{node_id}")
 
 
 def merge_token_ledger(
