@@ -19,6 +19,13 @@ Outcomes:
 * :class:`Busy` — another owner holds a live lease; nothing was written;
 * :class:`~agentkeep.errors.SessionExecutionLeaseExpired` — a renew or a
   fenced operation presented a fence that is not the live lease.
+
+Statements are module-level :class:`~agentkeep.statements.Statement` constants
+built from :class:`~agentkeep.sessions.models.SessionLeaseRow` (``leases.*``),
+run on the unit's driver with the parameter names the methods pass
+(``sid``, ``owner``, ``inc``, ``token``, ``fencing``, ...). The holder fence of
+takeover, renew and release is one shared predicate: session, owner,
+incarnation (a NULL incarnation reads as the owner id), token and generation.
 """
 
 from __future__ import annotations
@@ -26,8 +33,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from sqlalchemy import bindparam as p
+from sqlalchemy import func, null, select, update
+from sqlalchemy.engine import Dialect
+
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, Sql, lock_aggregate
+from agentkeep.db import Driver, LockNamespace, lock_aggregate
 from agentkeep.errors import (
     ConcurrentModification,
     ReadOnlyUnitOfWork,
@@ -54,51 +65,92 @@ from agentkeep.sessions.liveness import (
     is_definitely_dead_for_claimant,
     procfs_probe,
 )
+from agentkeep.sessions.models import SessionLeaseRow
+from agentkeep.statements import Statement, upsert
 
 __all__ = ["SessionLeaseRepository", "begin_session_write", "ensure_session_execution_lease"]
 
-_GET: Final = Sql(
-    "SELECT lease_owner_id, lease_owner_incarnation_id, lease_owner_liveness_json, lease_token, "
-    "lease_fencing_token, lease_claimed_at_ms, lease_expires_at_ms "
-    "FROM session_execution_leases WHERE session_id = :sid"
+_L = SessionLeaseRow
+_BY_SESSION = _L.session_id == p("sid")
+#: The lease row as :class:`_Row` reads it (positions matter).
+_LEASE_COLUMNS: Final = (
+    _L.lease_owner_id,
+    _L.lease_owner_incarnation_id,
+    _L.lease_owner_liveness_json,
+    _L.lease_token,
+    _L.lease_fencing_token,
+    _L.lease_claimed_at_ms,
+    _L.lease_expires_at_ms,
 )
-# Acquisition (§2.5.1): insert, or overwrite the row whose generation we read.
-_ACQUIRE: Final = Sql(
-    "INSERT INTO session_execution_leases (session_id, lease_owner_id, "
-    "lease_owner_incarnation_id, lease_owner_liveness_json, lease_token, lease_fencing_token, "
-    "lease_claimed_at_ms, lease_expires_at_ms) VALUES (:sid, :owner, :inc, :liveness, :token, "
-    ":fencing, :now, :expires) ON CONFLICT (session_id) DO UPDATE SET "
-    "lease_owner_id = excluded.lease_owner_id, "
-    "lease_owner_incarnation_id = excluded.lease_owner_incarnation_id, "
-    "lease_owner_liveness_json = excluded.lease_owner_liveness_json, "
-    "lease_token = excluded.lease_token, lease_fencing_token = excluded.lease_fencing_token, "
-    "lease_claimed_at_ms = excluded.lease_claimed_at_ms, "
-    "lease_expires_at_ms = excluded.lease_expires_at_ms "
-    "WHERE session_execution_leases.lease_fencing_token = :previous "
-    "RETURNING lease_fencing_token"
+_GET: Final = Statement(select(*_LEASE_COLUMNS).where(_BY_SESSION), name="leases.get")
+
+
+def _acquire(dialect: Dialect) -> Any:
+    """Insert, or overwrite the row whose generation was read (§2.5.1)."""
+    insert = upsert(dialect, _L).values(
+        session_id=p("sid"),
+        lease_owner_id=p("owner"),
+        lease_owner_incarnation_id=p("inc"),
+        lease_owner_liveness_json=p("liveness"),
+        lease_token=p("token"),
+        lease_fencing_token=p("fencing"),
+        lease_claimed_at_ms=p("now"),
+        lease_expires_at_ms=p("expires"),
+    )
+    taken = (col.key for col in _LEASE_COLUMNS)
+    return insert.on_conflict_do_update(
+        index_elements=[_L.session_id],
+        set_={key: insert.excluded[key] for key in taken},
+        where=_L.lease_fencing_token == p("previous"),
+    ).returning(_L.lease_fencing_token)
+
+
+_ACQUIRE: Final = Statement(_acquire, name="leases.acquire")
+_EXTEND: Final = Statement(
+    update(_L)
+    .values(lease_expires_at_ms=p("expires"))
+    .where(_BY_SESSION, _L.lease_token == p("token"), _L.lease_fencing_token == p("fencing")),
+    name="leases.extend",
 )
-_EXTEND: Final = Sql(
-    "UPDATE session_execution_leases SET lease_expires_at_ms = :expires "
-    "WHERE session_id = :sid AND lease_token = :token AND lease_fencing_token = :fencing"
-)
+#: The holder fence: session, owner, incarnation (NULL reads as the owner), token, generation.
 _HOLDER_FENCE: Final = (
-    "WHERE session_id = :sid AND lease_owner_id = :owner "
-    "AND COALESCE(lease_owner_incarnation_id, lease_owner_id) = :inc "
-    "AND lease_token = :token AND lease_fencing_token = :fencing"
+    _BY_SESSION,
+    _L.lease_owner_id == p("owner"),
+    func.coalesce(_L.lease_owner_incarnation_id, _L.lease_owner_id) == p("inc"),
+    _L.lease_token == p("token"),
+    _L.lease_fencing_token == p("fencing"),
 )
-_TAKEOVER: Final = Sql(
-    "UPDATE session_execution_leases SET lease_owner_id = :new_owner, "
-    "lease_owner_incarnation_id = :new_inc, lease_owner_liveness_json = :new_liveness, "
-    "lease_token = :new_token, lease_fencing_token = :new_fencing, lease_claimed_at_ms = :now, "
-    "lease_expires_at_ms = :expires " + _HOLDER_FENCE
+_TAKEOVER: Final = Statement(
+    update(_L)
+    .values(
+        lease_owner_id=p("new_owner"),
+        lease_owner_incarnation_id=p("new_inc"),
+        lease_owner_liveness_json=p("new_liveness"),
+        lease_token=p("new_token"),
+        lease_fencing_token=p("new_fencing"),
+        lease_claimed_at_ms=p("now"),
+        lease_expires_at_ms=p("expires"),
+    )
+    .where(*_HOLDER_FENCE),
+    name="leases.takeover",
 )
-_RENEW: Final = Sql(
-    "UPDATE session_execution_leases SET lease_expires_at_ms = :expires " + _HOLDER_FENCE
+_RENEW: Final = Statement(
+    update(_L).values(lease_expires_at_ms=p("expires")).where(*_HOLDER_FENCE),
+    name="leases.renew",
 )
-_RELEASE: Final = Sql(
-    "UPDATE session_execution_leases SET lease_owner_id = NULL, "
-    "lease_owner_incarnation_id = NULL, lease_owner_liveness_json = NULL, lease_token = NULL, "
-    "lease_claimed_at_ms = 0, lease_expires_at_ms = 0 " + _HOLDER_FENCE
+# Release keeps lease_fencing_token: the next acquisition is generation + 1.
+_RELEASE: Final = Statement(
+    update(_L)
+    .values(
+        lease_owner_id=null(),
+        lease_owner_incarnation_id=null(),
+        lease_owner_liveness_json=null(),
+        lease_token=null(),
+        lease_claimed_at_ms=0,
+        lease_expires_at_ms=0,
+    )
+    .where(*_HOLDER_FENCE),
+    name="leases.release",
 )
 
 
@@ -119,7 +171,7 @@ def begin_session_write(db: Driver, clock: Clock, writable: bool, session_id: st
 
 
 class _Row:
-    """A lease row as read (columns of :data:`_GET`)."""
+    """A lease row as read (positions of :data:`_LEASE_COLUMNS`)."""
 
     __slots__ = ("claimed_at", "expires", "fencing", "owner", "token")
 
