@@ -23,7 +23,6 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from agentkeep.clock import SettableClock
-from agentkeep.db import Sql
 from agentkeep.errors import (
     DatabaseError,
     InvalidInput,
@@ -1301,11 +1300,10 @@ def test_the_claim_scan_uses_the_session_seq_index(store: Store) -> None:
         uow.connection.execute(text("ANALYZE"))
     params = {"sid": "s-7", "now": 1, "generation": 1, "limit": 33}
     with store.read() as uow:
-        if uow.driver.postgres:
-            rows = uow.driver.execute(Sql("EXPLAIN " + queue_mod._SCAN.text), params).fetchall()
-        else:
-            rows = uow.driver.execute(
-                Sql("EXPLAIN QUERY PLAN " + queue_mod._SCAN.text), params
-            ).fetchall()
+        form = queue_mod._SCAN.compiled(uow.driver.target)
+        explain = "EXPLAIN " if uow.driver.postgres else "EXPLAIN QUERY PLAN "
+        cur = uow.driver.raw.cursor()
+        cur.execute(explain + form.sql, form.bind(params))
+        rows = cur.fetchall()
     plan = "\n".join(str(r) for r in rows)
     assert "ix_queued_work_batches_session_seq" in plan, plan

@@ -1547,15 +1547,16 @@ def test_the_claim_scan_uses_the_session_state_seq_index(store: Store, backend: 
         )
     params = {"sid": "sess-3", "state": "pending_active", "gen": 1, "limit": 42}
     with store.write() as uow:
+        form = CLAIM_SCAN.compiled(uow.driver.target)
         if backend == "sqlite":
             uow.connection.execute(text("ANALYZE"))
-            plan = uow.connection.execute(
-                text("EXPLAIN QUERY PLAN " + CLAIM_SCAN.text), params
+            plan = uow.connection.exec_driver_sql(
+                "EXPLAIN QUERY PLAN " + form.sql, form.bind(params)
             ).all()
             detail = " ".join(str(r[-1]) for r in plan)
         else:
             uow.connection.execute(text("ANALYZE pending_turn_inputs"))
-            plan = uow.connection.execute(text("EXPLAIN " + CLAIM_SCAN.text), params).all()
+            plan = uow.connection.exec_driver_sql("EXPLAIN " + form.sql, form.bind(params)).all()
             detail = " ".join(str(r[0]) for r in plan)
     assert "ix_pending_turn_inputs_session_state_seq" in detail, detail
     if backend == "sqlite":  # the index also gives the order: no sort step

@@ -7,6 +7,11 @@ ingress (§4.13) and states. Decoders raise
 the one deliberate exception is owner liveness, which the seed reads as
 ``Opaque`` when NULL or undecodable (a corrupt liveness can only make a
 takeover *less* likely), and which is logged once per value.
+
+The column tuples :data:`BATCH_COLUMNS`, :data:`ITEM_COLUMNS` and
+:data:`INPUT_COLUMNS` are mapped columns of :mod:`agentkeep.sessions.models`;
+statements select them in this order, and the decoders read rows by these
+positions, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
+from sqlalchemy import case, literal, null
 
+from agentkeep.base import BIGINT
 from agentkeep.columns import canonical_json
 from agentkeep.errors import SessionCorrupt
 from agentkeep.sessions.domain import (
+    MAX_I64,
     DeliveryPolicy,
     LeaseOwnerIdentity,
     MergeKey,
@@ -34,11 +42,14 @@ from agentkeep.sessions.domain import (
     TurnInputIngress,
     TurnInputState,
 )
+from agentkeep.sessions.models import PendingTurnInputRow, QueuedWorkBatchRow, QueuedWorkItemRow
 
 __all__ = [
     "BATCH_COLUMNS",
-    "loads",
+    "CLEARED_CLAIM",
     "INPUT_COLUMNS",
+    "ITEM_COLUMNS",
+    "loads",
     "batch_from_row",
     "decode_owner",
     "encode_ingress",
@@ -46,6 +57,7 @@ __all__ = [
     "encode_merge_key",
     "encode_payload",
     "input_from_row",
+    "next_claim_fencing",
 ]
 
 log = logging.getLogger("agentkeep.sessions")
@@ -64,19 +76,69 @@ _LIVENESS: Final = TypeAdapter(OwnerLiveness)
 _INGRESS: Final = TypeAdapter(TurnInputIngress)
 _warned: set[str] = set()
 
-#: Column lists of the row decoders below (positions matter).
+#: The columns a batch row is read with, in the positions :func:`batch_from_row` reads.
 BATCH_COLUMNS: Final = (
-    "enqueue_seq, batch_id, session_id, source_key, delivery_policy, slot_policy, "
-    "merge_key_json, available_at_ms, enqueued_at_ms, claim_id, claim_owner_id, "
-    "claim_owner_incarnation_id, claim_owner_liveness_json, claim_token, "
-    "claim_fencing_token, claim_session_lease_generation"
+    QueuedWorkBatchRow.enqueue_seq,
+    QueuedWorkBatchRow.batch_id,
+    QueuedWorkBatchRow.session_id,
+    QueuedWorkBatchRow.source_key,
+    QueuedWorkBatchRow.delivery_policy,
+    QueuedWorkBatchRow.slot_policy,
+    QueuedWorkBatchRow.merge_key_json,
+    QueuedWorkBatchRow.available_at_ms,
+    QueuedWorkBatchRow.enqueued_at_ms,
+    QueuedWorkBatchRow.claim_id,
+    QueuedWorkBatchRow.claim_owner_id,
+    QueuedWorkBatchRow.claim_owner_incarnation_id,
+    QueuedWorkBatchRow.claim_owner_liveness_json,
+    QueuedWorkBatchRow.claim_token,
+    QueuedWorkBatchRow.claim_fencing_token,
+    QueuedWorkBatchRow.claim_session_lease_generation,
 )
+#: The columns of an item, in the order :func:`batch_from_row` unpacks item rows.
+ITEM_COLUMNS: Final = (
+    QueuedWorkItemRow.item_index,
+    QueuedWorkItemRow.item_id,
+    QueuedWorkItemRow.payload_json,
+)
+#: The columns a turn-input row is read with, in the positions :func:`input_from_row` reads.
 INPUT_COLUMNS: Final = (
-    "enqueue_seq, input_id, session_id, source_key, ingress_json, submitted_ingress_json, "
-    "state, input_json, enqueued_at_ms, claim_id, claim_owner_id, claim_owner_incarnation_id, "
-    "claim_owner_liveness_json, claim_token, claim_fencing_token, "
-    "claim_session_lease_generation"
+    PendingTurnInputRow.enqueue_seq,
+    PendingTurnInputRow.input_id,
+    PendingTurnInputRow.session_id,
+    PendingTurnInputRow.source_key,
+    PendingTurnInputRow.ingress_json,
+    PendingTurnInputRow.submitted_ingress_json,
+    PendingTurnInputRow.state,
+    PendingTurnInputRow.input_json,
+    PendingTurnInputRow.enqueued_at_ms,
+    PendingTurnInputRow.claim_id,
+    PendingTurnInputRow.claim_owner_id,
+    PendingTurnInputRow.claim_owner_incarnation_id,
+    PendingTurnInputRow.claim_owner_liveness_json,
+    PendingTurnInputRow.claim_token,
+    PendingTurnInputRow.claim_fencing_token,
+    PendingTurnInputRow.claim_session_lease_generation,
 )
+
+
+def next_claim_fencing(column: Any) -> Any:
+    """STAMP_CLAIM's new per-row counter: ``column + 1``, saturating at ``2**63-1``."""
+    return case(
+        (column >= literal(MAX_I64 - 1, BIGINT), literal(MAX_I64, BIGINT)),
+        else_=column + 1,
+    )
+
+
+#: CLEAR_CLAIM's SET values: every claim column reset but ``claim_fencing_token``.
+CLEARED_CLAIM: Final[dict[str, Any]] = {
+    "claim_id": null(),
+    "claim_owner_id": null(),
+    "claim_owner_incarnation_id": null(),
+    "claim_owner_liveness_json": null(),
+    "claim_token": null(),
+    "claim_session_lease_generation": 0,
+}
 
 
 # --------------------------------------------------------------------------
@@ -168,7 +230,7 @@ def _text(raw: object) -> str:
 
 
 def batch_from_row(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> QueuedWorkBatch:
-    """A batch from a :data:`BATCH_COLUMNS` row and its (index, item_id, payload_json) rows.
+    """A batch from a :data:`BATCH_COLUMNS` row and its :data:`ITEM_COLUMNS` rows.
 
     Raises:
         SessionCorrupt: a policy, merge key or payload does not decode.

@@ -23,6 +23,12 @@ Fences:
 * Cancel and the pending list hold no fence; they use NOT CLAIM_LIVE (the
   claim's generation is not the fencing token of a live lease).
 
+Statements are module-level :class:`~agentkeep.statements.Statement` constants
+built from :mod:`agentkeep.sessions.models` (``queue.*``); batch reads select
+:data:`~agentkeep.sessions.codec.BATCH_COLUMNS` then
+:data:`~agentkeep.sessions.codec.ITEM_COLUMNS` (items LEFT JOINed, one
+statement per read), in the positions the decoders read.
+
 Outcomes:
 
 * A claim returns a :class:`~agentkeep.sessions.domain.QueuedWorkClaim`, or
@@ -77,8 +83,11 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, exists, insert, or_, select, update
+
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, Sql
+from agentkeep.db import Driver
 from agentkeep.errors import (
     ConcurrentModification,
     InvalidInput,
@@ -88,10 +97,13 @@ from agentkeep.errors import (
 )
 from agentkeep.sessions.codec import (
     BATCH_COLUMNS,
+    CLEARED_CLAIM,
+    ITEM_COLUMNS,
     batch_from_row,
     encode_liveness,
     encode_merge_key,
     encode_payload,
+    next_claim_fencing,
 )
 from agentkeep.sessions.domain import (
     MAX_I64,
@@ -120,6 +132,8 @@ from agentkeep.sessions.domain import (
 )
 from agentkeep.sessions.ids import rust_debug
 from agentkeep.sessions.leases import begin_session_write, ensure_session_execution_lease
+from agentkeep.sessions.models import QueuedWorkBatchRow, QueuedWorkItemRow, SessionLeaseRow
+from agentkeep.statements import Statement
 
 __all__ = [
     "CLAIM_SCAN_SLACK",
@@ -134,86 +148,122 @@ __all__ = [
 #: Extra rows a claim scan reads past ``max_batches`` (§4.5).
 CLAIM_SCAN_SLACK: Final = 32
 
-_BATCH_COLS: Final = tuple(c.strip() for c in BATCH_COLUMNS.split(","))
-_N_BATCH_COLS: Final = len(_BATCH_COLS)
-_B_COLS: Final = ", ".join(f"b.{c}" for c in _BATCH_COLS)
-_ITEM_COLS: Final = "i.item_index, i.item_id, i.payload_json"
-_CLAIMABLE: Final = "(claim_token IS NULL OR claim_session_lease_generation <> :generation)"
+_B = QueuedWorkBatchRow
+_I = QueuedWorkItemRow
+_N_BATCH_COLS: Final = len(BATCH_COLUMNS)
+_BY_SESSION = _B.session_id == p("sid")
+_BY_BATCH = _B.batch_id == p("bid")
+_READY = _B.available_at_ms <= p("now")
+# CLAIMABLE under the claimant's generation: unclaimed, or claimed under another one.
+_CLAIMABLE = or_(_B.claim_token.is_(None), _B.claim_session_lease_generation != p("generation"))
+# NOT CLAIM_LIVE(row, :now) (§0.4): unclaimed, or claimed under a generation
+# that is not the fencing token of a live lease.
+_NOT_CLAIM_LIVE = or_(
+    _B.claim_token.is_(None),
+    ~exists().where(
+        SessionLeaseRow.session_id == _B.session_id,
+        SessionLeaseRow.lease_token.is_not(None),
+        SessionLeaseRow.lease_expires_at_ms > p("now"),
+        SessionLeaseRow.lease_fencing_token == _B.claim_session_lease_generation,
+    ),
+)
+# Abandon and completion: fenced by (session_id, claim_id, claim_token) only.
+_CLAIM_FENCE = (_BY_SESSION, _B.claim_id == p("cid"), _B.claim_token == p("token"))
 
 
-def _not_claim_live(alias: str) -> str:
-    """NOT CLAIM_LIVE(row, :now) (§0.4) for the batch row named ``alias``."""
+def _with_items(*where: Any) -> Any:
+    """Batches matching ``where`` joined to their items, in ``enqueue_seq, item_index`` order."""
     return (
-        f"({alias}.claim_token IS NULL OR NOT EXISTS (SELECT 1 FROM session_execution_leases sel "
-        f"WHERE sel.session_id = {alias}.session_id AND sel.lease_token IS NOT NULL "
-        f"AND sel.lease_expires_at_ms > :now "
-        f"AND sel.lease_fencing_token = {alias}.claim_session_lease_generation))"
+        select(*BATCH_COLUMNS, *ITEM_COLUMNS)
+        .outerjoin_from(_B, _I, _I.batch_id == _B.batch_id)
+        .where(*where)
+        .order_by(_B.enqueue_seq, _I.item_index)
     )
 
 
-def _with_items(where: str) -> str:
-    """Batches matching ``where`` (over alias ``b``) joined to their items, in order."""
+def _scan() -> Any:
+    """The claim scan (§2.6.3 step 3): CLAIMABLE and READY, the window, then its items.
+
+    The window comes off ix_queued_work_batches_session_seq in ``enqueue_seq``
+    order and stops at ``:limit``; the window's items are joined outside it.
+    """
+    window = (
+        select(*BATCH_COLUMNS)
+        .where(_BY_SESSION, _READY, _CLAIMABLE)
+        .order_by(_B.enqueue_seq)
+        .limit(p("limit"))
+        .subquery("b")
+    )
     return (
-        f"SELECT {_B_COLS}, {_ITEM_COLS} FROM queued_work_batches b "
-        f"LEFT JOIN queued_work_items i ON i.batch_id = b.batch_id "
-        f"WHERE {where} ORDER BY b.enqueue_seq, i.item_index"
+        select(*window.c, *ITEM_COLUMNS)
+        .outerjoin_from(window, _I, _I.batch_id == window.c.batch_id)
+        .order_by(window.c.enqueue_seq, _I.item_index)
     )
 
 
 # Reads: one statement per batch set, items joined (no N+1).
-_BY_SOURCE_KEY: Final = Sql(_with_items("b.session_id = :sid AND b.source_key = :key"))
-_LIST: Final = Sql(_with_items("b.session_id = :sid"))
-_LIST_PENDING: Final = Sql(_with_items("b.session_id = :sid AND " + _not_claim_live("b")))
-_CANCELLABLE: Final = Sql(
-    _with_items("b.session_id = :sid AND b.batch_id = :bid AND " + _not_claim_live("b"))
+_BY_SOURCE_KEY: Final = Statement(
+    _with_items(_BY_SESSION, _B.source_key == p("key")), name="queue.by_source_key"
 )
-# The claim scan (§2.6.3 step 3): CLAIMABLE and READY in SQL, the window by
-# enqueue_seq (ix_queued_work_batches_session_seq), then the window's items.
-_SCAN: Final = Sql(
-    f"SELECT {_B_COLS}, {_ITEM_COLS} FROM (SELECT {BATCH_COLUMNS} FROM queued_work_batches "
-    f"WHERE session_id = :sid AND available_at_ms <= :now AND {_CLAIMABLE} "
-    f"ORDER BY enqueue_seq LIMIT :limit) b "
-    f"LEFT JOIN queued_work_items i ON i.batch_id = b.batch_id "
-    f"ORDER BY b.enqueue_seq, i.item_index"
+_LIST: Final = Statement(_with_items(_BY_SESSION), name="queue.list")
+_LIST_PENDING: Final = Statement(
+    _with_items(_BY_SESSION, _NOT_CLAIM_LIVE), name="queue.list_pending"
 )
-_CLAIMABLE_BY_ID: Final = Sql(
-    _with_items(
-        "b.session_id = :sid AND b.batch_id = :bid AND b.available_at_ms <= :now AND "
-        "(b.claim_token IS NULL OR b.claim_session_lease_generation <> :generation)"
-    )
+_CANCELLABLE: Final = Statement(
+    _with_items(_BY_SESSION, _BY_BATCH, _NOT_CLAIM_LIVE), name="queue.cancellable"
+)
+_SCAN: Final = Statement(_scan(), name="queue.claim_scan")
+_CLAIMABLE_BY_ID: Final = Statement(
+    _with_items(_BY_SESSION, _BY_BATCH, _READY, _CLAIMABLE), name="queue.claimable_by_id"
 )
 
 # Writes.
-_INSERT_BATCH: Final = Sql(
-    "INSERT INTO queued_work_batches (batch_id, session_id, source_key, delivery_policy, "
-    "slot_policy, merge_key_json, available_at_ms, enqueued_at_ms) VALUES (:bid, :sid, :key, "
-    f":delivery, :slot, :merge_key, :available_at, :now) RETURNING {BATCH_COLUMNS}"
+_INSERT_BATCH: Final = Statement(
+    insert(_B)
+    .values(
+        batch_id=p("bid"),
+        session_id=p("sid"),
+        source_key=p("key"),
+        delivery_policy=p("delivery"),
+        slot_policy=p("slot"),
+        merge_key_json=p("merge_key"),
+        available_at_ms=p("available_at"),
+        enqueued_at_ms=p("now"),
+    )
+    .returning(*BATCH_COLUMNS),
+    name="queue.insert_batch",
 )
-_INSERT_ITEM: Final = Sql(
-    "INSERT INTO queued_work_items (batch_id, item_index, item_id, payload_json) "
-    "VALUES (:bid, :idx, :item_id, :payload)"
+_INSERT_ITEM: Final = Statement(
+    insert(_I).values(
+        batch_id=p("bid"), item_index=p("idx"), item_id=p("item_id"), payload_json=p("payload")
+    ),
+    name="queue.insert_item",
 )
 # STAMP_CLAIM (§0.4) fenced by CLAIMABLE; the per-row counter saturates at 2**63-1.
-_STAMP_CLAIM: Final = Sql(
-    "UPDATE queued_work_batches SET claim_id = :cid, claim_owner_id = :owner, "
-    "claim_owner_incarnation_id = :inc, claim_owner_liveness_json = :liveness, "
-    "claim_token = :token, claim_fencing_token = CASE WHEN claim_fencing_token >= "
-    f"{MAX_I64 - 1} THEN {MAX_I64} ELSE claim_fencing_token + 1 END, "
-    "claim_session_lease_generation = :generation "
-    f"WHERE session_id = :sid AND batch_id = :bid AND {_CLAIMABLE}"
+_STAMP_CLAIM: Final = Statement(
+    update(_B)
+    .values(
+        claim_id=p("cid"),
+        claim_owner_id=p("owner"),
+        claim_owner_incarnation_id=p("inc"),
+        claim_owner_liveness_json=p("liveness"),
+        claim_token=p("token"),
+        claim_fencing_token=next_claim_fencing(_B.claim_fencing_token),
+        claim_session_lease_generation=p("generation"),
+    )
+    .where(_BY_SESSION, _BY_BATCH, _CLAIMABLE),
+    name="queue.stamp_claim",
 )
-_CLAIM_FENCE: Final = "WHERE session_id = :sid AND claim_id = :cid AND claim_token = :token"
 # CLEAR_CLAIM (§0.4): claim_fencing_token is kept.
-_CLEAR_CLAIM: Final = Sql(
-    "UPDATE queued_work_batches SET claim_id = NULL, claim_owner_id = NULL, "
-    "claim_owner_incarnation_id = NULL, claim_owner_liveness_json = NULL, claim_token = NULL, "
-    "claim_session_lease_generation = 0 " + _CLAIM_FENCE
+_CLEAR_CLAIM: Final = Statement(
+    update(_B).values(CLEARED_CLAIM).where(*_CLAIM_FENCE), name="queue.clear_claim"
 )
-_OWNED_BY_CLAIM: Final = Sql("SELECT batch_id FROM queued_work_batches " + _CLAIM_FENCE)
-_DELETE_CLAIMED: Final = Sql("DELETE FROM queued_work_batches " + _CLAIM_FENCE)
-_DELETE_CANCELLABLE: Final = Sql(
-    "DELETE FROM queued_work_batches AS b WHERE b.session_id = :sid AND b.batch_id = :bid AND "
-    + _not_claim_live("b")
+_OWNED_BY_CLAIM: Final = Statement(
+    select(_B.batch_id).where(*_CLAIM_FENCE), name="queue.owned_by_claim"
+)
+_DELETE_CLAIMED: Final = Statement(delete(_B).where(*_CLAIM_FENCE), name="queue.delete_claimed")
+_DELETE_CANCELLABLE: Final = Statement(
+    delete(_B).where(_BY_SESSION, _BY_BATCH, _NOT_CLAIM_LIVE), name="queue.delete_cancellable"
 )
 
 # Process-local nonce of derived batch ids (§0.5; its own counter, not shared with GC).

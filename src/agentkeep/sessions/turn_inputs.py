@@ -25,6 +25,12 @@ Fences:
 * Cancel and the pending list hold no fence; they evaluate CLAIM_LIVE (the
   claim's generation is the fencing token of a live lease at ``now``).
 
+Statements are module-level :class:`~agentkeep.statements.Statement` constants
+built from :mod:`agentkeep.sessions.models` (``turn_inputs.*``); rows are read
+as :data:`~agentkeep.sessions.codec.INPUT_COLUMNS`. The fixed states a
+statement writes or filters on are bound as ``:state_<value>`` (for example
+``:state_cancelled``), never spelled into the SQL.
+
 Every write operation checks its arguments (:class:`InvalidInput` before
 anything is written), then takes the ``session:<id>`` write lock and samples
 ``now`` once *after* it (spec/README.md decision 2; the seed sampled it
@@ -83,9 +89,12 @@ import secrets
 from collections.abc import Sequence
 from typing import Any, Final
 
+from sqlalchemy import and_, case, exists, or_, select, update
+from sqlalchemy import bindparam as p
+
 from agentkeep.clock import Clock
 from agentkeep.columns import canonical_json
-from agentkeep.db import Driver, Sql
+from agentkeep.db import Driver
 from agentkeep.errors import (
     ConcurrentModification,
     InvalidInput,
@@ -93,7 +102,14 @@ from agentkeep.errors import (
     TurnInputClaimSuperseded,
     TurnInputDuplicate,
 )
-from agentkeep.sessions.codec import INPUT_COLUMNS, encode_ingress, encode_liveness, input_from_row
+from agentkeep.sessions.codec import (
+    CLEARED_CLAIM,
+    INPUT_COLUMNS,
+    encode_ingress,
+    encode_liveness,
+    input_from_row,
+    next_claim_fencing,
+)
 from agentkeep.sessions.domain import (
     MAX_I64,
     ActiveTurnIngress,
@@ -132,6 +148,8 @@ from agentkeep.sessions.domain import (
 )
 from agentkeep.sessions.ids import rust_debug
 from agentkeep.sessions.leases import begin_session_write, ensure_session_execution_lease
+from agentkeep.sessions.models import PendingTurnInputRow, SessionLeaseRow
+from agentkeep.statements import Statement, upsert
 
 __all__ = [
     "CLAIM_SCAN",
@@ -147,92 +165,155 @@ __all__ = [
 #: rows are skipped, so a few more let one round trip find the matches.
 SCAN_SLACK: Final = 32
 
-_CLEAR_CLAIM: Final = (
-    "claim_id = NULL, claim_owner_id = NULL, claim_owner_incarnation_id = NULL, "
-    "claim_owner_liveness_json = NULL, claim_token = NULL, claim_session_lease_generation = 0"
-)
+_T = PendingTurnInputRow
+_BY_SESSION = _T.session_id == p("sid")
+_BY_INPUT = _T.input_id == p("iid")
+# Abandon, ownership and completion: fenced by (session_id, claim_id, claim_token) only.
+_CLAIM_FENCE = (_BY_SESSION, _T.claim_id == p("cid"), _T.claim_token == p("token"))
 # CLAIM_LIVE (§0.4) of a pending_turn_inputs row, for observers without a fence.
-_CLAIM_LIVE: Final = (
-    "(claim_token IS NOT NULL AND EXISTS (SELECT 1 FROM session_execution_leases sel "
-    "WHERE sel.session_id = pending_turn_inputs.session_id AND sel.lease_token IS NOT NULL "
-    "AND sel.lease_expires_at_ms > :now "
-    "AND sel.lease_fencing_token = pending_turn_inputs.claim_session_lease_generation))"
+_CLAIM_LIVE = and_(
+    _T.claim_token.is_not(None),
+    exists().where(
+        SessionLeaseRow.session_id == _T.session_id,
+        SessionLeaseRow.lease_token.is_not(None),
+        SessionLeaseRow.lease_expires_at_ms > p("now"),
+        SessionLeaseRow.lease_fencing_token == _T.claim_session_lease_generation,
+    ),
 )
-_CLAIMABLE: Final = "(claim_token IS NULL OR claim_session_lease_generation <> :gen)"
+_CLAIMABLE = or_(_T.claim_token.is_(None), _T.claim_session_lease_generation != p("gen"))
 
-_BY_SOURCE_KEY: Final = Sql(
-    f"SELECT {INPUT_COLUMNS} FROM pending_turn_inputs WHERE session_id = :sid AND source_key = :key"
+
+def _state(state: TurnInputState) -> Any:
+    """A fixed state value, bound for every call as ``:state_<value>``.
+
+    Named, not anonymous: SQLAlchemy names an anonymous value in ``SET state =``
+    after the column, which would collide with the callers' ``:state``.
+    """
+    return p(f"state_{state.value}", state.value, type_=_T.state.type)
+
+
+_BY_SOURCE_KEY: Final = Statement(
+    select(*INPUT_COLUMNS).where(_BY_SESSION, _T.source_key == p("key")),
+    name="turn_inputs.by_source_key",
 )
-_BY_INPUT_ID: Final = Sql(
-    f"SELECT {INPUT_COLUMNS} FROM pending_turn_inputs WHERE session_id = :sid AND input_id = :iid"
+_BY_INPUT_ID: Final = Statement(
+    select(*INPUT_COLUMNS).where(_BY_SESSION, _BY_INPUT), name="turn_inputs.by_input_id"
 )
 # ON CONFLICT (input_id): an explicit id that exists in any session writes
 # nothing (also when another session's enqueue of that id commits meanwhile).
-_INSERT: Final = Sql(
-    "INSERT INTO pending_turn_inputs (input_id, session_id, source_key, ingress_json, "
-    "submitted_ingress_json, state, input_json, enqueued_at_ms) "
-    "VALUES (:iid, :sid, :key, :ingress, :ingress, :state, :input, :now) "
-    f"ON CONFLICT (input_id) DO NOTHING RETURNING {INPUT_COLUMNS}"
+_INSERT: Final = Statement(
+    lambda d: (
+        upsert(d, _T)
+        .values(
+            input_id=p("iid"),
+            session_id=p("sid"),
+            source_key=p("key"),
+            ingress_json=p("ingress"),
+            submitted_ingress_json=p("ingress"),
+            state=p("state"),
+            input_json=p("input"),
+            enqueued_at_ms=p("now"),
+        )
+        .on_conflict_do_nothing(index_elements=[_T.input_id])
+        .returning(*INPUT_COLUMNS)
+    ),
+    name="turn_inputs.insert",
 )
-_LIST_PENDING: Final = Sql(
-    f"SELECT {INPUT_COLUMNS} FROM pending_turn_inputs WHERE session_id = :sid "
-    "AND state IN ('pending_active', 'deferred_next_turn') "
-    f"AND NOT {_CLAIM_LIVE} ORDER BY enqueue_seq"
+_LIST_PENDING: Final = Statement(
+    select(*INPUT_COLUMNS)
+    .where(
+        _BY_SESSION,
+        _T.state.in_(
+            [_state(TurnInputState.PENDING_ACTIVE), _state(TurnInputState.DEFERRED_NEXT_TURN)]
+        ),
+        ~_CLAIM_LIVE,
+    )
+    .order_by(_T.enqueue_seq),
+    name="turn_inputs.list_pending",
 )
-_LIST_ALL: Final = Sql(
-    f"SELECT {INPUT_COLUMNS} FROM pending_turn_inputs WHERE session_id = :sid ORDER BY enqueue_seq"
+_LIST_ALL: Final = Statement(
+    select(*INPUT_COLUMNS).where(_BY_SESSION).order_by(_T.enqueue_seq),
+    name="turn_inputs.list_all",
 )
-_SUFFIX: Final = Sql(
-    f"SELECT {INPUT_COLUMNS} FROM pending_turn_inputs "
-    "WHERE session_id = :sid AND enqueue_seq >= :seq ORDER BY enqueue_seq"
+_SUFFIX: Final = Statement(
+    select(*INPUT_COLUMNS).where(_BY_SESSION, _T.enqueue_seq >= p("seq")).order_by(_T.enqueue_seq),
+    name="turn_inputs.suffix",
 )
-_LEASE: Final = Sql(
-    "SELECT lease_token, lease_fencing_token, lease_expires_at_ms "
-    "FROM session_execution_leases WHERE session_id = :sid"
+_LEASE: Final = Statement(
+    select(
+        SessionLeaseRow.lease_token,
+        SessionLeaseRow.lease_fencing_token,
+        SessionLeaseRow.lease_expires_at_ms,
+    ).where(SessionLeaseRow.session_id == p("sid")),
+    name="turn_inputs.lease",
 )
-_CANCEL: Final = Sql(
-    f"UPDATE pending_turn_inputs SET state = 'cancelled', {_CLEAR_CLAIM} "
-    "WHERE session_id = :sid AND input_id = :iid AND state = :state "
-    f"RETURNING {INPUT_COLUMNS}"
+_CANCEL: Final = Statement(
+    update(_T)
+    .values(state=_state(TurnInputState.CANCELLED), **CLEARED_CLAIM)
+    .where(_BY_SESSION, _BY_INPUT, _T.state == p("state"))
+    .returning(*INPUT_COLUMNS),
+    name="turn_inputs.cancel",
 )
 #: The claim scan (§2.7.5 step 3); served by ix_pending_turn_inputs_session_state_seq.
-CLAIM_SCAN: Final = Sql(
-    f"SELECT {INPUT_COLUMNS} FROM pending_turn_inputs "
-    f"WHERE session_id = :sid AND state = :state AND {_CLAIMABLE} "
-    "ORDER BY enqueue_seq LIMIT :limit"
+CLAIM_SCAN: Final = Statement(
+    select(*INPUT_COLUMNS)
+    .where(_BY_SESSION, _T.state == p("state"), _CLAIMABLE)
+    .order_by(_T.enqueue_seq)
+    .limit(p("limit")),
+    name="turn_inputs.claim_scan",
 )
 # STAMP_CLAIM (§0.4) with the per-row counter capped at 2**63-1 (§0.2).
-_STAMP: Final = Sql(
-    "UPDATE pending_turn_inputs SET state = :state_after, claim_id = :cid, "
-    "claim_owner_id = :owner, claim_owner_incarnation_id = :inc, "
-    "claim_owner_liveness_json = :liveness, claim_token = :token, "
-    "claim_fencing_token = CASE WHEN claim_fencing_token >= 9223372036854775806 "
-    "THEN 9223372036854775807 ELSE claim_fencing_token + 1 END, "
-    "claim_session_lease_generation = :gen "
-    f"WHERE session_id = :sid AND input_id = :iid AND {_CLAIMABLE} "
-    f"RETURNING {INPUT_COLUMNS}"
+_STAMP: Final = Statement(
+    update(_T)
+    .values(
+        state=p("state_after"),
+        claim_id=p("cid"),
+        claim_owner_id=p("owner"),
+        claim_owner_incarnation_id=p("inc"),
+        claim_owner_liveness_json=p("liveness"),
+        claim_token=p("token"),
+        claim_fencing_token=next_claim_fencing(_T.claim_fencing_token),
+        claim_session_lease_generation=p("gen"),
+    )
+    .where(_BY_SESSION, _BY_INPUT, _CLAIMABLE)
+    .returning(*INPUT_COLUMNS),
+    name="turn_inputs.stamp_claim",
 )
-_ABANDON: Final = Sql(
-    "UPDATE pending_turn_inputs "
-    f"SET state = CASE WHEN state = 'accepted' THEN :restored ELSE state END, {_CLEAR_CLAIM} "
-    "WHERE session_id = :sid AND claim_id = :cid AND claim_token = :token"
+_ABANDON: Final = Statement(
+    update(_T)
+    .values(
+        state=case((_T.state == _state(TurnInputState.ACCEPTED), p("restored")), else_=_T.state),
+        **CLEARED_CLAIM,
+    )
+    .where(*_CLAIM_FENCE),
+    name="turn_inputs.abandon",
 )
-_OWNED: Final = Sql(
-    "SELECT input_id FROM pending_turn_inputs "
-    "WHERE session_id = :sid AND claim_id = :cid AND claim_token = :token"
+_OWNED: Final = Statement(select(_T.input_id).where(*_CLAIM_FENCE), name="turn_inputs.owned")
+_COMPLETE: Final = Statement(
+    update(_T).values(state=_state(TurnInputState.COMPLETED), **CLEARED_CLAIM).where(*_CLAIM_FENCE),
+    name="turn_inputs.complete",
 )
-_COMPLETE: Final = Sql(
-    f"UPDATE pending_turn_inputs SET state = 'completed', {_CLEAR_CLAIM} "
-    "WHERE session_id = :sid AND claim_id = :cid AND claim_token = :token"
+_STALE_ACCEPTED: Final = Statement(
+    select(*INPUT_COLUMNS)
+    .where(
+        _BY_SESSION,
+        _T.state == _state(TurnInputState.ACCEPTED),
+        _T.claim_session_lease_generation != p("gen"),
+    )
+    .order_by(_T.enqueue_seq),
+    name="turn_inputs.stale_accepted",
 )
-_STALE_ACCEPTED: Final = Sql(
-    f"SELECT {INPUT_COLUMNS} FROM pending_turn_inputs WHERE session_id = :sid "
-    "AND state = 'accepted' AND claim_session_lease_generation <> :gen ORDER BY enqueue_seq"
-)
-_RECOVER: Final = Sql(
-    f"UPDATE pending_turn_inputs SET state = 'pending_active', {_CLEAR_CLAIM} "
-    "WHERE session_id = :sid AND input_id = :iid AND state = 'accepted' "
-    f"AND claim_session_lease_generation = :had RETURNING {INPUT_COLUMNS}"
+_RECOVER: Final = Statement(
+    update(_T)
+    .values(state=_state(TurnInputState.PENDING_ACTIVE), **CLEARED_CLAIM)
+    .where(
+        _BY_SESSION,
+        _BY_INPUT,
+        _T.state == _state(TurnInputState.ACCEPTED),
+        _T.claim_session_lease_generation == p("had"),
+    )
+    .returning(*INPUT_COLUMNS),
+    name="turn_inputs.recover",
 )
 
 
