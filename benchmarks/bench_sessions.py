@@ -10,10 +10,16 @@ Cycles (each a sequence of one-call operations, one transaction each):
 * turn input: ``enqueue_pending_turn_input`` + ``claim_next_turn_inputs`` (max 1) + ``complete``.
 
 The raw side uses the stdlib ``sqlite3`` driver with the store's PRAGMAs and
-runs the repositories' own ``Sql`` constants (rendered as the repositories
-render them for sqlite3), in the same transaction shapes (``BEGIN IMMEDIATE``
-… ``COMMIT`` per operation, the same SAVEPOINTs), with the same JSON and
-hashing work done by hand — what a careful hand-written store would do.
+runs the repositories' own ``Statement`` constants, compiled as the store
+compiles them for sqlite3 (``_common.sqlite_form``: the text, and the values
+a statement fixes itself bound with ``form.bind(params)``), in the same
+transaction shapes (``BEGIN IMMEDIATE`` … ``COMMIT`` per operation, the same
+SAVEPOINTs), with the same JSON and hashing work done by hand — what a
+careful hand-written store would do. The parameter names the raw side passes
+are checked against each statement at import, and before timing one cycle of
+each kind runs both ways under SQLite's statement trace: the two sequences of
+statements (literals and savepoint names masked) must be equal, so the raw
+side always measures the store's own SQL.
 
 The scale check measures one claim + abandon on a session whose queue holds
 1k vs 100k batches (and 100k more in other sessions): it must stay flat
@@ -26,6 +32,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import re
 import secrets
 import sqlite3
 import tempfile
@@ -34,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import best_us, raw_connect, sqlite_sql
+from _common import best_us, raw_connect, sqlite_form, traced_store
 
 from agentkeep import Store
 from agentkeep.migrations import upgrade
@@ -50,14 +57,34 @@ from agentkeep.sessions.domain import (
     QueuedWorkDraft,
     QueuedWorkPayload,
 )
+from agentkeep.statements import Compiled, Statement
 
 OWNER = LeaseOwnerIdentity(owner_id="bench-owner", incarnation_id="bench-inc")
 TTL = 60_000
 LIVENESS = '{"kind":"opaque"}'
 
 
-def _sql(stmt: Any) -> str:
-    return sqlite_sql(stmt)
+_BIND = re.compile(r"(?<![:\w]):(\w+)")
+
+
+def _form(stmt: Statement, *binds: str) -> Compiled:
+    """The store's statement as sqlite3 receives it; ``binds`` are the names the raw side passes.
+
+    Exits when the statement takes other parameters (a repository change the
+    benchmark must follow), never silently measuring something else.
+    """
+    form = sqlite_form(stmt)
+    own = set(_BIND.findall(form.sql)) - set(form.fixed or ())
+    if own != set(binds):
+        raise SystemExit(
+            f"benchmark out of date: {stmt.name} binds {sorted(own)}, expected {sorted(binds)}"
+        )
+    return form
+
+
+def _run(c: sqlite3.Connection, form: Compiled, params: dict[str, Any]) -> sqlite3.Cursor:
+    """Execute one of the store's statements as the store's driver does."""
+    return c.execute(form.sql, form.bind(params))
 
 
 def _now() -> int:
@@ -120,22 +147,32 @@ def store_input_cycle(store: Store, sid: str) -> Callable[[], None]:
 class RawSession:
     """A hand-written equivalent of the repositories' statement sequences."""
 
-    GET = _sql(L._GET)
-    ACQUIRE = _sql(L._ACQUIRE)
-    RENEW = _sql(L._RENEW)
-    RELEASE = _sql(L._RELEASE)
-    INSERT_BATCH = _sql(Q._INSERT_BATCH)
-    INSERT_ITEM = _sql(Q._INSERT_ITEM)
-    SCAN = _sql(Q._SCAN)
-    STAMP = _sql(Q._STAMP_CLAIM)
-    CLEAR = _sql(Q._CLEAR_CLAIM)
-    OWNED = _sql(Q._OWNED_BY_CLAIM)
-    DELETE = _sql(Q._DELETE_CLAIMED)
-    INSERT_INPUT = _sql(T._INSERT)
-    INPUT_SCAN = _sql(T.CLAIM_SCAN)
-    INPUT_STAMP = _sql(T._STAMP)
-    INPUT_OWNED = _sql(T._OWNED)
-    INPUT_COMPLETE = _sql(T._COMPLETE)
+    GET = _form(L._GET, "sid")
+    ACQUIRE = _form(
+        L._ACQUIRE, "sid", "owner", "inc", "liveness", "token", "fencing", "now", "expires",
+        "previous",
+    )  # fmt: skip
+    RENEW = _form(L._RENEW, "sid", "owner", "inc", "token", "fencing", "expires")
+    RELEASE = _form(L._RELEASE, "sid", "owner", "inc", "token", "fencing")
+    INSERT_BATCH = _form(
+        Q._INSERT_BATCH, "bid", "sid", "key", "delivery", "slot", "merge_key", "available_at",
+        "now",
+    )  # fmt: skip
+    INSERT_ITEM = _form(Q._INSERT_ITEM, "bid", "idx", "item_id", "payload")
+    SCAN = _form(Q._SCAN, "sid", "now", "generation", "limit")
+    STAMP = _form(
+        Q._STAMP_CLAIM, "cid", "owner", "inc", "liveness", "token", "generation", "sid", "bid"
+    )
+    CLEAR = _form(Q._CLEAR_CLAIM, "sid", "cid", "token")
+    OWNED = _form(Q._OWNED_BY_CLAIM, "sid", "cid", "token")
+    DELETE = _form(Q._DELETE_CLAIMED, "sid", "cid", "token")
+    INSERT_INPUT = _form(T._INSERT, "iid", "sid", "key", "ingress", "state", "input", "now")
+    INPUT_SCAN = _form(T.CLAIM_SCAN, "sid", "state", "gen", "limit")
+    INPUT_STAMP = _form(
+        T._STAMP, "state_after", "cid", "owner", "inc", "liveness", "token", "gen", "sid", "iid"
+    )
+    INPUT_OWNED = _form(T._OWNED, "sid", "cid", "token")
+    INPUT_COMPLETE = _form(T._COMPLETE, "sid", "cid", "token")
 
     def __init__(self, conn: sqlite3.Connection, sid: str) -> None:
         self.c = conn
@@ -143,8 +180,14 @@ class RawSession:
         self.nonce = itertools.count()
         self.sp = itertools.count()
 
+    def cycle(self, kind: str) -> Callable[[], None]:
+        """The raw cycle of ``kind`` (``lease``, ``queue`` or ``input``), set up to run."""
+        if kind == "lease":
+            return self.lease_cycle
+        return (self.queue_cycle_fn if kind == "queue" else self.input_cycle_fn)()
+
     def _fence_ok(self, fencing: int, token: str, now: int) -> None:
-        row = self.c.execute(self.GET, {"sid": self.sid}).fetchone()
+        row = _run(self.c, self.GET, {"sid": self.sid}).fetchone()
         if row is None or row[3] != token or row[4] != fencing or row[6] <= now:
             raise RuntimeError("fence")
 
@@ -152,11 +195,12 @@ class RawSession:
         c, sid = self.c, self.sid
         now = _now()
         c.execute("BEGIN IMMEDIATE")
-        row = c.execute(self.GET, {"sid": sid}).fetchone()
+        row = _run(c, self.GET, {"sid": sid}).fetchone()
         prev = row[4] if row else -1
         fencing = (row[4] if row else 0) + 1
         token = f"{sid}:{OWNER.owner_id}:{OWNER.incarnation_id}:{now}:{fencing}"
-        c.execute(
+        _run(
+            c,
             self.ACQUIRE,
             {
                 "sid": sid,
@@ -181,20 +225,21 @@ class RawSession:
             "token": token,
             "fencing": fencing,
         }
-        c.execute(self.RENEW, {**fence, "expires": now + TTL})
+        _run(c, self.RENEW, {**fence, "expires": now + TTL})
         c.commit()
         c.execute("BEGIN IMMEDIATE")
-        c.execute(self.RELEASE, fence)
+        _run(c, self.RELEASE, fence)
         c.commit()
 
     def acquire_forever(self) -> tuple[int, str]:
         now = _now()
         c, sid = self.c, self.sid
         c.execute("BEGIN IMMEDIATE")
-        row = c.execute(self.GET, {"sid": sid}).fetchone()
+        row = _run(c, self.GET, {"sid": sid}).fetchone()
         fencing = (row[4] if row else 0) + 1
         token = f"{sid}:raw:raw:{now}:{fencing}"
-        c.execute(
+        _run(
+            c,
             self.ACQUIRE,
             {
                 "sid": sid,
@@ -216,15 +261,16 @@ class RawSession:
         now = _now()
         c.execute("BEGIN IMMEDIATE")
         self._fence_ok(fencing, token, now)
-        rows = c.execute(
-            self.SCAN, {"sid": sid, "now": now, "generation": fencing, "limit": 33}
+        rows = _run(
+            c, self.SCAN, {"sid": sid, "now": now, "generation": fencing, "limit": 33}
         ).fetchall()
         head = rows[0]
         json.loads(head[6]) if head[6].startswith("{") else head[6]
         json.loads(head[18])
         cid = f"qwc:{head[0]}:{head[14] + 1}"
         claim_token = hashlib.sha256(f"{sid}:raw:raw:{cid}:{now}".encode()).hexdigest()
-        c.execute(
+        _run(
+            c,
             self.STAMP,
             {
                 "cid": cid,
@@ -253,7 +299,8 @@ class RawSession:
             bid = "qwb:" + hashlib.sha256(seed.encode()).hexdigest()
             c.execute("BEGIN IMMEDIATE")
             c.execute("SAVEPOINT ak_raw")
-            c.execute(
+            _run(
+                c,
                 self.INSERT_BATCH,
                 {
                     "bid": bid,
@@ -266,7 +313,8 @@ class RawSession:
                     "now": now,
                 },
             ).fetchone()
-            c.execute(
+            _run(
+                c,
                 self.INSERT_ITEM,
                 {"bid": bid, "idx": 0, "item_id": f"{bid}:item:0", "payload": payload},
             )
@@ -274,15 +322,15 @@ class RawSession:
             c.commit()
             cid, ctoken, _ = self._claim_queue(fencing, token)
             c.execute("BEGIN IMMEDIATE")
-            c.execute(self.CLEAR, {"sid": sid, "cid": cid, "token": ctoken})
+            _run(c, self.CLEAR, {"sid": sid, "cid": cid, "token": ctoken})
             c.commit()
             cid, ctoken, bid = self._claim_queue(fencing, token)
             now = _now()
             c.execute("BEGIN IMMEDIATE")
             self._fence_ok(fencing, token, now)
-            owned = c.execute(self.OWNED, {"sid": sid, "cid": cid, "token": ctoken}).fetchall()
+            owned = _run(c, self.OWNED, {"sid": sid, "cid": cid, "token": ctoken}).fetchall()
             assert [r[0] for r in owned] == [bid]
-            c.execute(self.DELETE, {"sid": sid, "cid": cid, "token": ctoken})
+            _run(c, self.DELETE, {"sid": sid, "cid": cid, "token": ctoken})
             c.commit()
 
         return cycle
@@ -296,7 +344,8 @@ class RawSession:
             seed = f"{sid}:None:{now}:{next(self.nonce)}:{secrets.token_hex(8)}"
             iid = "ti:" + hashlib.sha256(seed.encode()).hexdigest()
             c.execute("BEGIN IMMEDIATE")
-            c.execute(
+            _run(
+                c,
                 self.INSERT_INPUT,
                 {
                     "iid": iid,
@@ -312,7 +361,8 @@ class RawSession:
             now = _now()
             c.execute("BEGIN IMMEDIATE")
             self._fence_ok(fencing, token, now)
-            rows = c.execute(
+            rows = _run(
+                c,
                 self.INPUT_SCAN,
                 {"sid": sid, "state": "deferred_next_turn", "gen": fencing, "limit": 33},
             ).fetchall()
@@ -322,7 +372,8 @@ class RawSession:
             cid = f"tic:{head[0]}:{head[14] + 1}"
             ctoken = hashlib.sha256(f"{sid}:raw:raw:{cid}:{now}".encode()).hexdigest()
             c.execute("SAVEPOINT ak_raw")
-            c.execute(
+            _run(
+                c,
                 self.INPUT_STAMP,
                 {
                     "state_after": "deferred_next_turn",
@@ -341,14 +392,71 @@ class RawSession:
             now = _now()
             c.execute("BEGIN IMMEDIATE")
             self._fence_ok(fencing, token, now)
-            owned = c.execute(
-                self.INPUT_OWNED, {"sid": sid, "cid": cid, "token": ctoken}
-            ).fetchall()
+            owned = _run(c, self.INPUT_OWNED, {"sid": sid, "cid": cid, "token": ctoken}).fetchall()
             assert len(owned) == 1
-            c.execute(self.INPUT_COMPLETE, {"sid": sid, "cid": cid, "token": ctoken})
+            _run(c, self.INPUT_COMPLETE, {"sid": sid, "cid": cid, "token": ctoken})
             c.commit()
 
         return cycle
+
+
+# --------------------------------------------------------------------------
+# Same-statements check: one cycle each way, traced by SQLite
+
+_LITERALS = re.compile(r"'(?:[^']|'')*'|\bNULL\b|(?<![\w.])-?\d+(?![\w.])")
+_SAVEPOINT = re.compile(r"SAVEPOINT \w+")
+
+
+def _mask(sql: str) -> str:
+    """A traced statement with its literals and savepoint name masked."""
+    return _LITERALS.sub("?", _SAVEPOINT.sub("SAVEPOINT sp", " ".join(sql.split())))
+
+
+def check_same_sql(tmp: Path) -> list[str]:
+    """Run one cycle of each kind through the store and the raw side; the SQL must match.
+
+    Each side gets its own fresh database; SQLite reports every statement it
+    runs (``BEGIN``, ``SAVEPOINT`` and ``COMMIT`` included), so a raw side that
+    drifted from the repositories (another statement, order or transaction
+    shape) is reported instead of timed.
+    """
+    problems = []
+    cycles = (
+        ("lease", store_lease_cycle),
+        ("queue", store_queue_cycle),
+        ("input", store_input_cycle),
+    )
+    for kind, store_fn in cycles:
+        s_path, r_path = tmp / f"check-{kind}-store.db", tmp / f"check-{kind}-raw.db"
+        upgrade(f"sqlite:///{s_path}")
+        upgrade(f"sqlite:///{r_path}")
+        with traced_store(s_path) as (store, store_trace, on):
+            store_cycle = store_fn(store, "s-check")
+            on[0] = True
+            store_cycle()
+            on[0] = False
+        raw = RawSession(raw_connect(r_path), "s-check")
+        raw_cycle = raw.cycle(kind)
+        raw_trace: list[str] = []
+        raw.c.set_trace_callback(raw_trace.append)
+        raw_cycle()
+        raw.c.set_trace_callback(None)
+        raw.c.close()
+        s_sql, r_sql = [_mask(x) for x in store_trace], [_mask(x) for x in raw_trace]
+        if s_sql != r_sql:
+            diff = next(
+                (i for i, (a, b) in enumerate(zip(s_sql, r_sql, strict=False)) if a != b),
+                min(len(s_sql), len(r_sql)),
+            )
+            problems.append(
+                f"{kind}: statements differ from #{diff} "
+                f"(store {len(s_sql)}, raw {len(r_sql)})\n"
+                f"  store: {[x[:160] for x in s_sql[diff : diff + 2]]}\n"
+                f"  raw:   {[x[:160] for x in r_sql[diff : diff + 2]]}"
+            )
+        else:
+            print(f"  same SQL  {kind}: {len(s_sql)} statements")
+    return problems
 
 
 # --------------------------------------------------------------------------
@@ -414,6 +522,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        print("Same-statements check (one cycle each way, literals masked):")
+        problems = check_same_sql(tmp)
+        if problems:
+            raise SystemExit("\n".join(problems))
+        print()
         rows = []
         for name, store_fn, raw_fn in (
             ("lease: claim + renew + release", store_lease_cycle, "lease"),
@@ -427,13 +540,7 @@ def main() -> None:
             store_us = best_us(store_fn(store, "s-bench"), args.n, args.rounds)
             store.close()
             raw = RawSession(raw_connect(r_path), "s-bench")
-            cycle = {
-                "lease": raw.lease_cycle,
-                "queue": raw.queue_cycle_fn,
-                "input": raw.input_cycle_fn,
-            }[raw_fn]
-            raw_cycle = cycle if raw_fn == "lease" else cycle()  # type: ignore[operator]
-            raw_us = best_us(raw_cycle, args.n, args.rounds)  # type: ignore[arg-type]
+            raw_us = best_us(raw.cycle(raw_fn), args.n, args.rounds)
             rows.append((name, store_us, raw_us))
 
         print("SQLite, µs per cycle (one-call store operations vs raw sqlite3, same SQL)")
