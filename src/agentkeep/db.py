@@ -24,8 +24,9 @@ already is that lock and :func:`lock_aggregate` does nothing.
 A host application's own engine (``Store.open(engine)``) is made fit for the
 same units by :func:`adopt_engine` without changing how the host's own
 transactions behave: see its docstring for what is installed, applied,
-verified and refused on each dialect. :func:`join_write` prepares a
-transaction the host already holds for a joined write unit.
+verified and refused on each dialect. :func:`join_write` and
+:func:`join_read` prepare a transaction the host already holds for a joined
+unit.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import itertools
 import random
 import re
 import sqlite3
+import threading
 import time
 import weakref
 import zlib
@@ -143,6 +145,7 @@ class EngineSettings:
 
 #: Every engine agentkeep runs on, with what it applied or found (see adopt_engine).
 _SETTINGS: weakref.WeakKeyDictionary[Engine, EngineSettings] = weakref.WeakKeyDictionary()
+_ADOPTING: Final = threading.Lock()  # two stores opening one engine adopt it once
 _CONFIGURED: Final = "agentkeep.configured"
 #: The drivers the lean path runs its statements on (connection.execute, error classes).
 _DRIVERS: Final = {"sqlite": "pysqlite", "postgresql": "psycopg"}
@@ -352,10 +355,17 @@ def adopt_engine(
         raise InvalidInput(
             "url", f"expected a URL string or a sqlalchemy Engine, not {type(engine).__name__}"
         )
-    known = _SETTINGS.get(engine)
-    if known is not None:
-        _check_same(known, busy_timeout_ms, synchronous)
-        return known
+    with _ADOPTING:
+        known = _SETTINGS.get(engine)
+        if known is not None:
+            _check_same(known, busy_timeout_ms, synchronous)
+            return known
+        settings = _adopt(engine, busy_timeout_ms, synchronous)
+        _SETTINGS[engine] = settings
+        return settings
+
+
+def _adopt(engine: Engine, busy_timeout_ms: int | None, synchronous: str | None) -> EngineSettings:
     name, driver = engine.dialect.name, engine.dialect.driver
     if _DRIVERS.get(name) != driver:
         raise InvalidInput(
@@ -366,11 +376,8 @@ def adopt_engine(
     if busy_timeout_ms is not None and busy_timeout_ms < 0:
         raise InvalidInput("busy_timeout_ms", "must be >= 0")
     if name == "sqlite":
-        settings = _adopt_sqlite(engine, busy_timeout_ms, synchronous)
-    else:
-        settings = _adopt_postgres(engine, busy_timeout_ms, synchronous)
-    _SETTINGS[engine] = settings
-    return settings
+        return _adopt_sqlite(engine, busy_timeout_ms, synchronous)
+    return _adopt_postgres(engine, busy_timeout_ms, synchronous)
 
 
 def _check_same(
