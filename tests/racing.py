@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pytest
+from sqlalchemy import Engine
 
 from agentkeep.clock import SettableClock
 from agentkeep.store import Store
@@ -55,6 +56,9 @@ class Racing:
         threads: racers of a thread race.
         clock_ms: when set, each racer's Store gets its own ``SettableClock`` at this time.
         store_kwargs: further ``Store.open`` keyword arguments.
+        host_engine: when set, a module-level ``url -> Engine`` function: each
+            racer builds its own engine with it, as a host application would,
+            opens its Store on that engine, and disposes the engine at the end.
         barrier_timeout_s: how long a racer waits at the barrier.
         join_timeout_s: how long the test waits for the racers' results.
     """
@@ -63,14 +67,16 @@ class Racing:
     threads: int = 2
     clock_ms: int | None = None
     store_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    host_engine: Callable[[str], Engine] | None = None
     barrier_timeout_s: float = BARRIER_TIMEOUT_S
     join_timeout_s: float = JOIN_TIMEOUT_S
 
     def open_store(self, url: str) -> Store:
-        """A racer's own Store on ``url``."""
+        """A racer's own Store on ``url`` (on an engine of its own if ``host_engine`` is set)."""
+        target: str | Engine = url if self.host_engine is None else self.host_engine(url)
         if self.clock_ms is None:
-            return Store.open(url, **self.store_kwargs)
-        return Store.open(url, clock=SettableClock(self.clock_ms), **self.store_kwargs)
+            return Store.open(target, **self.store_kwargs)
+        return Store.open(target, clock=SettableClock(self.clock_ms), **self.store_kwargs)
 
     def pool_fixture(self) -> Any:
         """A module-scoped ``proc_pool`` fixture: a :class:`ProcessRacers` of this setup.
@@ -110,7 +116,11 @@ def run_racer(
     """
     try:
         with setup.open_store(url) as store:
-            return body(store, i, barrier, params)
+            try:
+                return body(store, i, barrier, params)
+            finally:
+                if setup.host_engine is not None:  # a Store never disposes a given engine
+                    store.engine.dispose()
     except BaseException:
         barrier.abort()
         raise

@@ -28,6 +28,8 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
+from sqlalchemy import Engine
+
 from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.facade import RuntimeCalls
 from agentkeep.sessions.facade import (
@@ -294,8 +296,12 @@ class AsyncStore:
         self.maintenance = AsyncMaintenanceCalls(store.maintenance)
 
     @classmethod
-    async def open(cls, url: str = "sqlite:///agentkeep.db", **kwargs: Any) -> AsyncStore:
-        """Open the database at ``url`` off the event loop (arguments as :meth:`Store.open`)."""
+    async def open(cls, url: str | Engine = "sqlite:///agentkeep.db", **kwargs: Any) -> AsyncStore:
+        """Open the database at ``url`` off the event loop (arguments as :meth:`Store.open`).
+
+        ``url`` may be the host's own (synchronous) SQLAlchemy Engine, as for
+        :meth:`Store.open`; an ``AsyncEngine`` is refused.
+        """
         store = await asyncio.to_thread(functools.partial(Store.open, url, **kwargs))
         return cls(store)
 

@@ -20,6 +20,13 @@ equal to the SQLite busy timeout. The aggregate write lock is
 ``pg_advisory_xact_lock(namespace, hash(key))`` taken before the first read of
 a write operation (spec/README.md decision 1); on SQLite ``BEGIN IMMEDIATE``
 already is that lock and :func:`lock_aggregate` does nothing.
+
+A host application's own engine (``Store.open(engine)``) is made fit for the
+same units by :func:`adopt_engine` without changing how the host's own
+transactions behave: see its docstring for what is installed, applied,
+verified and refused on each dialect. :func:`join_write` and
+:func:`join_read` prepare a transaction the host already holds for a joined
+unit.
 """
 
 from __future__ import annotations
@@ -28,31 +35,41 @@ import itertools
 import random
 import re
 import sqlite3
+import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, event, func, select
+from sqlalchemy import Connection, Engine, bindparam, event, false, func, select, update
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
-from agentkeep.errors import DatabaseError, StoreBusy
+from agentkeep.errors import DatabaseError, InvalidInput, JoinedTransactionStale, StoreBusy
+from agentkeep.runs.models import Run
 from agentkeep.statements import CompileTarget, Statement
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
+    "EngineSettings",
     "LockNamespace",
     "Sql",
+    "adopt_engine",
     "create_engine",
     "enable_wal",
+    "engine_settings",
     "Driver",
     "is_memory_sqlite",
     "is_postgres",
+    "is_autocommit",
     "is_transient",
+    "join_read",
+    "join_write",
     "lock_aggregate",
     "read_engine",
     "retry_transient",
@@ -104,6 +121,36 @@ def is_memory_sqlite(url: str) -> bool:
     return db in ("", ":memory:") or "mode=memory" in str(u.query.get("mode", ""))
 
 
+@dataclass(frozen=True)
+class EngineSettings:
+    """What agentkeep applied to, or found on, an engine its units run on.
+
+    Attributes:
+        owned: built by :func:`create_engine` (every setting applied at connect).
+        busy_timeout_ms: SQLite: the ``busy_timeout`` of every connection
+            (Postgres: the ``lock_timeout`` of an owned engine; None for a
+            host's Postgres engine, whose own setting stands).
+        synchronous: SQLite ``PRAGMA synchronous`` applied to every connection,
+            or None where the connections keep their own.
+        pg_read_committed: Postgres: the engine's transactions are not READ
+            COMMITTED by default, so agentkeep's write units ask for it per
+            transaction (a host engine configured otherwise).
+    """
+
+    owned: bool
+    busy_timeout_ms: int | None
+    synchronous: str | None
+    pg_read_committed: bool = False
+
+
+#: Every engine agentkeep runs on, with what it applied or found (see adopt_engine).
+_SETTINGS: weakref.WeakKeyDictionary[Engine, EngineSettings] = weakref.WeakKeyDictionary()
+_ADOPTING: Final = threading.Lock()  # two stores opening one engine adopt it once
+_CONFIGURED: Final = "agentkeep.configured"
+#: The drivers the lean path runs its statements on (connection.execute, error classes).
+_DRIVERS: Final = {"sqlite": "pysqlite", "postgresql": "psycopg"}
+
+
 def create_engine(
     url: str,
     *,
@@ -130,36 +177,45 @@ def create_engine(
     Raises:
         InvalidInput: for an unsupported backend or option.
     """
-    from agentkeep.errors import InvalidInput
-
     if busy_timeout_ms < 0:
         raise InvalidInput("busy_timeout_ms", "must be >= 0")
     u = make_url(url)
     backend = u.get_backend_name()
     if backend == "sqlite":
-        sync = synchronous.upper()
-        if sync not in _SYNCHRONOUS:
-            raise InvalidInput(
-                "synchronous", f"{synchronous!r} is not one of {sorted(_SYNCHRONOUS)}"
-            )
-        return _create_sqlite_engine(url, busy_timeout_ms, sync, engine_kwargs)
+        sync = _check_synchronous(synchronous)
+        engine = _create_sqlite_engine(url, busy_timeout_ms, sync, engine_kwargs)
+        _SETTINGS[engine] = EngineSettings(True, busy_timeout_ms, sync)
+        return engine
     if backend == "postgresql":
         if u.drivername == "postgresql":
             u = u.set(drivername="postgresql+psycopg")
-        return _create_postgres_engine(
+        engine = _create_postgres_engine(
             u.render_as_string(hide_password=False), busy_timeout_ms, engine_kwargs
         )
+        _SETTINGS[engine] = EngineSettings(True, busy_timeout_ms, None)
+        return engine
     raise InvalidInput("url", f"unsupported backend {backend!r}: use sqlite or postgresql")
 
 
-def _create_sqlite_engine(
-    url: str, busy_timeout_ms: int, synchronous: str, engine_kwargs: dict[str, Any]
-) -> Engine:
+def _check_synchronous(synchronous: str) -> str:
+    sync = synchronous.upper() if isinstance(synchronous, str) else ""
+    if sync not in _SYNCHRONOUS:
+        raise InvalidInput("synchronous", f"{synchronous!r} is not one of {sorted(_SYNCHRONOUS)}")
+    return sync
+
+
+def _check_sqlite_version() -> None:
     if sqlite3.sqlite_version_info < _MIN_SQLITE:
         raise DatabaseError(
             f"SQLite {sqlite3.sqlite_version} is too old: agentkeep needs >= "
             + ".".join(map(str, _MIN_SQLITE))
         )
+
+
+def _create_sqlite_engine(
+    url: str, busy_timeout_ms: int, synchronous: str, engine_kwargs: dict[str, Any]
+) -> Engine:
+    _check_sqlite_version()
     memory = is_memory_sqlite(url)
     connect_args = dict(engine_kwargs.pop("connect_args", {}))
     connect_args.setdefault("check_same_thread", False)
@@ -178,20 +234,42 @@ def _create_sqlite_engine(
         if hasattr(sqlite3, "LEGACY_TRANSACTION_CONTROL"):  # Python >= 3.12
             dbapi_conn.autocommit = sqlite3.LEGACY_TRANSACTION_CONTROL
         dbapi_conn.isolation_level = None  # the driver never emits BEGIN
-        cur = dbapi_conn.cursor()
-        try:  # PRAGMAs run outside a transaction, which holds here
-            # journal_mode is NOT set here: it is stored in the file, and a
-            # legacy file whose adoption is refused must stay byte-for-byte
-            # unchanged. enable_wal() switches it once the schema is accepted.
-            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute(f"PRAGMA synchronous={synchronous}")
-        finally:
-            cur.close()
+        # journal_mode is NOT set here: it is stored in the file, and a legacy
+        # file whose adoption is refused must stay byte-for-byte unchanged.
+        # enable_wal() switches it once the schema is accepted.
+        _sqlite_pragmas(dbapi_conn, busy_timeout_ms, synchronous)
 
-    @event.listens_for(engine, "begin")
+    event.listen(engine, "begin", _sqlite_begin_hook("DEFERRED"))
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn: Any, busy_timeout_ms: int, synchronous: str | None) -> None:
+    """The per-connection settings agentkeep needs (run outside a transaction)."""
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        if synchronous is not None:
+            cur.execute(f"PRAGMA synchronous={synchronous}")
+    finally:
+        cur.close()
+
+
+def _sqlite_begin_hook(default: str | None) -> Callable[[Connection], None]:
+    """The ``begin`` hook: ``BEGIN <mode>`` from the execution option ``sqlite_begin``.
+
+    ``default`` is the mode of a transaction without the option: DEFERRED on
+    agentkeep's own engines (whose driver never begins by itself), None on a
+    host's engine (the host's transactions stay exactly as pysqlite runs them).
+    When a BEGIN was already emitted (a host's own begin hook ran first), a
+    writer takes the write lock with a no-op write instead: on a transaction
+    that has not read yet, that waits for the lock like ``BEGIN IMMEDIATE``.
+    """
+
     def _on_begin(conn: Connection) -> None:
-        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        mode = conn.get_execution_options().get("sqlite_begin", default)
+        if mode is None:
+            return
         if mode not in _BEGIN_MODES:
             raise ValueError(f"sqlite_begin={mode!r}")
         # Straight to the driver: this runs once per unit of work, on the hot
@@ -199,11 +277,15 @@ def _create_sqlite_engine(
         # busy timeout is translated here (to the retryable StoreBusy).
         driver: Any = conn.connection.driver_connection
         try:
-            driver.execute(_BEGIN_SQL[mode])
+            if not driver.in_transaction:
+                driver.execute(_BEGIN_SQL[mode])
+            elif mode != "DEFERRED":
+                form = _SQLITE_WRITE_LOCK.compiled(CompileTarget.of(conn.dialect))
+                driver.execute(form.sql, form.bind({}))
         except sqlite3.Error as exc:
             raise _translate_driver_error(exc) from exc
 
-    return engine
+    return _on_begin
 
 
 def _create_postgres_engine(
@@ -219,6 +301,189 @@ def _create_postgres_engine(
     return sa_create_engine(url, connect_args=connect_args, **engine_kwargs)
 
 
+# --------------------------------------------------------------------------
+# A host application's engine
+
+
+def adopt_engine(
+    engine: Engine,
+    *,
+    busy_timeout_ms: int | None = None,
+    synchronous: str | None = None,
+) -> EngineSettings:
+    """Make an engine the host application built fit for agentkeep's units (idempotent).
+
+    Called by ``Store.open(engine)`` and ``Store(engine)``. An engine made by
+    :func:`create_engine`, or adopted before, is returned as it is (settings
+    given again must agree with the ones it has).
+
+    SQLite (driver pysqlite). The host's own transactions keep pysqlite's
+    behaviour (the driver begins a deferred transaction before the first
+    write; a transaction that has only read holds no lock); agentkeep installs:
+
+    * a ``begin`` hook that emits ``BEGIN <mode>`` only for connections
+      carrying the execution option ``sqlite_begin``, which agentkeep's own
+      units set (``IMMEDIATE`` for writes, ``DEFERRED`` for reads);
+    * on every connection of the engine, also those already pooled:
+      ``PRAGMA busy_timeout`` (``busy_timeout_ms``, default 30 s) and
+      ``PRAGMA foreign_keys=ON`` (agentkeep's tables rely on ON DELETE
+      CASCADE); ``PRAGMA synchronous`` only when ``synchronous`` is given.
+      These are connection-wide: the host's statements get them too.
+
+    Refused: another driver; on Python >= 3.12 a driver ``autocommit`` other
+    than ``LEGACY_TRANSACTION_CONTROL`` (``connect_args={"autocommit": ...}``):
+    agentkeep's units open and commit their transactions themselves.
+
+    Postgres (driver psycopg 3). The engine is used as is: nothing is
+    installed and no setting is changed. Refused: an ``AUTOCOMMIT`` engine
+    (``isolation_level="AUTOCOMMIT"`` on the engine or its execution options,
+    or a driver connection in autocommit): a fenced write must be one
+    transaction. ``busy_timeout_ms`` and ``synchronous`` are refused too: set
+    ``lock_timeout`` on the engine (``connect_args={"options": "-c
+    lock_timeout=30000"}``) to bound agentkeep's lock waits; without it a
+    writer waits as long as the engine's setting says. When the engine's
+    transactions are not READ COMMITTED (a REPEATABLE READ engine or role
+    default), agentkeep's write units still run READ COMMITTED (the host's
+    connections keep their level); the fences rely on it.
+
+    Raises:
+        InvalidInput: an engine or setting that is refused (the message says
+            what to change); nothing was changed.
+        DatabaseError: the database could not be reached.
+    """
+    if not isinstance(engine, Engine):
+        raise InvalidInput(
+            "url", f"expected a URL string or a sqlalchemy Engine, not {type(engine).__name__}"
+        )
+    with _ADOPTING:
+        known = _SETTINGS.get(engine)
+        if known is not None:
+            _check_same(known, busy_timeout_ms, synchronous)
+            return known
+        settings = _adopt(engine, busy_timeout_ms, synchronous)
+        _SETTINGS[engine] = settings
+        return settings
+
+
+def _adopt(engine: Engine, busy_timeout_ms: int | None, synchronous: str | None) -> EngineSettings:
+    name, driver = engine.dialect.name, engine.dialect.driver
+    if _DRIVERS.get(name) != driver:
+        raise InvalidInput(
+            "engine",
+            f"{name}+{driver} is not supported: agentkeep runs on sqlite (pysqlite) "
+            "and postgresql+psycopg (psycopg 3) engines",
+        )
+    if busy_timeout_ms is not None and busy_timeout_ms < 0:
+        raise InvalidInput("busy_timeout_ms", "must be >= 0")
+    if name == "sqlite":
+        return _adopt_sqlite(engine, busy_timeout_ms, synchronous)
+    return _adopt_postgres(engine, busy_timeout_ms, synchronous)
+
+
+def _check_same(
+    known: EngineSettings, busy_timeout_ms: int | None, synchronous: str | None
+) -> None:
+    if busy_timeout_ms is not None and busy_timeout_ms != known.busy_timeout_ms:
+        raise InvalidInput(
+            "busy_timeout_ms",
+            f"this engine already runs agentkeep with {known.busy_timeout_ms} "
+            "(from its first Store.open or create_engine): give the same value or none",
+        )
+    if synchronous is not None and _check_synchronous(synchronous) != known.synchronous:
+        raise InvalidInput(
+            "synchronous",
+            f"this engine already runs agentkeep with synchronous={known.synchronous}: "
+            "give the same value or none",
+        )
+
+
+def _adopt_sqlite(
+    engine: Engine, busy_timeout_ms: int | None, synchronous: str | None
+) -> EngineSettings:
+    _check_sqlite_version()
+    busy = DEFAULT_BUSY_TIMEOUT_MS if busy_timeout_ms is None else busy_timeout_ms
+    sync = None if synchronous is None else _check_synchronous(synchronous)
+    legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", None)
+    raw = engine.raw_connection()
+    try:
+        if legacy is not None and raw.driver_connection.autocommit != legacy:  # type: ignore[union-attr]
+            raise InvalidInput(
+                "engine",
+                "its sqlite3 connections have autocommit="
+                f"{raw.driver_connection.autocommit!r}: create the engine without "  # type: ignore[union-attr]
+                "connect_args autocommit (sqlite3.LEGACY_TRANSACTION_CONTROL, the default)",
+            )
+    finally:
+        raw.close()
+
+    def configure(dbapi_conn: Any, record: Any, *_proxy: Any) -> None:
+        if record.info.get(_CONFIGURED):
+            return
+        _sqlite_pragmas(dbapi_conn, busy, sync)
+        record.info[_CONFIGURED] = True
+
+    # New connections on connect; connections the host pooled before, on checkout.
+    event.listen(engine, "connect", configure)
+    event.listen(engine, "checkout", configure)
+    event.listen(engine, "begin", _sqlite_begin_hook(None))
+    return EngineSettings(False, busy, sync)
+
+
+def _adopt_postgres(
+    engine: Engine, busy_timeout_ms: int | None, synchronous: str | None
+) -> EngineSettings:
+    if busy_timeout_ms is not None:
+        raise InvalidInput(
+            "busy_timeout_ms",
+            "a Postgres engine is used as is: set lock_timeout on it instead, e.g. "
+            "create_engine(url, connect_args={'options': '-c lock_timeout=30000'})",
+        )
+    if synchronous is not None:
+        raise InvalidInput("synchronous", "is a SQLite setting; a Postgres engine is used as is")
+    autocommit = (
+        "it is configured with isolation_level='AUTOCOMMIT'" if is_autocommit(engine) else None
+    )
+    level = None
+    if autocommit is None:
+        try:
+            with engine.connect() as conn:
+                if conn.connection.driver_connection.autocommit:  # type: ignore[union-attr]
+                    autocommit = "its driver connections are in autocommit mode"
+                else:
+                    level = conn.get_isolation_level()
+        except sa_exc.DBAPIError as exc:
+            raise translate_db_error(exc) from exc
+    if autocommit is not None:
+        raise InvalidInput(
+            "engine",
+            f"{autocommit} (AUTOCOMMIT): agentkeep's fenced writes need a transaction; "
+            "use an engine without isolation_level='AUTOCOMMIT' (READ COMMITTED or the default)",
+        )
+    return EngineSettings(False, None, None, pg_read_committed=level != "READ COMMITTED")
+
+
+def is_autocommit(bind: Engine | Connection) -> bool:
+    """True if ``bind`` runs AUTOCOMMIT (no transaction to join or to fence in).
+
+    Configured with ``isolation_level="AUTOCOMMIT"`` (on the engine, its
+    execution options or the connection's), or a psycopg driver connection
+    in autocommit mode.
+    """
+    level = bind.get_execution_options().get("isolation_level")
+    if level is None:
+        level = getattr(bind.dialect, "_on_connect_isolation_level", None)
+    if level == "AUTOCOMMIT":
+        return True
+    if isinstance(bind, Connection) and bind.dialect.name == "postgresql" and not bind.closed:
+        return bool(bind.connection.driver_connection.autocommit)  # type: ignore[union-attr]
+    return False
+
+
+def engine_settings(engine: Engine) -> EngineSettings | None:
+    """What agentkeep applied to ``engine`` (None: neither created nor adopted by it)."""
+    return _SETTINGS.get(engine)
+
+
 def enable_wal(engine: Engine) -> None:
     """Put a SQLite database file in WAL mode (persistent; a no-op elsewhere).
 
@@ -227,7 +492,9 @@ def enable_wal(engine: Engine) -> None:
     rewrites the file header. WAL lets readers run beside the single writer;
     without it every ``BEGIN IMMEDIATE`` would queue the readers too.
     """
-    if engine.dialect.name != "sqlite" or is_memory_sqlite(engine.url.render_as_string()):
+    if engine.dialect.name != "sqlite" or is_memory_sqlite(
+        engine.url.render_as_string(hide_password=False)
+    ):
         return
     raw = engine.raw_connection()
     try:
@@ -247,15 +514,16 @@ def enable_wal(engine: Engine) -> None:
 def read_engine(engine: Engine) -> Engine:
     """The same engine (shared pool) whose transactions are consistent read snapshots.
 
-    On SQLite a deferred ``BEGIN`` already reads one WAL snapshot, so the
-    engine is returned as is. On Postgres, READ COMMITTED would give each
-    SELECT its own snapshot; read units run ``REPEATABLE READ READ ONLY``
-    instead (spec/README.md decision 5). Pooled connections return to READ
-    COMMITTED for write units.
+    On SQLite a deferred ``BEGIN`` reads one WAL snapshot (asked for with the
+    ``sqlite_begin`` option, which a host's engine needs: its driver would
+    not begin a transaction before the first write). On Postgres, READ
+    COMMITTED would give each SELECT its own snapshot; read units run
+    ``REPEATABLE READ READ ONLY`` instead (spec/README.md decision 5). Pooled
+    connections return to the engine's level for other units.
     """
     if engine.dialect.name == "postgresql":
         return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-    return engine
+    return engine.execution_options(sqlite_begin="DEFERRED")
 
 
 def write_engine(engine: Engine) -> Engine:
@@ -263,8 +531,13 @@ def write_engine(engine: Engine) -> Engine:
 
     On SQLite its ``BEGIN`` is ``BEGIN IMMEDIATE``: the database write lock is
     taken before the first read, so a read-modify-write never meets
-    ``SQLITE_BUSY_SNAPSHOT``. On Postgres the option is ignored.
+    ``SQLITE_BUSY_SNAPSHOT``. On Postgres the option is ignored; a host engine
+    whose transactions are not READ COMMITTED gets READ COMMITTED for these
+    transactions (:func:`adopt_engine`).
     """
+    settings = _SETTINGS.get(engine)
+    if settings is not None and settings.pg_read_committed:
+        return engine.execution_options(sqlite_begin="IMMEDIATE", isolation_level="READ COMMITTED")
     return engine.execution_options(sqlite_begin="IMMEDIATE")
 
 
@@ -310,6 +583,18 @@ class Sql:
 
 _SAVEPOINTS = itertools.count(1)
 _READ_SNAPSHOT_PG: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_READ_COMMITTED_PG: Final = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+#: SQLite: a write that changes nothing, to take the database write lock inside
+#: a transaction that has already begun (the UPDATE acquires the RESERVED lock
+#: even though no row matches). On an agentkeep table, so that it locks the
+#: database agentkeep's tables live in.
+_SQLITE_WRITE_LOCK: Final = Statement(
+    update(Run).values(id=Run.id).where(false()), name="db.sqlite_write_lock"
+)
+_SQLITE_BUSY_SNAPSHOT: Final = 517
+#: Postgres transaction isolation levels a joined write unit accepts (READ
+#: UNCOMMITTED behaves as READ COMMITTED on Postgres).
+_PG_JOINABLE: Final = frozenset({"read committed", "read uncommitted"})
 
 
 class Driver:
@@ -326,13 +611,21 @@ class Driver:
         postgres: True on Postgres.
     """
 
-    __slots__ = ("_error", "postgres", "raw", "target")
+    __slots__ = ("_error", "_pg_read_committed", "postgres", "raw", "target")
 
-    def __init__(self, raw: Any, target: CompileTarget, error: type[BaseException]) -> None:
+    def __init__(
+        self,
+        raw: Any,
+        target: CompileTarget,
+        error: type[BaseException],
+        *,
+        pg_read_committed: bool = False,
+    ) -> None:
         self.raw = raw
         self.target = target
         self.postgres = target.dialect.name == "postgresql"
         self._error = error
+        self._pg_read_committed = pg_read_committed
 
     @classmethod
     def of(
@@ -361,7 +654,7 @@ class Driver:
             sql: str = form.sql
             bound: Any = form.bind(params)
         else:
-            sql, bound = stmt.render(self.target.paramstyle), params
+            sql, bound = stmt.render(self._sql_paramstyle), params
         cur = self.raw.cursor()
         try:
             cur.execute(sql, bound)
@@ -383,7 +676,7 @@ class Driver:
             sql: str = form.sql
             rows: Any = [form.bind(p) for p in params]
         else:
-            sql, rows = stmt.render(self.target.paramstyle), params
+            sql, rows = stmt.render(self._sql_paramstyle), params
         cur = self.raw.cursor()
         try:
             cur.executemany(sql, rows)
@@ -392,12 +685,27 @@ class Driver:
         finally:
             cur.close()
 
+    @property
+    def _sql_paramstyle(self) -> str:
+        # A legacy Sql constant binds its dict in the driver's native named
+        # style, whatever paramstyle the engine's dialect was configured with
+        # (a host's pysqlite engine compiles Statements for qmark).
+        return "pyformat" if self.postgres else "named"
+
     def begin(self, *, write: bool) -> None:
-        """Open the unit's transaction (lean one-call units; see :func:`one_call_unit`)."""
+        """Open the unit's transaction (lean one-call units).
+
+        SQLite: ``BEGIN IMMEDIATE`` (write) or ``BEGIN`` (read). Postgres: the
+        driver begins at the first statement; a read asks for one REPEATABLE
+        READ snapshot, a write on an engine whose default is not READ
+        COMMITTED asks for READ COMMITTED.
+        """
         try:
             if self.postgres:
                 if not write:  # one consistent snapshot for every SELECT of a read unit
                     self.raw.execute(_READ_SNAPSHOT_PG)
+                elif self._pg_read_committed:
+                    self.raw.execute(_READ_COMMITTED_PG)
             else:
                 self.raw.execute(_BEGIN_SQL["IMMEDIATE" if write else "DEFERRED"])
         except self._error as exc:
@@ -478,6 +786,97 @@ def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = F
     if driver.postgres:
         stmt = _LOCK_SHARED_SQL if shared else _LOCK_SQL
         driver.execute(stmt, {"ns": namespace, "key": _key_hash(key)})
+
+
+def join_write(driver: Driver) -> None:
+    """Make the host's transaction under ``driver`` fit for a joined write unit.
+
+    SQLite: the transaction must hold the database write lock for as long as
+    it lasts (every fence relies on it, like ``BEGIN IMMEDIATE`` in agentkeep's
+    own write units). A driver connection with no transaction open (pysqlite
+    had not begun one: the host has not written yet) begins ``BEGIN
+    IMMEDIATE``, waiting up to the busy timeout. A transaction already begun
+    takes the lock with a write that changes nothing: free if it holds the
+    lock already, a wait for the lock if it has not read yet; if it has read,
+    SQLite cannot upgrade it while another writer holds the lock (immediate
+    ``StoreBusy``) or once another writer has committed since its snapshot
+    (:class:`~agentkeep.errors.JoinedTransactionStale`). The host's commit or
+    rollback ends the transaction, and releases the lock.
+
+    Postgres: the per-aggregate advisory locks are transaction-scoped, so
+    they hold until the host's transaction ends. The transaction must be READ
+    COMMITTED: at REPEATABLE READ or SERIALIZABLE its snapshot may predate the
+    lock, and a write could act on reads older than the last writer's commit.
+
+    Raises:
+        JoinedTransactionStale: SQLite, see above; nothing was written.
+        StoreBusy: SQLite, the lock could not be had.
+        InvalidInput: Postgres, the transaction is not READ COMMITTED.
+    """
+    raw = driver.raw
+    if driver.postgres:
+        try:
+            level = str(raw.execute(_PG_ISOLATION).fetchone()[0])
+        except driver._error as exc:
+            raise _translate_driver_error(exc) from exc
+        if level not in _PG_JOINABLE:
+            raise InvalidInput(
+                "join",
+                f"the host's transaction is {level.upper()}: a joined write unit needs READ "
+                "COMMITTED (its fences wait for a lock, then must read past it); use "
+                "store.read(join=...) to read in it, or begin it READ COMMITTED",
+            )
+        return
+    begun = bool(raw.in_transaction)
+    try:
+        if begun:
+            form = _SQLITE_WRITE_LOCK.compiled(driver.target)
+            raw.execute(form.sql, form.bind({}))
+        else:
+            raw.execute(_BEGIN_SQL["IMMEDIATE"])
+    except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorcode", None) == _SQLITE_BUSY_SNAPSHOT:
+            raise JoinedTransactionStale(
+                f"sqlite: {exc}: the host's deferred transaction read a snapshot that another "
+                "writer has since committed over; roll it back and run it again, or begin it "
+                "IMMEDIATE"
+            ) from exc
+        error = _translate_driver_error(exc)
+        if begun and isinstance(error, StoreBusy):
+            raise StoreBusy(
+                f"{error}: the host's transaction had already begun (deferred) and could not "
+                "take the write lock; roll it back and run it again, or begin it IMMEDIATE"
+            ) from exc
+        raise error from exc
+
+
+_PG_ISOLATION: Final = "SELECT current_setting('transaction_isolation')"
+
+
+@contextmanager
+def join_read(driver: Driver) -> Iterator[None]:
+    """Hold a joined read unit's reads in one transaction of the host's connection.
+
+    SQLite: a connection pysqlite has not begun a transaction on (the host
+    has not written yet) begins a deferred one for the block, so that its
+    reads see one snapshot; the unit's SAVEPOINT nests inside it. When the
+    block wrote nothing that is still pending (the host may add rows through
+    ``uow.session``), that transaction is committed at the end (it only
+    read), so the host's connection is left as it was; otherwise it stays
+    open for the host to commit. Postgres: nothing to do (the driver has
+    begun the host's transaction).
+    """
+    raw = driver.raw
+    if driver.postgres or raw.in_transaction:
+        yield
+        return
+    driver._plain(_BEGIN_SQL["DEFERRED"])
+    changes = raw.total_changes
+    try:
+        yield
+    finally:
+        if raw.in_transaction and raw.total_changes == changes:
+            driver.commit()
 
 
 @contextmanager

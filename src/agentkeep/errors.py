@@ -44,6 +44,7 @@ __all__ = [
     "IdParseError",
     "InvalidInput",
     "InvalidInputStateBatchCas",
+    "JoinedTransactionStale",
     "LegacySchemaMismatch",
     "NodeAlreadyExists",
     "NotFound",
@@ -178,6 +179,19 @@ class StoreBusy(DatabaseError):
     timeout) and Postgres serialization failure (40001), deadlock (40P01) and
     lock-not-available (55P03). The one-call store methods already retry these
     a bounded number of times before raising.
+    """
+
+
+class JoinedTransactionStale(StoreBusy):
+    """SQLite: the host's transaction that a write unit joined cannot become a writer.
+
+    Raised by ``store.write(join=...)`` when the host's transaction was begun
+    deferred, has read a snapshot, and another connection has committed a
+    write since (``SQLITE_BUSY_SNAPSHOT``): writing on that snapshot could act
+    on stale reads, so nothing is written. Retrying the unit alone cannot
+    succeed: roll the host's transaction back and run it again (it is a
+    :class:`StoreBusy`), or begin the host's transactions ``IMMEDIATE`` so
+    that they hold the write lock before they read.
     """
 
 

@@ -1,12 +1,15 @@
 """The :class:`Store` facade: open a database, units of work, one-call operations.
 
-``Store.open(url)`` builds the engine (:mod:`agentkeep.db`), checks that the
-schema is at head (or migrates it with ``migrate=True``), and hands out units
-of work. Each store's operations are reachable two ways, with one
-implementation:
+``Store.open(url)`` builds the engine (:mod:`agentkeep.db`), or
+``Store.open(engine)`` adopts the host application's own engine; either way
+it checks that the schema is at head (or migrates it with ``migrate=True``)
+and hands out units of work. Each store's operations are reachable two ways,
+with one implementation:
 
 * ``with store.write() as uow: uow.runs.acquire_assignee(...)`` — several
   operations (and the host's own ORM rows) in one transaction;
+  ``store.write(join=session_or_connection)`` runs them inside a transaction
+  the host already holds, committed or rolled back by the host;
 * ``store.runs.acquire_assignee(...)`` — one operation in its own unit,
   retried as a whole on a transient busy/serialisation error.
 """
@@ -18,8 +21,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session, scoped_session
 
 from agentkeep import db
 from agentkeep import migrations as _migrations
@@ -50,6 +55,16 @@ class Store:
     block. Thread-safe: each unit of work takes its own pooled connection
     (an in-memory SQLite database has one shared connection, and its units
     are serialised by a mutex).
+
+    ``Store(engine, ...)`` is ``Store.open(engine, ...)`` without ``migrate``
+    and the connection settings: it adopts the engine
+    (:func:`agentkeep.db.adopt_engine`), checks the schema and puts a SQLite
+    file in WAL, like :meth:`open`.
+
+    Raises:
+        InvalidInput: a refused engine or argument.
+        SchemaBehind: the schema is behind head.
+        SchemaNewer: the database was written by a newer agentkeep.
     """
 
     def __init__(
@@ -61,13 +76,18 @@ class Store:
         memory: bool = False,
         auto_gc_every_commits: int | None = None,
         runtime_domain: RuntimeDomain[Any] | None = None,
+        _checked: bool = False,
     ) -> None:
-        if retry_attempts < 1:
-            raise InvalidInput("retry_attempts", "must be >= 1")
-        if auto_gc_every_commits is not None and (
-            type(auto_gc_every_commits) is not int or auto_gc_every_commits < 1
-        ):
-            raise InvalidInput("auto_gc_every_commits", "must be None or an integer >= 1")
+        _check_options(retry_attempts, auto_gc_every_commits)
+        memory = memory or _is_memory(engine)
+        if not _checked:  # Store(engine): what Store.open does, without migrate
+            db.adopt_engine(engine)
+            _migrations.ensure_schema(engine, migrate=memory)
+            db.enable_wal(engine)
+        settings = db.engine_settings(engine)
+        assert settings is not None  # created or adopted above
+        self._settings = settings
+        self._owns_engine = False
         #: Run blob GC after every N one-call session commits (None: never).
         self.auto_gc_every_commits = auto_gc_every_commits
         self.engine = engine
@@ -99,64 +119,105 @@ class Store:
     @classmethod
     def open(
         cls,
-        url: str = "sqlite:///agentkeep.db",
+        url: str | URL | Engine = "sqlite:///agentkeep.db",
         *,
         migrate: bool = False,
         clock: Clock | None = None,
-        busy_timeout_ms: int = db.DEFAULT_BUSY_TIMEOUT_MS,
-        synchronous: str = "NORMAL",
+        busy_timeout_ms: int | None = None,
+        synchronous: str | None = None,
         retry_attempts: int = 5,
         auto_gc_every_commits: int | None = None,
         runtime_domain: RuntimeDomain[Any] | None = None,
         **engine_kwargs: Any,
     ) -> Store:
-        """Open the database at ``url``.
+        """Open the database at ``url``, or the database of the host's ``Engine``.
+
+        With a URL, agentkeep builds and owns the engine (:meth:`close`
+        disposes it). With a SQLAlchemy :class:`~sqlalchemy.Engine` built by
+        the host application, the store runs on that engine and its pool, and
+        never disposes it. The engine is adopted
+        (:func:`agentkeep.db.adopt_engine`):
+
+        * SQLite (pysqlite): agentkeep's units begin their own transactions
+          (``BEGIN IMMEDIATE`` for writes, through a ``begin`` hook that acts
+          only on agentkeep's units); the host's transactions keep pysqlite's
+          deferred behaviour. Every connection of the engine gets the busy
+          timeout and ``foreign_keys=ON`` (``synchronous`` only when given);
+          the file is put in WAL once the schema is accepted.
+        * Postgres (psycopg 3): the engine is used as is. An AUTOCOMMIT engine
+          is refused; ``busy_timeout_ms``/``synchronous`` are refused (set
+          ``lock_timeout`` on your engine); write units run READ COMMITTED
+          even if the engine's default is another level.
+
+        Either way the schema is checked like for a URL. Open the store when
+        the application starts, before it holds transactions on the engine
+        (switching a file to WAL waits for them).
 
         Args:
             url: ``sqlite:///path.db`` (default ``sqlite:///agentkeep.db``),
-                ``sqlite://`` for in-memory, or ``postgresql+psycopg://…``.
+                ``sqlite://`` for in-memory, ``postgresql+psycopg://…``, or an
+                Engine.
             migrate: upgrade a database behind head (adopting tables written
                 by the original stores) instead of failing. An in-memory
                 database is always migrated.
             clock: time source (default: the system clock).
-            busy_timeout_ms: lock wait before :class:`~agentkeep.errors.StoreBusy`.
-            synchronous: SQLite ``PRAGMA synchronous`` (NORMAL or FULL).
+            busy_timeout_ms: lock wait before :class:`~agentkeep.errors.StoreBusy`
+                (default 30 s; for a SQLite Engine applied to its connections).
+            synchronous: SQLite ``PRAGMA synchronous`` (NORMAL or FULL;
+                default NORMAL for a URL, the connections' own for an Engine).
             retry_attempts: attempts of a one-call operation on transient errors.
             auto_gc_every_commits: run blob GC after every N successful
                 ``store.sessions.commit_runtime_state`` calls (best effort).
             runtime_domain: the runtime store's domain rules (default
                 :class:`~agentkeep.runtime.domain.ReferenceDomain`).
-            **engine_kwargs: passed to :func:`sqlalchemy.create_engine`.
+            **engine_kwargs: passed to :func:`sqlalchemy.create_engine` (URL only).
 
         Raises:
+            InvalidInput: a refused argument or engine (the message says what
+                to change); nothing was changed.
             SchemaBehind: the schema is behind head and ``migrate`` is false.
             SchemaNewer: the database was written by a newer agentkeep.
             LegacySchemaMismatch: (``migrate=True``) legacy tables of unknown shape.
         """
-        if retry_attempts < 1:  # before anything touches the database
-            raise InvalidInput("retry_attempts", "must be >= 1")
-        if auto_gc_every_commits is not None and (
-            type(auto_gc_every_commits) is not int or auto_gc_every_commits < 1
-        ):
-            raise InvalidInput("auto_gc_every_commits", "must be None or an integer >= 1")
-        memory = db.is_memory_sqlite(url)
-        engine = db.create_engine(
-            url, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous, **engine_kwargs
-        )
+        _check_options(retry_attempts, auto_gc_every_commits)  # before touching the database
+        owned = isinstance(url, (str, URL))
+        if isinstance(url, (str, URL)):
+            engine = db.create_engine(
+                url.render_as_string(hide_password=False) if isinstance(url, URL) else url,
+                busy_timeout_ms=(
+                    db.DEFAULT_BUSY_TIMEOUT_MS if busy_timeout_ms is None else busy_timeout_ms
+                ),
+                synchronous="NORMAL" if synchronous is None else synchronous,
+                **engine_kwargs,
+            )
+        else:
+            if engine_kwargs:
+                raise InvalidInput(
+                    "engine_kwargs",
+                    f"{sorted(engine_kwargs)} apply to an engine agentkeep creates: "
+                    "pass them to your own create_engine call",
+                )
+            engine = url
+            db.adopt_engine(engine, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous)
+        memory = _is_memory(engine)
         try:
             _migrations.ensure_schema(engine, migrate=migrate or memory)
             db.enable_wal(engine)
         except BaseException:
-            engine.dispose()
+            if owned:
+                engine.dispose()
             raise
-        return cls(
+        store = cls(
             engine,
             clock=clock,
             retry_attempts=retry_attempts,
             memory=memory,
             auto_gc_every_commits=auto_gc_every_commits,
             runtime_domain=runtime_domain,
+            _checked=True,
         )
+        store._owns_engine = owned
+        return store
 
     def migrate(self) -> tuple[str, ...]:
         """Upgrade this database to head (adopting legacy tables); return the revisions."""
@@ -165,21 +226,75 @@ class Store:
     # ------------------------------------------------------------------ units of work
 
     @contextmanager
-    def write(self) -> Iterator[UnitOfWork]:
+    def write(self, *, join: Session | Connection | None = None) -> Iterator[UnitOfWork]:
         """A write unit of work: ``BEGIN IMMEDIATE`` on SQLite, READ COMMITTED on Postgres.
 
         Commits when the block exits normally; rolls back when it raises.
 
+        With ``join``, the unit runs inside the transaction that the host's
+        ``Session`` (or ``scoped_session``) or ``Connection`` holds (begun
+        now if it has none), on the engine this store runs on:
+
+        * the unit never commits: after a normal exit the host's transaction
+          is still open, and agentkeep's writes commit or roll back when the
+          host commits or rolls back;
+        * the block runs in a SAVEPOINT: when it raises, only its own work
+          (agentkeep's writes and what the block added through
+          ``uow.session``) is rolled back, and the exception propagates; the
+          host's transaction stays usable;
+        * ``uow.session`` is the host's Session, or a Session on the host's
+          Connection;
+        * the fences hold as in an own unit. SQLite: the join takes the
+          database write lock and the host's transaction keeps it until it
+          ends. A host transaction pysqlite has not begun (the host has not
+          written yet) is begun ``BEGIN IMMEDIATE``; one already begun is
+          upgraded in place, which SQLite refuses for a deferred transaction
+          that has read while another writer holds the lock (``StoreBusy``)
+          or has committed since (``JoinedTransactionStale``): then roll the
+          host's transaction back and run it again. Hosts whose transactions
+          begin at the driver (their own ``begin`` hook, or sessions on the
+          engine of ``Store.open(url)``) avoid both by joining before they
+          read, or by beginning IMMEDIATE
+          (``engine.execution_options(sqlite_begin="IMMEDIATE")`` on an engine
+          agentkeep runs on). Postgres: advisory locks are transaction-scoped
+          and held until the host's transaction ends; the host's transaction
+          must be READ COMMITTED. Hold the joined transaction briefly: it
+          blocks every other writer of what it locked (on SQLite, every writer).
+
         Raises:
             StoreBusy: the write lock could not be had within the busy timeout.
+            JoinedTransactionStale: (join, SQLite) see above; nothing written.
+            InvalidInput: (join) not a Session or Connection, bound to another
+                engine, AUTOCOMMIT, or (Postgres) not READ COMMITTED.
             DatabaseError: any other driver failure.
         """
+        if join is not None:
+            with self._joined(join, writable=True) as uow:
+                yield uow
+            return
         with self._unit(self._write_engine, writable=True) as uow:
             yield uow
 
     @contextmanager
-    def read(self) -> Iterator[UnitOfWork]:
-        """A read unit of work: one consistent snapshot; write operations are refused."""
+    def read(self, *, join: Session | Connection | None = None) -> Iterator[UnitOfWork]:
+        """A read unit of work: one consistent snapshot; write operations are refused.
+
+        With ``join``, the reads run inside the host's transaction (see
+        :meth:`write`; nothing is locked) and see its uncommitted writes. They
+        see one snapshot when the host's transaction is one: on SQLite always
+        (a transaction pysqlite had not begun is begun deferred for the
+        block), on Postgres at REPEATABLE READ or SERIALIZABLE; at READ
+        COMMITTED each statement sees the latest commits.
+
+        Raises:
+            InvalidInput: (join) not a Session or Connection, bound to another
+                engine, or AUTOCOMMIT.
+            DatabaseError: a driver failure.
+        """
+        if join is not None:
+            with self._joined(join, writable=False) as uow:
+                yield uow
+            return
         with self._unit(self._read_engine, writable=False) as uow:
             yield uow
 
@@ -196,7 +311,11 @@ class Store:
                 except sa_exc.DBAPIError as exc:
                     raise db.translate_db_error(exc) from exc
                 uow = UnitOfWork(
-                    conn, self.clock, writable=writable, runtime_domain=self.runtime_domain
+                    conn,
+                    self.clock,
+                    writable=writable,
+                    runtime_domain=self.runtime_domain,
+                    driver=self._driver(conn.connection.driver_connection),
                 )
                 try:
                     yield uow
@@ -212,6 +331,126 @@ class Store:
                     raise
             finally:
                 conn.close()
+
+    @contextmanager
+    def _joined(self, join: Any, *, writable: bool) -> Iterator[UnitOfWork]:
+        """A unit inside the host's transaction, in a SAVEPOINT, never committed (see write)."""
+        session, conn, bind_kw = self._host_transaction(join)
+        with self._mutex():
+            driver = self._driver(conn.connection.driver_connection)
+            if writable:
+                try:
+                    db.join_write(driver)
+                except sa_exc.DBAPIError as exc:
+                    raise db.translate_db_error(exc) from exc
+                with self._savepoint_unit(session, conn, bind_kw, driver, writable=True) as uow:
+                    yield uow
+            else:
+                with db.join_read(driver):
+                    with self._savepoint_unit(
+                        session, conn, bind_kw, driver, writable=False
+                    ) as uow:
+                        yield uow
+
+    @contextmanager
+    def _savepoint_unit(
+        self,
+        session: Session | None,
+        conn: Connection,
+        bind_kw: dict[str, Any],
+        driver: db.Driver,
+        *,
+        writable: bool,
+    ) -> Iterator[UnitOfWork]:
+        """The joined unit's block in a SAVEPOINT of the host's Session or Connection."""
+        nested: Any
+        try:
+            if session is not None:
+                nested = session.begin_nested()  # flushes the host's pending rows first
+                session.connection(**bind_kw)  # the Session emits its SAVEPOINT lazily
+            else:
+                nested = conn.begin_nested()
+        except sa_exc.DBAPIError as exc:
+            raise db.translate_db_error(exc) from exc
+        uow = UnitOfWork(
+            conn,
+            self.clock,
+            writable=writable,
+            runtime_domain=self.runtime_domain,
+            driver=driver,
+            session=session,
+        )
+        try:
+            yield uow
+            uow._flush()
+            if nested.is_active:  # a rollback of uow.session already undid the unit
+                nested.commit()
+        except sa_exc.DBAPIError as exc:
+            uow._discard()
+            if nested.is_active:
+                nested.rollback()
+            raise db.translate_db_error(exc) from exc
+        except BaseException:
+            uow._discard()
+            if nested.is_active:
+                nested.rollback()
+            raise
+
+    def _host_transaction(self, join: Any) -> tuple[Session | None, Connection, dict[str, Any]]:
+        """The host's Session (or None), its Connection in a transaction, checked.
+
+        The third item is what ``Session.connection()`` needs to return that
+        Connection again.
+        """
+        if isinstance(join, scoped_session):
+            join = join()
+        if isinstance(join, Session):
+            try:
+                bind: Engine | Connection = join.get_bind()
+                kw: dict[str, Any] = {}
+            except sa_exc.UnboundExecutionError:  # binds per mapper only: ask for ours
+                bind, kw = self.engine, {"bind_arguments": {"bind": self.engine}}
+            self._check_joinable(bind)
+            try:
+                conn = join.connection(**kw)
+            except sa_exc.DBAPIError as exc:
+                raise db.translate_db_error(exc) from exc
+            self._check_joinable(conn)
+            return join, conn, kw
+        if isinstance(join, Connection):
+            if join.closed or join.invalidated:
+                raise InvalidInput("join", "the Connection is closed or invalidated")
+            self._check_joinable(join)
+            if not join.in_transaction():
+                try:
+                    join.begin()  # as the host's next statement would (autobegin)
+                except sa_exc.DBAPIError as exc:
+                    raise db.translate_db_error(exc) from exc
+            return None, join, {}
+        raise InvalidInput(
+            "join", f"expected a sqlalchemy Session or Connection, not {type(join).__name__}"
+        )
+
+    def _check_joinable(self, bind: Engine | Connection) -> None:
+        if bind.engine.pool is not self.engine.pool:
+            raise InvalidInput(
+                "join",
+                f"the host's Session/Connection is bound to another engine ({bind.engine!r}): "
+                "bind it to the engine this store runs on (Store.open(engine), store.engine)",
+            )
+        if db.is_autocommit(bind):
+            raise InvalidInput(
+                "join",
+                "the host's connection is AUTOCOMMIT: there is no transaction to join",
+            )
+
+    def _driver(self, raw: Any) -> db.Driver:
+        return db.Driver(
+            raw,
+            self.compile_target,
+            self._dbapi_error,
+            pg_read_committed=self._settings.pg_read_committed,
+        )
 
     def call_write(self, fn: Callable[[Repositories], T]) -> T:
         """Run ``fn`` in its own lean write unit, retrying the unit on transient errors.
@@ -273,8 +512,7 @@ class Store:
             except sa_exc.DBAPIError as exc:
                 raise db.translate_db_error(exc) from exc
             try:
-                driver = db.Driver(pooled.driver_connection, self.compile_target, self._dbapi_error)
-                yield driver, pooled
+                yield self._driver(pooled.driver_connection), pooled
             finally:
                 pooled.close()
 
@@ -306,11 +544,31 @@ class Store:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Release every pooled connection."""
-        self.engine.dispose()
+        """Release every pooled connection of an engine the store created.
+
+        An engine the host gave (``Store.open(engine)``, ``Store(engine)``)
+        is left as it is: the host disposes it.
+        """
+        if self._owns_engine:
+            self.engine.dispose()
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_options(retry_attempts: int, auto_gc_every_commits: int | None) -> None:
+    if retry_attempts < 1:
+        raise InvalidInput("retry_attempts", "must be >= 1")
+    if auto_gc_every_commits is not None and (
+        type(auto_gc_every_commits) is not int or auto_gc_every_commits < 1
+    ):
+        raise InvalidInput("auto_gc_every_commits", "must be None or an integer >= 1")
+
+
+def _is_memory(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite" and db.is_memory_sqlite(
+        engine.url.render_as_string(hide_password=False)
+    )

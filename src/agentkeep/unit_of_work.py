@@ -6,7 +6,9 @@ Two kinds, one set of repositories (so one implementation of every fence):
   SQLAlchemy :class:`~sqlalchemy.Connection` in its transaction and, on first
   use, an ORM :class:`~sqlalchemy.orm.Session` joined to it: a host
   application adds its own ORM rows through ``uow.session`` and they commit or
-  roll back atomically with agentkeep's writes.
+  roll back atomically with agentkeep's writes. A unit joined to the host's
+  own transaction (``store.write(join=session_or_connection)``) is the same
+  class on the host's connection, inside a SAVEPOINT, and never commits.
 * :class:`Repositories` alone is the lean unit of a one-call operation
   (``store.runs.get(...)``): a pooled driver connection with its transaction
   opened and closed directly, without building a SQLAlchemy ``Connection``
@@ -154,10 +156,12 @@ class UnitOfWork(Repositories):
     """A unit of work opened by ``store.write()`` or ``store.read()``.
 
     Attributes:
-        connection: the SQLAlchemy connection, inside the unit's transaction.
+        connection: the SQLAlchemy connection, inside the unit's transaction
+            (in a joined unit: the host's connection, inside the unit's
+            SAVEPOINT).
     """
 
-    __slots__ = ("_session", "connection")
+    __slots__ = ("_own_session", "_session", "connection")
 
     def __init__(
         self,
@@ -166,24 +170,39 @@ class UnitOfWork(Repositories):
         *,
         writable: bool,
         runtime_domain: RuntimeDomain[Any] | None = None,
+        driver: Driver | None = None,
+        session: Session | None = None,
     ) -> None:
+        """Build the unit on ``connection`` (inside its transaction).
+
+        Args:
+            driver: the driver connection under ``connection``, built with the
+                store's compile target (default: one built from the
+                connection's dialect).
+            session: the host's own Session, when the unit joined it: then
+                ``uow.session`` is that Session and the unit never closes it.
+        """
         super().__init__(
-            Driver.of(connection),
+            driver if driver is not None else Driver.of(connection),
             clock,
             writable=writable,
             runtime_domain=runtime_domain,
             nested=True,
         )
         self.connection = connection
-        self._session: Session | None = None
+        self._session: Session | None = session
+        self._own_session = session is None
 
     @property
     def session(self) -> Session:
-        """An ORM session joined to this unit's transaction (created on first use).
+        """An ORM session in this unit's transaction.
 
-        ``session.commit()`` inside the block only flushes; the unit commits
-        the transaction when the block ends. A rollback of the session rolls
-        the whole unit back.
+        In ``store.write()`` / ``store.read()`` it is created on first use,
+        joined to the unit's transaction: ``session.commit()`` inside the block
+        only flushes; the unit commits when the block ends; a rollback of the
+        session rolls the whole unit back. In a unit joined to the host's
+        Session it is that Session; joined to the host's Connection, a Session
+        on that Connection whose rollback undoes the unit's SAVEPOINT only.
         """
         if self._session is None:
             self._session = Session(
@@ -195,10 +214,10 @@ class UnitOfWork(Repositories):
 
     def _flush(self) -> None:
         """Flush the host's ORM changes before the transaction commits."""
-        if self._session is not None:
+        if self._session is not None and self._own_session:
             self._session.commit()
             self._session.close()
 
     def _discard(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._own_session:
             self._session.close()
