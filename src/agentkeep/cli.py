@@ -42,6 +42,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from alembic.script import Script
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -149,12 +150,31 @@ def _currents(args: argparse.Namespace) -> set[str]:
     return set(migrate.current(args.url))
 
 
+def _describe_revision(script: Script, *, parents: bool, doc: bool) -> str:
+    """Alembic's one-line form of a revision, branch labels sorted (stable output)."""
+    line = script.revision
+    if parents:
+        downs = script.down_revision
+        down = (downs,) if isinstance(downs, str) else tuple(downs or ())
+        line = f"{', '.join(down) or '<base>'} -> {line}"
+    if script.branch_labels:
+        line += f" ({', '.join(sorted(script.branch_labels))})"
+    for flag, word in (
+        (script.is_head, "head"),
+        (script.is_branch_point, "branchpoint"),
+        (script.is_merge_point, "mergepoint"),
+    ):
+        if flag:
+            line += f" ({word})"
+    if doc and script.doc:
+        line += f", {script.doc}"
+    return line
+
+
 def _cmd_history(args: argparse.Namespace) -> int:
     currents = _currents(args)
     for script in migrate.script_directory().walk_revisions():
-        line = script.cmd_format(
-            verbose=False, include_branches=True, include_doc=True, include_parents=True
-        )
+        line = _describe_revision(script, parents=True, doc=True)
         print(line + (" (current)" if script.revision in currents else ""))
     return 0
 
@@ -163,7 +183,9 @@ def _cmd_heads(args: argparse.Namespace) -> int:
     currents = _currents(args)
     scripts = migrate.script_directory()
     for head in migrate.head_revisions():
-        line = scripts.get_revision(head).cmd_format(verbose=False, include_branches=True)
+        script = scripts.get_revision(head)
+        assert script is not None
+        line = _describe_revision(script, parents=False, doc=False)
         print(line + (" (current)" if head in currents else ""))
     return 0
 
@@ -402,6 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AgentkeepError, SQLAlchemyError) as exc:
         print(f"agentkeep {args.command}: {_describe(exc, args.url)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`agentkeep history | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code
 
 
