@@ -910,12 +910,17 @@ def _is_upgrade_command(config: Config) -> bool:
 
 
 def run_env() -> None:
-    """The body of ``alembic/env.py``.
+    """The body of ``alembic/env.py``: the ``alembic`` command line run on agentkeep's scripts.
 
-    With a connection in ``config.attributes["connection"]`` (agentkeep's own
-    commands) it runs the migrations inside that connection's transaction.
-    Without one (the ``alembic`` command line) it opens the migration
-    transaction itself, adopts legacy tables on ``upgrade``, and commits.
+    agentkeep's own commands (:func:`upgrade`, ``agentkeep upgrade``, ...) do
+    not come here: they drive the scripts directly on one connection. This is
+    for ``alembic upgrade head`` from a checkout, or a programmatic
+    ``alembic.command`` call on a :class:`~alembic.config.Config` of these
+    scripts. With a connection in ``config.attributes["connection"]`` it runs
+    the migrations inside that connection's transaction; with an engine there,
+    or none (the URL from ``-x url=...``, ``AGENTKEEP_DATABASE_URL`` or
+    ``sqlalchemy.url``), it opens the migration transaction itself, adopts
+    legacy tables on ``upgrade``, and commits.
     """
     from alembic import context
 
