@@ -22,6 +22,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -390,7 +391,7 @@ def test_every_command_as_a_subprocess(fresh_url: str, backend: str, tmp_path: P
     """upgrade --sql, upgrade, current, check, heads, history, downgrade, stamp, --version."""
     code, out, err = agentkeep("--version")
     assert (code, err) == (0, "")
-    assert out == f"agentkeep 0.1.0 (migration head {HEAD_TEXT})\n"
+    assert out == f"agentkeep {version('agentkeep')} (migration head {HEAD_TEXT})\n"
 
     # offline: SQL for the URL's dialect; nothing is opened or created
     code, out, err = agentkeep("upgrade", "--sql", fresh_url)
