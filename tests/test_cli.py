@@ -1,11 +1,15 @@
 """The ``agentkeep`` command line (``agentkeep.cli.main``), on both backends.
 
-Driven in-process (``main(argv)`` with capsys) and, once per backend, through
-the installed console script ``.venv/bin/agentkeep`` in a subprocess.
+Driven in-process (``main(argv)`` with capsys) and, per backend, as a
+subprocess: the console script next to the interpreter
+(``Path(sys.executable).parent / "agentkeep"``) and ``sys.executable -m
+agentkeep`` walking through every command.
 
-Exit codes (cli docstring): 0 success; 1 drift found (check) or an invariant
-failed (demo); 2 the database was refused or could not be reached, with a
-one-line message on stderr and no traceback.
+Exit codes (cli docstring): 0 success; 1 check found the database not
+migrated, behind head or drifted, or an invariant failed (demo); 2 the database
+was refused (ahead of this code, unknown legacy shape, a stamp its tables do
+not match), could not be reached, or is a missing SQLite file that a command
+must not create, with a one-line message on stderr and no traceback.
 
 SQLite-only cases are named ``test_sqlite_*`` and say so in their docstring.
 """
@@ -18,6 +22,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +96,15 @@ def sqlite_path(url: str) -> Path:
 
 
 def test_upgrade_empty_database_then_current_reports_head(
-    fresh_url: str, capsys: pytest.CaptureFixture[str]
+    fresh_url: str, backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    if backend == "sqlite":  # the file does not exist yet: current refuses, creates nothing
+        code, out, err = run_cli(capsys, "current", fresh_url)
+        assert (code, out) == (2, "")
+        assert err.startswith("agentkeep current: ")
+        assert "does not exist" in err and "agentkeep upgrade" in err
+        assert not sqlite_path(fresh_url).exists()
+        raw(fresh_url, "SELECT 1")  # now an empty database file
     code, out, err = run_cli(capsys, "current", fresh_url)
     assert (code, err) == (0, "")
     assert out.startswith("none (un-versioned or empty)")
@@ -147,8 +159,7 @@ def test_check_reports_no_drift_then_a_dropped_index(
 
     code, out, err = run_cli(capsys, "check", fresh_url)
     assert (code, err) == (0, "")
-    assert "no drift" in out
-    assert not [line for line in out.splitlines() if line.startswith("drift:")]
+    assert out == "no drift: the database matches the models at head\n"
 
     raw(fresh_url, "DROP INDEX ix_runs_created_at_seq")
     code, out, err = run_cli(capsys, "check", fresh_url)
@@ -161,15 +172,26 @@ def test_check_reports_no_drift_then_a_dropped_index(
     assert "no drift" not in out
 
 
-def test_check_on_empty_database_reports_the_missing_revision(
+def test_check_on_empty_database_says_not_migrated_in_one_line(
     fresh_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = run_cli(capsys, "check", fresh_url)
-    assert code == 1
-    assert any(
-        line.startswith("drift:") and "is not head" in line and HEAD_TEXT in line
-        for line in out.splitlines()
-    ), out
+    raw(fresh_url, "SELECT 1")  # SQLite: an existing, empty file
+    code, out, err = run_cli(capsys, "check", fresh_url)
+    assert (code, err) == (1, "")
+    assert out == f"{migrate.NOT_MIGRATED}\n"
+    assert "not migrated" in out and "run `agentkeep upgrade`" in out
+    assert migrate.current(fresh_url) == ()  # check wrote nothing
+
+
+def test_check_behind_head_says_so_in_one_line(
+    fresh_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    migrate.upgrade(fresh_url, "runs_0005")
+    code, out, err = run_cli(capsys, "check", fresh_url)
+    assert (code, err) == (1, "")
+    assert out.splitlines() == [
+        f"behind head: revision runs_0005 is not head {HEAD_TEXT}; run `agentkeep upgrade`"
+    ]
 
 
 # ---------------------------------------------------------------- refusals (exit 2)
@@ -298,8 +320,9 @@ def test_default_url_is_agentkeep_db_in_cwd(
 
     monkeypatch.chdir(empty)
     code, out, err = run_cli(capsys, "current")
-    assert (code, err) == (0, "")
-    assert out.startswith("none (un-versioned or empty)")
+    assert (code, out) == (2, "")
+    assert err.startswith("agentkeep current: sqlite:///agentkeep.db: ")
+    assert not (empty / "agentkeep.db").exists()
 
     code, out, _ = run_cli(capsys, "upgrade")
     assert (code, out.strip()) == (0, f"at head: {HEAD_TEXT}")
@@ -322,9 +345,224 @@ def test_environment_url_is_used_when_no_argument(
     assert out.strip() == f"{HEAD_TEXT} (head)"
     assert not (cwd / "agentkeep.db").exists()
 
-    # an explicit argument beats the environment
+    # an explicit argument (positional or --url) beats the environment
     other = f"sqlite:///{tmp_path / 'other.db'}"
-    code, out, _ = run_cli(capsys, "current", other)
-    assert code == 0
-    assert out.startswith("none (un-versioned or empty)")
+    for argv in (["current", other], ["current", "--url", other]):
+        code, out, err = run_cli(capsys, *argv)
+        assert (code, out) == (2, "")  # the file does not exist, and is not created
+        assert err.startswith(f"agentkeep current: {other}: ")
+    assert not (tmp_path / "other.db").exists()
     assert not (cwd / "agentkeep.db").exists()
+
+
+# ---------------------------------------------------------------- every command, as a subprocess
+
+SCRIPT_NAMES = {
+    "merge_0003",
+    "merge_0002",
+    "merge_0001",
+    "runs_0001",
+    "runs_0006",
+    "sessions_0001",
+    "runtime_0002",
+}
+
+
+def agentkeep(
+    *argv: str, env_url: str | None = None, cwd: Path | None = None
+) -> tuple[int, str, str]:
+    """``sys.executable -m agentkeep ARGV`` with the package source first on PYTHONPATH."""
+    from tests.migrations._alembic_cli import subprocess_env
+
+    done = subprocess.run(
+        [sys.executable, "-m", "agentkeep", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(**{ENV_URL: env_url}),
+        cwd=cwd,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_every_command_as_a_subprocess(fresh_url: str, backend: str, tmp_path: Path) -> None:
+    """upgrade --sql, upgrade, current, check, heads, history, downgrade, stamp, --version."""
+    code, out, err = agentkeep("--version")
+    assert (code, err) == (0, "")
+    assert out == f"agentkeep {version('agentkeep')} (migration head {HEAD_TEXT})\n"
+
+    # offline: SQL for the URL's dialect; nothing is opened or created
+    code, out, err = agentkeep("upgrade", "--sql", fresh_url)
+    assert (code, err) == (0, "")
+    assert out.startswith("BEGIN IMMEDIATE;" if backend == "sqlite" else "BEGIN;")
+    assert f"CREATE TABLE {migrate.VERSION_TABLE}" in out and "CREATE TABLE runs (" in out
+    assert out.rstrip().endswith("COMMIT;")
+    if backend == "postgres":
+        assert "SELECT pg_advisory_xact_lock(" in out
+    else:
+        assert not sqlite_path(fresh_url).exists()
+    assert state(fresh_url)["tables"] == []
+
+    code, out, err = agentkeep("upgrade", "--url", fresh_url, "-r", "runs_0005")
+    assert (code, err) == (0, "")
+    assert out == "at: runs_0005\n"
+    code, out, err = agentkeep("current", env_url=fresh_url)  # from AGENTKEEP_DATABASE_URL
+    assert (code, err, out) == (0, "", f"runs_0005 (behind head {HEAD_TEXT})\n")
+
+    code, out, err = agentkeep("upgrade", fresh_url)
+    assert (code, err, out) == (0, "", f"at head: {HEAD_TEXT}\n")
+    code, out, err = agentkeep("current", fresh_url)
+    assert (code, err, out) == (0, "", f"{HEAD_TEXT} (head)\n")
+    code, out, err = agentkeep("check", fresh_url)
+    assert (code, err, out) == (0, "", "no drift: the database matches the models at head\n")
+
+    code, out, err = agentkeep("heads")  # scripts only: no database needed
+    assert (code, err) == (0, "")
+    assert out == "merge_0003 (runs, runtime, sessions) (head) (mergepoint)\n"
+    code, out, err = agentkeep("heads", "--indicate-current", fresh_url)
+    assert (code, err) == (0, "")
+    assert out == "merge_0003 (runs, runtime, sessions) (head) (mergepoint) (current)\n"
+    code, out, err = agentkeep("history", fresh_url, "-i")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert len(lines) == len(list(migrate.script_directory().walk_revisions()))
+    assert lines[0].startswith("merge_0002, runtime_0002 -> merge_0003 (")
+    assert lines[0].endswith("(current)")
+    assert [line for line in lines if line.endswith("(current)")] == [lines[0]]
+    assert "<base> -> runs_0001 (runs), runs: baseline" in out
+    assert {name for name in SCRIPT_NAMES if name in out} == SCRIPT_NAMES
+
+    code, out, err = agentkeep("downgrade", "runtime@base", fresh_url)
+    assert (code, err) == (0, "")
+    assert out == "at: merge_0002\n"
+    code, out, err = agentkeep("stamp", "heads", fresh_url)  # runtime tables are gone: refused
+    assert (code, out) == (2, "")
+    assert err.startswith("agentkeep stamp: refused to stamp heads: ")
+    assert migrate.current(fresh_url) == ("merge_0002",)
+
+    code, out, err = agentkeep("downgrade", "base", fresh_url)
+    assert (code, err, out) == (0, "", "at base: no agentkeep table is left\n")
+    assert set(state(fresh_url)["tables"]) <= {migrate.VERSION_TABLE}
+
+    code, out, err = agentkeep("check", fresh_url)
+    assert (code, err, out) == (1, "", f"{migrate.NOT_MIGRATED}\n")
+
+
+def test_help_states_the_url_rule_and_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ["--help"],
+        *([c, "--help"] for c in ("upgrade", "downgrade", "stamp", "current", "check")),
+        *([c, "--help"] for c in ("history", "heads", "demo")),
+        ["migrate-legacy", "runtime", "--help"],
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "positional argument or --url" in text, argv
+        assert f"${ENV_URL}" in text and "sqlite:///agentkeep.db" in text, argv
+        assert "exit codes: 0 success 1 check: not migrated" in text, argv
+        assert "2 refused or failed" in text, argv
+
+
+# ---------------------------------------------------------------- read-only and refusals
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["current"],
+        ["check"],
+        ["heads", "--indicate-current"],
+        ["history", "--indicate-current"],
+        ["downgrade", "base"],
+        ["stamp", "heads"],
+    ],
+)
+def test_sqlite_missing_file_is_an_error_and_is_not_created(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SQLite only: commands that never create a database refuse a mistyped path, exit 2."""
+    url = f"sqlite:///{tmp_path / 'typo.db'}"
+    code, out, err = run_cli(capsys, *argv, url)
+    assert (code, out) == (2, "")
+    assert err == (
+        f"agentkeep {argv[0]}: {url}: database file {tmp_path / 'typo.db'} does not exist "
+        "(nothing was created; create and migrate it with `agentkeep upgrade`)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_current_and_check_on_a_database_ahead_of_this_code(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw(db_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = 'zzzz_9999'")
+    try:
+        code, out, err = run_cli(capsys, "current", db_url)
+        assert (code, err) == (2, "")
+        assert out == f"ahead of this code: zzzz_9999 (this code's head: {HEAD_TEXT})\n"
+
+        code, out, err = run_cli(capsys, "check", db_url)
+        assert (code, out) == (2, "")
+        assert err.startswith("agentkeep check: database revision zzzz_9999 is unknown")
+
+        before = state(db_url)
+        for argv in (["downgrade", "base"], ["stamp", "heads"], ["upgrade"]):
+            code, out, err = run_cli(capsys, *argv, db_url)
+            assert (code, out) == (2, ""), argv
+            assert "zzzz_9999" in err and "nothing was changed" in err, argv
+        assert state(db_url) == before
+    finally:
+        raw(db_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = '{HEAD[0]}'")
+
+
+def test_stamp_accepts_tables_that_match_and_refuses_ones_that_do_not(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw(db_url, f"DELETE FROM {migrate.VERSION_TABLE}")  # head-shaped tables, no stamp
+    try:
+        before = state(db_url)
+        # Stamped at runs_0005, upgrading would add seq again: refused, nothing changed.
+        code, out, err = run_cli(capsys, "stamp", "runs_0005", db_url)
+        assert (code, out) == (2, "")
+        assert err.startswith("agentkeep stamp: refused to stamp runs_0005: ")
+        assert state(db_url) == before
+
+        code, out, err = run_cli(capsys, "stamp", "heads", db_url)
+        assert (code, err, out) == (0, "", f"stamped: {HEAD_TEXT}\n")
+        assert migrate.check(db_url) == []
+    finally:
+        if migrate.current(db_url) != HEAD:
+            migrate.stamp(db_url, "heads")
+
+
+def test_unknown_revision_arguments_exit_2(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["upgrade", "-r", "nope"], ["downgrade", "nope"], ["stamp", "nope"]):
+        code, out, err = run_cli(capsys, *argv, db_url)
+        assert (code, out) == (2, ""), argv
+        assert err.startswith(f"agentkeep {argv[0]}: ") and "'nope'" in err, argv
+    code, out, err = run_cli(capsys, "upgrade", "--sql", "-r", "nope", db_url)
+    assert (code, out) == (2, "")  # no partial script
+    assert migrate.current(db_url) == HEAD
+
+
+def test_errors_mask_the_password(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "postgresql+psycopg://agent:s3cr3t-pw@127.0.0.1:1/postgres"
+    for command in ("upgrade", "current", "check", "downgrade base", "stamp heads"):
+        code, out, err = run_cli(capsys, *command.split(), url)
+        assert code == 2, command
+        assert "s3cr3t-pw" not in out + err, command
+        assert "postgresql+psycopg://agent:***@127.0.0.1:1/postgres" in err, command
+        assert err.count("\n") == 1, err  # one line
+
+
+def test_url_given_twice_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["current", "sqlite:///a.db", "--url", "sqlite:///b.db"])
+    assert exited.value.code == 2
+    assert "give the database URL once" in capsys.readouterr().err

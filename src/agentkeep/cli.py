@@ -1,12 +1,27 @@
-"""The ``agentkeep`` command: upgrade, current, check, demo, migrate-legacy.
+"""The ``agentkeep`` command: migrations (upgrade, downgrade, stamp, current, check, history,
+heads), the demo, and the explicit legacy-row migration.
 
-Every subcommand takes an optional database URL (default
-``sqlite:///agentkeep.db``, or ``AGENTKEEP_DATABASE_URL`` when set).
+Which database: every command takes the URL as its positional argument or
+``--url`` (not both); without one, ``AGENTKEEP_DATABASE_URL``; without that,
+:data:`DEFAULT_URL`. Every error names the URL with its password masked.
 
-Exit codes: 0 success; 1 an invariant failed (demo), drift was found (check)
-or a runtime is blocked (migrate-legacy); 2 the database was refused (unknown
-legacy shape, newer revision, a lock held by another connection) or could not
-be reached.
+Read-only commands (``current``, ``check``, ``history``/``heads`` with
+``--indicate-current``) never create a database: a SQLite file that does not
+exist is an error (exit 2). ``downgrade`` and ``stamp`` refuse a missing file
+too; ``upgrade`` (and ``demo``) create it. ``history`` and ``heads`` read only
+the migration scripts unless ``--indicate-current`` is given.
+``upgrade --sql`` writes the upgrade as SQL on stdout for the URL's dialect
+without connecting.
+
+Exit codes (also in ``agentkeep --help``, see :data:`EXIT_CODES`): 0 success;
+1 ``check`` found the database not migrated, behind head or drifted, ``demo``
+saw an invariant fail, or ``migrate-legacy`` found a blocked runtime; 2 the
+command was refused or failed: the database carries a revision this code does
+not know (``current`` prints "ahead of this code: <rev>"), legacy tables of an
+unknown shape, a stamp its tables do not match, an unknown revision argument, a
+lock held elsewhere, an unreachable database, a missing SQLite file, or a usage
+error. A refusal prints one line on stderr, ``agentkeep <command>: <reason>``,
+and no traceback.
 
 ``agentkeep migrate-legacy runtime [URL] [--apply] [--json] [--progress]``
 runs :func:`agentkeep.runtime.legacy.migrate_v0_6_34_completed_idle`: a dry
@@ -24,60 +39,172 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Final
 
+from alembic.script import Script
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from agentkeep import migrations as migrate
 from agentkeep.errors import AgentkeepError
 
-__all__ = ["main"]
+__all__ = ["DEFAULT_URL", "ENV_URL", "EXIT_CODES", "PROGRESS_THRESHOLD", "main"]
 
-DEFAULT_URL = "sqlite:///agentkeep.db"
+DEFAULT_URL: Final = "sqlite:///agentkeep.db"
+#: The environment variable consulted when no URL is given.
+ENV_URL: Final = "AGENTKEEP_DATABASE_URL"
 #: ``migrate-legacy runtime`` reports progress on stderr from this many runtimes on.
 PROGRESS_THRESHOLD = 100
 
+URL_RULE: Final = (
+    f"The database URL is the positional argument or --url; without one, ${ENV_URL}; "
+    f"without that, {DEFAULT_URL}."
+)
+EXIT_CODES: Final = """\
+exit codes:
+  0  success
+  1  check: not migrated, behind head, or drift; demo: an invariant failed;
+     migrate-legacy: a runtime is blocked
+  2  refused or failed, nothing changed: the database is ahead of this code
+     (a revision it does not know), legacy tables of an unknown shape, a stamp
+     the tables do not match, an unknown revision, a lock held elsewhere, an
+     unreachable database, a missing SQLite file for a command that never
+     creates one, or a usage error"""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        number = version("agentkeep")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+        number = "unknown"
+    return f"agentkeep {number} (migration head {', '.join(migrate.head_revisions())})"
+
 
 def _url(arg: str | None) -> str:
-    return arg or os.environ.get("AGENTKEEP_DATABASE_URL") or DEFAULT_URL
+    return arg or os.environ.get(ENV_URL) or DEFAULT_URL
+
+
+def _revisions(revisions: Sequence[str]) -> str:
+    return ", ".join(revisions)
+
+
+# --------------------------------------------------------------------------
+# Migration commands
 
 
 def _cmd_upgrade(args: argparse.Namespace) -> int:
-    revisions = migrate.upgrade(_url(args.url))
-    print(f"at head: {', '.join(revisions)}")
+    if args.sql:
+        migrate.upgrade_sql(args.url, args.revision, output=sys.stdout)
+        return 0
+    revisions = migrate.upgrade(args.url, args.revision)
+    if revisions == migrate.head_revisions():
+        print(f"at head: {_revisions(revisions)}")
+    else:
+        print(f"at: {_revisions(revisions) or 'base'}")
+    return 0
+
+
+def _cmd_downgrade(args: argparse.Namespace) -> int:
+    revisions = migrate.downgrade(args.url, args.revision)
+    print(f"at: {_revisions(revisions)}" if revisions else "at base: no agentkeep table is left")
+    return 0
+
+
+def _cmd_stamp(args: argparse.Namespace) -> int:
+    revisions = migrate.stamp(args.url, args.revision)
+    print(f"stamped: {_revisions(revisions) or 'base'}")
     return 0
 
 
 def _cmd_current(args: argparse.Namespace) -> int:
-    cur = migrate.current(_url(args.url))
+    migrate.require_database(args.url)
+    cur = migrate.current(args.url)
     heads = migrate.head_revisions()
-    state = "head" if cur == heads else "behind head " + ", ".join(heads)
-    print(f"{', '.join(cur) or 'none (un-versioned or empty)'} ({state})")
+    unknown = migrate.unknown_revisions(cur)
+    if unknown:
+        print(f"ahead of this code: {_revisions(unknown)} (this code's head: {_revisions(heads)})")
+        return 2
+    state = "head" if cur == heads else "behind head " + _revisions(heads)
+    print(f"{_revisions(cur) or 'none (un-versioned or empty)'} ({state})")
     return 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    problems = migrate.check(_url(args.url))
+    migrate.require_database(args.url)
+    problems = migrate.check(args.url)
     if not problems:
         print("no drift: the database matches the models at head")
         return 0
     for line in problems:
-        print(f"drift: {line}")
+        print(line)
     return 1
+
+
+def _currents(args: argparse.Namespace) -> set[str]:
+    if not args.indicate_current:
+        return set()
+    migrate.require_database(args.url)
+    return set(migrate.current(args.url))
+
+
+def _describe_revision(script: Script, *, parents: bool, doc: bool) -> str:
+    """Alembic's one-line form of a revision, branch labels sorted (stable output)."""
+    line = script.revision
+    if parents:
+        downs = script.down_revision
+        down = (downs,) if isinstance(downs, str) else tuple(downs or ())
+        line = f"{', '.join(down) or '<base>'} -> {line}"
+    if script.branch_labels:
+        line += f" ({', '.join(sorted(script.branch_labels))})"
+    for flag, word in (
+        (script.is_head, "head"),
+        (script.is_branch_point, "branchpoint"),
+        (script.is_merge_point, "mergepoint"),
+    ):
+        if flag:
+            line += f" ({word})"
+    if doc and script.doc:
+        line += f", {script.doc}"
+    return line
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    currents = _currents(args)
+    for script in migrate.script_directory().walk_revisions():
+        line = _describe_revision(script, parents=True, doc=True)
+        print(line + (" (current)" if script.revision in currents else ""))
+    return 0
+
+
+def _cmd_heads(args: argparse.Namespace) -> int:
+    currents = _currents(args)
+    scripts = migrate.script_directory()
+    for head in migrate.head_revisions():
+        script = scripts.get_revision(head)
+        assert script is not None
+        line = _describe_revision(script, parents=False, doc=False)
+        print(line + (" (current)" if head in currents else ""))
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Other commands
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from agentkeep.db import is_memory_sqlite
     from agentkeep.demo import run_all
 
-    url = _url(args.url)
-    if is_memory_sqlite(url):
+    if is_memory_sqlite(args.url):
         print(
             "agentkeep demo: worker processes need a shared database; use a file or Postgres URL",
             file=sys.stderr,
         )
         return 2
-    return 0 if run_all(url, workers=args.workers, ops=args.ops) else 1
+    return 0 if run_all(args.url, workers=args.workers, ops=args.ops) else 1
 
 
 def _cmd_migrate_legacy_runtime(args: argparse.Namespace) -> int:
@@ -103,7 +230,7 @@ def _cmd_migrate_legacy_runtime(args: argparse.Namespace) -> int:
         print(report.to_json_text() if args.json else "\n".join(render_table(report)))
 
     try:
-        report = migrate_v0_6_34_completed_idle(_url(args.url), apply=args.apply, progress=progress)
+        report = migrate_v0_6_34_completed_idle(args.url, apply=args.apply, progress=progress)
     except LegacyMigrationBlocked as refused:
         show(refused.report)
         print(f"agentkeep {args.command}: {refused}", file=sys.stderr)
@@ -112,26 +239,128 @@ def _cmd_migrate_legacy_runtime(args: argparse.Namespace) -> int:
     return 1 if report.blocked_count() else 0
 
 
+# --------------------------------------------------------------------------
+# Parser
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _add_url(p: argparse.ArgumentParser, what: str = "database URL") -> None:
+    p.add_argument("url", nargs="?", metavar="URL", help=f"{what} (or --url)")
+    p.add_argument(
+        "--url",
+        dest="url_option",
+        metavar="URL",
+        help=f"{what}; default ${ENV_URL}, else {DEFAULT_URL}",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="agentkeep", description="Durable state for agent runtimes."
+        prog="agentkeep",
+        description="Durable state for agent runtimes.\n\n" + URL_RULE,
+        epilog=EXIT_CODES,
+        formatter_class=_Formatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("url", nargs="?", help=f"database URL (default {DEFAULT_URL})")
+    def add(
+        name: str,
+        help_: str,
+        fn: Callable[[argparse.Namespace], int],
+        description: str = "",
+        revision: str = "",
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help_,
+            description=(description or help_[:1].upper() + help_[1:] + ".") + "\n\n" + URL_RULE,
+            epilog=EXIT_CODES,
+            formatter_class=_Formatter,
+        )
+        if revision:
+            p.add_argument("revision", metavar="REVISION", help=revision)
+        _add_url(p)
+        p.set_defaults(fn=fn)
         return p
 
-    add("upgrade", "migrate to head, adopting tables written by the original stores").set_defaults(
-        fn=_cmd_upgrade
+    up = add(
+        "upgrade",
+        "migrate to head, adopting tables written by the original stores",
+        _cmd_upgrade,
+        "Migrate to head (or --revision) in one transaction holding the migration lock, "
+        "adopting un-versioned tables written by the original stores; creates the database "
+        "if needed. With --sql, print the upgrade as SQL for the URL's dialect instead, "
+        "without connecting.",
     )
-    add("current", "print the database's revision").set_defaults(fn=_cmd_current)
-    add("check", "report drift between the models and the database").set_defaults(fn=_cmd_check)
-    demo = add("demo", "race worker processes on the stores and check the invariants")
+    up.add_argument(
+        "-r",
+        "--revision",
+        default="heads",
+        help="target revision (default: heads); with --sql also FROM:TO",
+    )
+    up.add_argument(
+        "--sql", action="store_true", help="offline: print the SQL, do not touch the database"
+    )
+    add(
+        "downgrade",
+        "downgrade to a revision (base drops every agentkeep table)",
+        _cmd_downgrade,
+        "Downgrade to REVISION in one transaction holding the migration lock. Lossy: "
+        "dropped columns and tables lose their rows. Refuses a database ahead of this code "
+        "and a missing SQLite file.",
+        revision="target: a revision, label@base (one branch), or base",
+    )
+    add(
+        "stamp",
+        "set the stamped revision without running migrations, if the tables match it",
+        _cmd_stamp,
+        "Stamp REVISION without running migrations. Refused (nothing changed) unless "
+        "upgrading from REVISION reaches the models without drift, which is proven in a "
+        "rolled-back savepoint; refuses a database ahead of this code and a missing SQLite "
+        "file.",
+        revision="the revision to stamp (heads, a revision, base)",
+    )
+    add(
+        "current",
+        "print the database's revision (read-only)",
+        _cmd_current,
+        "Print the stamped revision and whether it is head. Read-only: a missing SQLite file "
+        "is an error. A revision this code does not know prints 'ahead of this code: <rev>' "
+        "and exits 2.",
+    )
+    add(
+        "check",
+        "report what differs between the database and the models at head (read-only)",
+        _cmd_check,
+        "Exit 0 when the database matches the models at head; exit 1 when it is not "
+        "migrated, behind head, or drifted (one line each). Read-only: a missing SQLite file "
+        "is an error.",
+    )
+    for name, help_, fn in (
+        ("history", "list the migration history", _cmd_history),
+        ("heads", "list the head revisions", _cmd_heads),
+    ):
+        p = add(
+            name,
+            help_,
+            fn,
+            f"{help_[:1].upper() + help_[1:]} of this code's scripts. The database is read "
+            "only with --indicate-current (a missing SQLite file is then an error).",
+        )
+        p.add_argument(
+            "-i",
+            "--indicate-current",
+            action="store_true",
+            help="mark the database's current revision",
+        )
+    demo = add("demo", "race worker processes on the stores and check the invariants", _cmd_demo)
     demo.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     demo.add_argument("--ops", type=int, default=300, help="rounds per worker (default 300)")
-    demo.set_defaults(fn=_cmd_demo)
+
     legacy = sub.add_parser("migrate-legacy", help="explicitly migrate rows of legacy formats")
     kinds = legacy.add_subparsers(dest="legacy_kind", required=True)
     runtime = kinds.add_parser(
@@ -139,11 +368,11 @@ def _parser() -> argparse.ArgumentParser:
         help="v0.6.34 completed-idle runtime rows (dry run unless --apply)",
         description="Report (or, with --apply, migrate in one transaction) runtime rows left by "
         "v0.6.34. Stop every process using the database before --apply. Exit 1 when a runtime "
-        "is blocked.",
+        "is blocked.\n\n" + URL_RULE,
+        epilog=EXIT_CODES,
+        formatter_class=_Formatter,
     )
-    runtime.add_argument(
-        "url", nargs="?", help=f"database URL or SQLite file path (default {DEFAULT_URL})"
-    )
+    _add_url(runtime, "database URL or SQLite file path")
     runtime.add_argument("--apply", action="store_true", help="migrate (default: dry run)")
     runtime.add_argument("--json", action="store_true", help="print the report as JSON")
     runtime.add_argument(
@@ -155,14 +384,49 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# --------------------------------------------------------------------------
+# Errors
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [
+        line.strip()
+        for line in str(exc).splitlines()
+        if line.strip() and not line.strip().startswith("(Background on this error at:")
+    ]
+    return " ".join(lines) or type(exc).__name__
+
+
+def _describe(exc: BaseException, url: str) -> str:
+    """The error as one line naming the database, its password masked."""
+    message = _one_line(exc)
+    masked = migrate.mask_url(url)
+    try:
+        password = make_url(url).password
+    except (SQLAlchemyError, ValueError):
+        password = None
+    if password:
+        message = message.replace(str(password), "***")
+    if masked not in message:
+        message += f" (database: {masked})"
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentkeep`` command; returns the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.url is not None and args.url_option is not None and args.url != args.url_option:
+        parser.error("give the database URL once: as the positional argument or as --url")
+    args.url = _url(args.url or args.url_option)
     try:
         code: int = args.fn(args)
     except (AgentkeepError, SQLAlchemyError) as exc:
-        print(f"agentkeep {args.command}: {exc}", file=sys.stderr)
+        print(f"agentkeep {args.command}: {_describe(exc, args.url)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`agentkeep history | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code
 
 

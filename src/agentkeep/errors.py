@@ -37,6 +37,7 @@ __all__ = [
     "ConcurrentModification",
     "CorruptData",
     "DatabaseError",
+    "DatabaseMissing",
     "Duplicate",
     "GenerationOverflow",
     "GuardRejected",
@@ -170,6 +171,29 @@ class CorruptData(AgentkeepError):
 
 class DatabaseError(AgentkeepError):
     """The database refused or failed a statement (driver error, lost connection)."""
+
+
+class DatabaseMissing(DatabaseError):
+    """A command that must not create a database was given a SQLite file that does not exist.
+
+    Raised by the read-only commands (``agentkeep current``, ``check``,
+    ``history``/``heads --indicate-current``) and by
+    :func:`agentkeep.migrations.downgrade` and
+    :func:`~agentkeep.migrations.stamp`: none of them creates the file a
+    mistyped path would otherwise leave behind.
+
+    Attributes:
+        url: the database URL, password masked.
+        path: the file that was looked for.
+    """
+
+    def __init__(self, url: str, path: str) -> None:
+        self.url = url
+        self.path = path
+        super().__init__(
+            f"{url}: database file {path} does not exist (nothing was created; "
+            "create and migrate it with `agentkeep upgrade`)"
+        )
 
 
 class StoreBusy(DatabaseError):

@@ -1,50 +1,96 @@
-"""Schema migrations: upgrade, current, drift check and adoption of legacy files.
+"""Schema migrations: upgrade, downgrade, stamp, current, check, adoption, and the host's Alembic.
 
 There is one Alembic history (``alembic/versions``; the wheel carries the same
 scripts as ``agentkeep/_alembic``) with one branch per store (labels ``runs``,
-``sessions``, ``runtime``) and the version table ``agentkeep_alembic_version``,
-so it never collides with a host application's own Alembic.
+``sessions``, ``runtime``) merged to one head, and the version table
+``agentkeep_alembic_version``, so it never collides with a host application's
+own Alembic.
 
-Invariants:
+Every command here drives Alembic's :class:`~alembic.runtime.migration.MigrationContext`
+and :class:`~alembic.script.ScriptDirectory` directly on one connection, with an
+isolated configuration; none goes through ``alembic.context`` (the global proxy
+a host's ``env.py`` is using while it calls :func:`upgrade`). The ``op`` proxy
+the revision scripts call is installed for the length of the run and put back
+as it was.
 
-* An upgrade is one transaction holding the migration lock: on SQLite a
-  ``BEGIN IMMEDIATE`` connection handed to Alembic (``config.attributes``), so
-  adoption, stamp, every revision and the final verification commit or roll
-  back together; on Postgres additionally ``pg_advisory_xact_lock`` so hosts
-  booting at once migrate one after the other.
+What a target is: a URL string or an :class:`~sqlalchemy.engine.Engine`
+(agentkeep opens, commits and closes its own connection), or a
+:class:`~sqlalchemy.engine.Connection` (the caller's; see :func:`upgrade`).
+
+Invariants (the fence of every command that writes):
+
+* A migration is one transaction holding the migration lock: on SQLite the
+  database write lock (``BEGIN IMMEDIATE``, or a write taken first inside a
+  transaction the caller already holds), so adoption, stamp, every revision
+  and the final verification commit or roll back together; on Postgres
+  additionally ``pg_advisory_xact_lock(MIGRATION, 0)`` so hosts booting at once
+  migrate one after the other.
 * Tables are never created without being stamped (they are created by the
   revisions, in the transaction that writes the version row).
 * A database stamped with a revision this code does not know is refused with
-  both revisions named; nothing is changed.
+  :class:`~agentkeep.errors.SchemaNewer` naming both revisions; nothing is changed.
 * An un-versioned database that already holds a store's tables (written by the
   original Rust stores) is adopted: the store's adopter fingerprints the
   tables, the branch is stamped at the matching revision, and everything is
   upgraded to head with the rows intact. A shape that matches no revision is
-  refused with :class:`~agentkeep.errors.LegacySchemaMismatch` and the file is
-  left as it was (the transaction rolls back before anything is written).
+  refused with :class:`~agentkeep.errors.LegacySchemaMismatch` and the database
+  is left as it was (the transaction rolls back before anything is written).
+* An upgrade to head is verified against the models (the drift check); a
+  difference rolls everything back with :class:`~agentkeep.errors.SchemaError`.
+* :func:`stamp` never leaves a database claiming a revision its tables do not
+  have: it proves, in a savepoint rolled back afterwards, that upgrading from
+  the stamped revision reaches the models without drift.
+* Read-only functions (:func:`current`, :func:`check`) never create a SQLite
+  file; :func:`downgrade` and :func:`stamp` refuse a missing file with
+  :class:`~agentkeep.errors.DatabaseMissing`.
+
+For a host application's Alembic project, :func:`include_object` hides
+agentkeep's objects from the host's autogenerate and ``alembic check``, and
+``agentkeep.migrate(connection)`` (:func:`upgrade`) brings agentkeep to head on
+the host's connection from its ``env.py`` (README, "Using agentkeep in your
+Alembic project").
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
+from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+from alembic.script import Script, ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    make_url,
+    text,
+)
+from sqlalchemy.engine.mock import MockConnection
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateTable
+from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.elements import ClauseElement
 
 from agentkeep import db
 from agentkeep.base import load_all_models, table_applies
-from agentkeep.errors import SchemaBehind, SchemaError, SchemaNewer
-from alembic import command
+from agentkeep.errors import DatabaseMissing, SchemaBehind, SchemaError, SchemaNewer
 
 __all__ = [
     "VERSION_TABLE",
@@ -53,18 +99,30 @@ __all__ = [
     "downgrade",
     "ensure_schema",
     "head_revisions",
+    "include_object",
+    "NOT_MIGRATED",
+    "mask_url",
+    "require_database",
     "run_env",
+    "script_directory",
     "script_location",
+    "sqlite_file",
+    "stamp",
+    "unknown_revisions",
     "upgrade",
+    "upgrade_sql",
 ]
 
 VERSION_TABLE: Final = "agentkeep_alembic_version"
 
-# Alembic's `context` and `op` are module-global proxies: one command at a
-# time per process. Other processes are serialised by the database lock.
+# Alembic's `op` is a module-global proxy: one migration run at a time per
+# process. Other processes are serialised by the database lock. Re-entrant: a
+# host's env.py (or one of its revisions) may call upgrade() while it holds it.
 _ALEMBIC_LOCK = threading.RLock()
 
 Adopter = Callable[[Connection], "str | None"]
+#: What the commands accept: a URL, an engine, or the caller's connection.
+Target = str | Engine | Connection
 
 
 def _adopters() -> dict[str, Adopter]:
@@ -83,6 +141,54 @@ def _adopters() -> dict[str, Adopter]:
         "sessions": detect_sessions_revision,
         "runtime": detect_runtime_revision,
     }
+
+
+# --------------------------------------------------------------------------
+# URLs
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (also for a URL SQLAlchemy cannot parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        head, sep, rest = url.partition("://")
+        userinfo, at, hostpart = rest.rpartition("@")
+        if sep and at and ":" in userinfo:
+            user = userinfo.split(":", 1)[0]
+            return f"{head}://{user}:***@{hostpart}"
+        return url
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL opens, or ``None`` (in-memory SQLite, or another backend)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or db.is_memory_sqlite(url):
+        return None
+    database = u.database or ""
+    if database.startswith("file:"):  # a URI filename (?uri=true)
+        database = database[len("file:") :].split("?", 1)[0]
+        if not database or database == ":memory:":
+            return None
+    return Path(database)
+
+
+def require_database(url: str) -> None:
+    """Refuse a SQLite URL whose file does not exist, without creating it.
+
+    Raises:
+        DatabaseMissing: the file is missing (other URLs pass).
+    """
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        raise DatabaseMissing(mask_url(url), str(path))
+
+
+def _missing_database(target: Target) -> bool:
+    if not isinstance(target, str):
+        return False
+    path = sqlite_file(target)
+    return path is not None and not path.exists()
 
 
 # --------------------------------------------------------------------------
@@ -105,20 +211,23 @@ def script_location() -> str:
     raise SchemaError(f"agentkeep's migration scripts are missing (looked in {shipped} and {repo})")
 
 
-def _config(connection: Connection | None = None) -> Config:
+def _config() -> Config:
+    """An isolated Alembic configuration of agentkeep's scripts (no ini file, no proxies)."""
     cfg = Config()
     location = script_location()
     cfg.set_main_option("script_location", location)
     cfg.set_main_option("version_locations", str(Path(location) / "versions"))
     cfg.set_main_option("path_separator", "os")
-    if connection is not None:
-        cfg.attributes["connection"] = connection
     return cfg
 
 
 @cache
-def _script() -> ScriptDirectory:
+def script_directory() -> ScriptDirectory:
+    """agentkeep's migration scripts (read once per process)."""
     return ScriptDirectory.from_config(_config())
+
+
+_script = script_directory
 
 
 def head_revisions() -> tuple[str, ...]:
@@ -126,8 +235,29 @@ def head_revisions() -> tuple[str, ...]:
     return tuple(sorted(_script().get_heads()))
 
 
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Hold Alembic's INFO lines back while agentkeep sets up contexts and compares.
+
+    Every context agentkeep opens would log "Context impl ..." into the host's
+    ``alembic`` output, and the drift check its reflection notes; the lines
+    that matter ("Running upgrade ...") are logged outside this block.
+    """
+    logger = logging.getLogger("alembic")
+    if not logger.isEnabledFor(logging.INFO):
+        yield
+        return
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _migration_context(conn: Connection, **opts: Any) -> MigrationContext:
-    return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE, **opts})
+    with _quiet_alembic():
+        return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE, **opts})
 
 
 def _current(conn: Connection) -> tuple[str, ...]:
@@ -142,15 +272,83 @@ def _branches_of(revision: str) -> set[str]:
     return labels
 
 
-def _refuse_unknown(current: tuple[str, ...]) -> None:
+def unknown_revisions(current: tuple[str, ...]) -> tuple[str, ...]:
+    """The revisions in ``current`` that this code does not know (written by a newer one)."""
     unknown = []
     for rev in current:
         try:
             _script().get_revision(rev)
         except CommandError:
             unknown.append(rev)
+    return tuple(unknown)
+
+
+def _refuse_unknown(current: tuple[str, ...]) -> None:
+    unknown = unknown_revisions(current)
     if unknown:
         raise SchemaNewer(unknown, head_revisions())
+
+
+@contextmanager
+def _revision_errors(action: str, revision: str) -> Iterator[None]:
+    """Alembic's errors about a revision argument, as :class:`SchemaError`."""
+    try:
+        yield
+    except CommandError as exc:
+        raise SchemaError(f"{action} {revision!r}: {exc}") from exc
+
+
+def _version_table() -> Table:
+    """The version table exactly as Alembic declares it (``version_num`` primary key)."""
+    return Table(
+        VERSION_TABLE,
+        MetaData(),
+        Column("version_num", String(32), nullable=False),
+        PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"),
+    )
+
+
+# --------------------------------------------------------------------------
+# Running revisions on one connection
+
+
+_MISSING: Final = object()
+
+
+@contextmanager
+def _op_proxy(ctx: MigrationContext) -> Iterator[None]:
+    """Install Alembic's ``op`` for ``ctx`` and put the module back exactly as it was."""
+    import alembic.op as op_module
+
+    namespace = vars(op_module)
+    saved = dict(namespace)
+    try:
+        with Operations.context(ctx):
+            yield
+    finally:
+        for key in [k for k in namespace if k not in saved]:
+            del namespace[key]
+        for key, value in saved.items():
+            if namespace.get(key, _MISSING) is not value:
+                namespace[key] = value
+
+
+StepsFn = Callable[[Any, MigrationContext], Iterable[Any]]
+
+
+def _run(conn: Connection, steps: StepsFn) -> None:
+    """Run the revision steps ``steps`` returns inside the connection's transaction."""
+    ctx = _migration_context(conn, fn=steps, target_metadata=load_all_models())
+    with _op_proxy(ctx):
+        ctx.run_migrations()
+
+
+def _upgrade_steps(revision: str) -> StepsFn:
+    return lambda rev, _ctx: _script()._upgrade_revs(revision, rev)
+
+
+def _downgrade_steps(revision: str) -> StepsFn:
+    return lambda rev, _ctx: _script()._downgrade_revs(revision, rev)
 
 
 def _as_engine(url_or_engine: str | Engine) -> tuple[Engine, bool]:
@@ -169,15 +367,183 @@ def _engine_for(url_or_engine: str | Engine) -> Iterator[Engine]:
             engine.dispose()
 
 
+def _pg_migration_lock(conn: Connection) -> None:
+    conn.execute(text("SELECT pg_advisory_xact_lock(:ns, 0)"), {"ns": db.LockNamespace.MIGRATION})
+
+
 @contextmanager
 def _migration_transaction(engine: Engine) -> Iterator[Connection]:
-    """One write transaction holding the migration lock, committed on success."""
+    """agentkeep's own write transaction holding the migration lock, committed on success."""
     with db.write_engine(engine).connect() as conn, conn.begin():
         if db.is_postgres(conn):
-            conn.execute(
-                text("SELECT pg_advisory_xact_lock(:ns, 0)"), {"ns": db.LockNamespace.MIGRATION}
-            )
+            _pg_migration_lock(conn)
         yield conn
+
+
+def _sqlite_write_lock(conn: Connection) -> None:
+    """Take the SQLite write lock inside the open transaction: a write that changes nothing.
+
+    SQLite has no statement that turns a deferred transaction into a writer;
+    the first write does. The version table is created if missing (a write
+    when it is) and a ``DELETE ... WHERE 1 = 0`` on it is a write in every
+    case. If another connection committed since this transaction first read,
+    SQLite refuses at once with "database is locked" rather than let a stale
+    reader migrate.
+    """
+    conn.execute(CreateTable(_version_table(), if_not_exists=True))
+    conn.execute(text(f"DELETE FROM {VERSION_TABLE} WHERE 1 = 0"))
+
+
+@contextmanager
+def _on_connection(conn: Connection) -> Iterator[Connection]:
+    """Hold the migration lock on the caller's connection; commit only what this call began.
+
+    * Postgres: ``pg_advisory_xact_lock`` inside the connection's transaction
+      (held until its owner commits), or inside a transaction begun and
+      committed here when the connection has none.
+    * SQLite: when the driver connection is already inside a transaction
+      (the host wrote in it, or began it explicitly), the write lock is taken
+      inside it and the owner commits. Otherwise (Alembic's SQLite default: no
+      transactional DDL, each host revision committed on its own, at most an
+      SQLAlchemy-level read left open) this call runs its own ``BEGIN
+      IMMEDIATE`` ... ``COMMIT`` on the driver connection, so agentkeep's
+      upgrade is committed even though the host's connection is then closed
+      with a rollback.
+    """
+    began = None if conn.in_transaction() else conn.begin()
+    try:
+        if db.is_postgres(conn):
+            _pg_migration_lock(conn)
+            yield conn
+        elif conn.dialect.name == "sqlite":
+            with _sqlite_own_or_joined(conn):
+                yield conn
+        else:
+            raise SchemaError(
+                f"unsupported backend {conn.dialect.name!r}: agentkeep runs on sqlite or postgresql"
+            )
+    except BaseException:
+        if began is not None:
+            began.rollback()
+        raise
+    if began is not None:
+        began.commit()
+
+
+@contextmanager
+def _sqlite_own_or_joined(conn: Connection) -> Iterator[None]:
+    driver: Any = conn.connection.driver_connection
+    if not hasattr(driver, "in_transaction"):
+        raise SchemaError(f"unsupported SQLite driver {type(driver).__name__}: use sqlite3")
+    if driver.in_transaction:
+        _sqlite_write_lock(conn)
+        yield
+        return
+    # Plain SQL, not driver.commit(): it also works with sqlite3's autocommit=True.
+    driver.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if driver.in_transaction:
+            driver.execute("ROLLBACK")
+        raise
+    driver.execute("COMMIT")
+
+
+# --------------------------------------------------------------------------
+# Offline (--sql)
+
+
+class _Verbatim(Executable, ClauseElement):
+    """SQL text handed to a host's offline output unchanged (no bind-parameter parsing)."""
+
+    inherit_cache = False
+
+    def __init__(self, sql: str) -> None:
+        self.sql = sql
+
+
+@compiles(_Verbatim)
+def _compile_verbatim(element: _Verbatim, compiler: Any, **kw: Any) -> str:
+    return element.sql
+
+
+def _offline(dialect: Any, revision: str, *, standalone: bool) -> tuple[str, tuple[str, ...]]:
+    """The upgrade to ``revision`` as SQL text, and the revisions it stamps.
+
+    ``revision`` may be ``FROM:TO`` (default start: base). ``standalone`` wraps
+    it in its own transaction (``agentkeep upgrade --sql``); otherwise it is
+    bare, for the transaction block of a host's offline run. Nothing is
+    returned for an unknown revision (SchemaError), so no partial script is
+    ever written.
+    """
+    start, sep, end = revision.partition(":")
+    destination = end if sep else revision
+    starting_rev = (start or None) if sep else None
+    output = io.StringIO()
+    with _ALEMBIC_LOCK, _revision_errors("upgrade --sql to", revision):
+        stamped = _script().get_revisions(destination)
+        with _quiet_alembic():
+            ctx = MigrationContext.configure(
+                dialect=dialect,
+                opts={
+                    "as_sql": True,
+                    "output_buffer": output,
+                    "literal_binds": True,
+                    "version_table": VERSION_TABLE,
+                    "starting_rev": starting_rev,
+                    "fn": _upgrade_steps(destination),
+                    "target_metadata": load_all_models(),
+                },
+            )
+        postgres = dialect.name == "postgresql"
+        if standalone:
+            ctx.execute("BEGIN" if postgres else "BEGIN IMMEDIATE")
+        if postgres:
+            ctx.execute(f"SELECT pg_advisory_xact_lock({int(db.LockNamespace.MIGRATION)}, 0)")
+        with _op_proxy(ctx):
+            ctx.run_migrations()
+        if standalone:
+            ctx.execute("COMMIT")
+    return output.getvalue(), tuple(sorted(s.revision for s in stamped if isinstance(s, Script)))
+
+
+def upgrade_sql(
+    url: str, revision: str = "heads", *, output: TextIO | None = None
+) -> tuple[str, ...]:
+    """Write the SQL of an upgrade for ``url``'s dialect, without connecting (offline mode).
+
+    The script is one transaction (Postgres: with the migration advisory
+    lock) creating the version table and every revision from base, or from
+    ``FROM`` when ``revision`` is ``FROM:TO``. Adoption, refusal of unknown
+    revisions and the drift check need the database and do not happen here.
+
+    Args:
+        url: only its dialect is used; no database is opened or created.
+        revision: the target, or ``FROM:TO``.
+        output: where the SQL goes (default ``sys.stdout``).
+
+    Returns:
+        The revisions the script stamps.
+
+    Raises:
+        SchemaError: an unknown revision.
+    """
+    import sys
+
+    dialect = make_url(url).get_dialect()()
+    sql, revisions = _offline(dialect, revision, standalone=True)
+    (output or sys.stdout).write(sql)
+    return revisions
+
+
+def _upgrade_into_host_output(mock: MockConnection, revision: str) -> tuple[str, ...]:
+    sql, revisions = _offline(mock.dialect, revision, standalone=False)
+    sql = sql.strip()
+    if sql:
+        # The host's output adds its own statement terminator.
+        mock.execute(_Verbatim(sql.removesuffix(";")))
+    return revisions
 
 
 # --------------------------------------------------------------------------
@@ -212,7 +578,8 @@ def _drift(conn: Connection) -> list[str]:
     ctx = _migration_context(
         conn, include_object=include, compare_type=True, target_metadata=metadata
     )
-    diffs = compare_metadata(ctx, metadata)
+    with _quiet_alembic():
+        diffs = compare_metadata(ctx, metadata)
     return [_describe(d) for d in diffs if not _legacy_pk_nullability(d, dialect, metadata)]
 
 
@@ -246,26 +613,109 @@ def _describe(diff: Any) -> str:
 
 
 # --------------------------------------------------------------------------
+# The host's autogenerate
+
+
+@dataclass(frozen=True)
+class _Owned:
+    tables: frozenset[str]
+    #: Objects that belong to no table in a comparison (sequences).
+    loose: frozenset[str]
+
+
+@cache
+def _owned() -> _Owned:
+    metadata = load_all_models()
+    tables = set(metadata.tables) | {VERSION_TABLE}
+    loose: set[str] = set()
+    for table in metadata.tables.values():
+        for column in table.columns:
+            loose.add(f"{table.name}_{column.name}_seq")  # Postgres SERIAL/IDENTITY
+            default = column.default
+            name = getattr(default, "name", None)
+            if default is not None and getattr(default, "is_sequence", False) and name:
+                loose.add(str(name))
+    return _Owned(frozenset(tables), frozenset(loose))
+
+
+def include_object(
+    object: Any,  # noqa: A002 - Alembic's parameter name
+    name: str | None,
+    type_: str,
+    reflected: bool,
+    compare_to: Any,
+) -> bool:
+    """Alembic ``include_object`` hook that hides agentkeep's objects from a host's autogenerate.
+
+    Pass it to ``context.configure(include_object=...)`` in the host's
+    ``env.py``: ``alembic revision --autogenerate`` and ``alembic check`` then
+    ignore agentkeep's tables, their columns, indexes and constraints, its
+    sequences and its version table ``agentkeep_alembic_version``, whether
+    they are found in the database or in a metadata. Everything else is
+    included. A host that has its own filter can combine both::
+
+        def include_object(obj, name, type_, reflected, compare_to):
+            return agentkeep.migrations.include_object(
+                obj, name, type_, reflected, compare_to
+            ) and my_filter(obj, name, type_, reflected, compare_to)
+
+    Returns:
+        False for an agentkeep object, True otherwise.
+    """
+    owned = _owned()
+    if type_ == "table":
+        return name not in owned.tables
+    table = getattr(object, "table", None)
+    if isinstance(table, Table):
+        return table.name not in owned.tables
+    return name is None or name not in owned.loose
+
+
+# --------------------------------------------------------------------------
 # Public commands
 
 
-def upgrade(url_or_engine: str | Engine, revision: str = "heads") -> tuple[str, ...]:
+def upgrade(target: Target | MockConnection, revision: str = "heads") -> tuple[str, ...]:
     """Adopt legacy tables if needed, then upgrade to ``revision``, in one transaction.
 
+    This is ``agentkeep.migrate``.
+
+    * A URL or an engine made by :func:`agentkeep.db.create_engine`: agentkeep
+      opens its own connection, runs one ``BEGIN IMMEDIATE`` (SQLite) or
+      advisory-locked (Postgres) transaction, commits it, and puts a SQLite
+      file in WAL mode.
+    * A :class:`~sqlalchemy.engine.Connection` (the host's ``env.py``, or any
+      caller's connection, on any engine): runs on that connection. When the
+      connection is inside a transaction, the upgrade joins it under the
+      migration lock and the owner commits or rolls back both; otherwise the
+      upgrade is its own transaction, committed here (on SQLite also when
+      only SQLAlchemy, not the database, holds a transaction; see
+      :func:`_on_connection`). The journal mode is left to the host. Alembic's
+      context of the host is not touched.
+    * The connection of a host's offline run (``context.get_bind()`` under
+      ``alembic upgrade --sql``): agentkeep's upgrade is written into the
+      host's SQL output instead (see :func:`upgrade_sql`).
+
     Args:
-        url_or_engine: a database URL or an engine made by
-            :func:`agentkeep.db.create_engine`.
-        revision: the target (default: every head).
+        target: a URL, an engine or a connection.
+        revision: the target (default: every head). Offline: also ``FROM:TO``.
 
     Returns:
-        The revisions stamped afterwards.
+        The revisions stamped afterwards (offline: the ones the SQL stamps).
 
     Raises:
         SchemaNewer: the database carries a revision this code does not know.
         LegacySchemaMismatch: un-versioned tables of an unknown shape.
-        SchemaError: after upgrading to head the tables still differ from the models.
+        SchemaError: an unknown target revision; or, after upgrading to head,
+            the tables still differ from the models. Nothing was changed.
     """
-    with _ALEMBIC_LOCK, _engine_for(url_or_engine) as engine:
+    if isinstance(target, MockConnection):
+        return _upgrade_into_host_output(target, revision)
+    if isinstance(target, Connection):
+        with _ALEMBIC_LOCK, _on_connection(target) as conn:
+            _upgrade_in(conn, revision)
+            return _current(conn)
+    with _ALEMBIC_LOCK, _engine_for(target) as engine:
         with _migration_transaction(engine) as conn:
             _upgrade_in(conn, revision)
             revisions = _current(conn)
@@ -276,7 +726,8 @@ def upgrade(url_or_engine: str | Engine, revision: str = "heads") -> tuple[str, 
 def _upgrade_in(conn: Connection, revision: str) -> None:
     _refuse_unknown(_current(conn))
     _adopt_unstamped_branches(conn)
-    command.upgrade(_config(conn), revision)
+    with _revision_errors("upgrade to", revision):
+        _run(conn, _upgrade_steps(revision))
     if revision in ("head", "heads"):
         diffs = _drift(conn)
         if diffs:
@@ -286,38 +737,129 @@ def _upgrade_in(conn: Connection, revision: str) -> None:
             )
 
 
-def downgrade(url_or_engine: str | Engine, revision: str) -> tuple[str, ...]:
+@contextmanager
+def _writing(target: Target) -> Iterator[Connection]:
+    """A connection holding the migration lock for a command that needs an existing database."""
+    if isinstance(target, Connection):
+        with _on_connection(target) as conn:
+            yield conn
+        return
+    if isinstance(target, str):
+        require_database(target)
+    with _engine_for(target) as engine, _migration_transaction(engine) as conn:
+        yield conn
+
+
+def downgrade(target: Target, revision: str) -> tuple[str, ...]:
     """Downgrade to ``revision`` (``"base"`` drops every agentkeep table) in one transaction.
 
-    Downgrades are lossy: dropped columns lose their data.
+    Downgrades are lossy: dropped columns lose their data. The same lock and
+    refusals as :func:`upgrade`; a missing SQLite file is not created.
+
+    Returns:
+        The revisions stamped afterwards (empty at base).
+
+    Raises:
+        DatabaseMissing: a SQLite URL whose file does not exist.
+        SchemaNewer: the database carries a revision this code does not know.
+        SchemaError: ``revision`` is unknown or not below the current one.
     """
-    with _ALEMBIC_LOCK, _engine_for(url_or_engine) as engine:
-        with _migration_transaction(engine) as conn:
-            _refuse_unknown(_current(conn))
-            command.downgrade(_config(conn), revision)
-            return _current(conn)
-
-
-def current(url_or_engine: str | Engine) -> tuple[str, ...]:
-    """The revisions stamped in the database (empty when un-versioned)."""
-    with _engine_for(url_or_engine) as engine, engine.connect() as conn, conn.begin():
+    with _ALEMBIC_LOCK, _writing(target) as conn:
+        _refuse_unknown(_current(conn))
+        with _revision_errors("downgrade to", revision):
+            _run(conn, _downgrade_steps(revision))
         return _current(conn)
 
 
-def check(url_or_engine: str | Engine) -> list[str]:
-    """Differences between the models and the database (empty means no drift).
+class _TrialDone(Exception):
+    """Raised to roll back the savepoint of a successful trial upgrade."""
 
-    Also reports a database that is not at head.
+
+def stamp(target: Target, revision: str) -> tuple[str, ...]:
+    """Set the stamped revision to ``revision`` without running revisions, if the tables agree.
+
+    For a database whose tables were made or fixed by hand. The stamp is
+    accepted only if upgrading from it (adopting un-versioned branches as
+    :func:`upgrade` does) reaches the models without drift; that proof runs
+    in a savepoint that is rolled back, so a refused stamp changes nothing.
+    The same lock and refusals as :func:`upgrade`; a missing SQLite file is
+    not created.
+
+    Returns:
+        The revisions stamped afterwards.
+
+    Raises:
+        DatabaseMissing: a SQLite URL whose file does not exist.
+        SchemaNewer: the database carries a revision this code does not know.
+        SchemaError: ``revision`` is unknown, or the tables do not match it.
     """
-    with _engine_for(url_or_engine) as engine, engine.connect() as conn, conn.begin():
-        problems = []
-        cur = _current(conn)
-        if cur != head_revisions():
-            problems.append(
-                f"revision {', '.join(cur) or 'none'} is not head {', '.join(head_revisions())}"
-            )
-        problems.extend(_drift(conn))
-        return problems
+    with _ALEMBIC_LOCK, _writing(target) as conn:
+        _refuse_unknown(_current(conn))
+        with _revision_errors("stamp", revision):
+            _migration_context(conn).stamp(_script(), revision)
+        stamped = _current(conn)
+        try:
+            with conn.begin_nested():
+                _upgrade_in(conn, "heads")
+                raise _TrialDone
+        except _TrialDone:
+            return stamped
+        except Exception as exc:
+            raise SchemaError(
+                f"refused to stamp {revision}: upgrading from it does not reach the models "
+                f"(nothing was changed): {exc}"
+            ) from exc
+
+
+def current(target: Target) -> tuple[str, ...]:
+    """The revisions stamped in the database (empty when un-versioned or missing).
+
+    Read-only: a SQLite file that does not exist is reported as empty and not
+    created.
+    """
+    if _missing_database(target):
+        return ()
+    if isinstance(target, Connection):
+        return _current(target)
+    with _engine_for(target) as engine, engine.connect() as conn, conn.begin():
+        return _current(conn)
+
+
+#: check()'s line for a database without an agentkeep revision.
+NOT_MIGRATED: Final = "not migrated: no agentkeep revision is stamped; run `agentkeep upgrade`"
+
+
+def check(target: Target) -> list[str]:
+    """What stands between the database and the models at head (empty: nothing).
+
+    One line ``not migrated: ...`` for an un-versioned, empty or missing
+    database (a missing SQLite file is not created); one line ``behind head:
+    ...`` for a database stamped below head; otherwise one ``drift: ...`` line
+    per difference between the tables and the models.
+
+    Raises:
+        SchemaNewer: the database carries a revision this code does not know.
+    """
+    if _missing_database(target):
+        return [NOT_MIGRATED]
+    if isinstance(target, Connection):
+        return _check(target)
+    with _engine_for(target) as engine, engine.connect() as conn, conn.begin():
+        return _check(conn)
+
+
+def _check(conn: Connection) -> list[str]:
+    cur = _current(conn)
+    _refuse_unknown(cur)
+    heads = head_revisions()
+    if not cur:
+        return [NOT_MIGRATED]
+    if cur != heads:
+        return [
+            f"behind head: revision {', '.join(cur)} is not head {', '.join(heads)}; "
+            "run `agentkeep upgrade`"
+        ]
+    return [f"drift: {line}" for line in _drift(conn)]
 
 
 def ensure_schema(engine: Engine, *, migrate: bool) -> None:
@@ -368,12 +910,17 @@ def _is_upgrade_command(config: Config) -> bool:
 
 
 def run_env() -> None:
-    """The body of ``alembic/env.py``.
+    """The body of ``alembic/env.py``: the ``alembic`` command line run on agentkeep's scripts.
 
-    With a connection in ``config.attributes["connection"]`` (agentkeep's own
-    commands) it runs the migrations inside that connection's transaction.
-    Without one (the ``alembic`` command line) it opens the migration
-    transaction itself, adopts legacy tables on ``upgrade``, and commits.
+    agentkeep's own commands (:func:`upgrade`, ``agentkeep upgrade``, ...) do
+    not come here: they drive the scripts directly on one connection. This is
+    for ``alembic upgrade head`` from a checkout, or a programmatic
+    ``alembic.command`` call on a :class:`~alembic.config.Config` of these
+    scripts. With a connection in ``config.attributes["connection"]`` it runs
+    the migrations inside that connection's transaction; with an engine there,
+    or none (the URL from ``-x url=...``, ``AGENTKEEP_DATABASE_URL`` or
+    ``sqlalchemy.url``), it opens the migration transaction itself, adopts
+    legacy tables on ``upgrade``, and commits.
     """
     from alembic import context
 
