@@ -35,15 +35,43 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
-from agentkeep.db import Driver, Sql, lock_aggregate
+from sqlalchemy.engine import Dialect
+
+from agentkeep.db import Driver, lock_aggregate
 from agentkeep.errors import DatabaseError, ReadOnlyUnitOfWork, StoreBusy
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
+from agentkeep.statements import Statement, upsert
 
-__all__ = ["OAUTH_SINGLETON_ID", "RuntimeAccess", "as_bytes", "payload_bytes"]
+__all__ = [
+    "OAUTH_SINGLETON_ID",
+    "RuntimeAccess",
+    "as_bytes",
+    "payload_bytes",
+    "upsert_replacing",
+]
 
 #: ``runtime_auth_oauth_flow_state.id`` of the one OAuth flow row (and its lock key).
 OAUTH_SINGLETON_ID: Final = "auth_oauth_flow_state"
+
+
+def upsert_replacing(
+    dialect: Dialect,
+    model: type[Any],
+    values: Mapping[str, Any],
+    *,
+    key: Sequence[Any],
+    replace: Sequence[str],
+) -> Any:
+    """``INSERT ... ON CONFLICT (key) DO UPDATE SET col = excluded.col`` for each of ``replace``.
+
+    The last-writer-wins upsert of the runtime's payload rows, built from the
+    model (use it inside a :class:`~agentkeep.statements.Statement` builder).
+    """
+    insert = upsert(dialect, model).values(**values)
+    return insert.on_conflict_do_update(
+        index_elements=list(key), set_={name: insert.excluded[name] for name in replace}
+    )
 
 
 def as_bytes(value: Any, *, table: str, key: str, column: str) -> bytes:
@@ -130,7 +158,7 @@ class RuntimeAccess:
 
     # -- statements, errors by phase -----------------------------------------
 
-    def _select(self, stmt: Sql, params: Mapping[str, Any], what: str) -> Any:
+    def _select(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
         """Run a SELECT; return the cursor.
 
         Raises:
@@ -139,7 +167,7 @@ class RuntimeAccess:
         """
         return self._run(stmt, params, ReadFailed, f"failed to read {what}")
 
-    def _dml(self, stmt: Sql, params: Mapping[str, Any], what: str) -> Any:
+    def _dml(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
         """Run an INSERT / UPDATE / DELETE; return the cursor (``rowcount``, ``RETURNING`` rows).
 
         Raises:
@@ -149,7 +177,7 @@ class RuntimeAccess:
         """
         return self._run(stmt, params, WriteFailed, f"failed to write {what}")
 
-    def _dml_many(self, stmt: Sql, params: Sequence[Mapping[str, Any]], what: str) -> None:
+    def _dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> None:
         """Run an INSERT / UPDATE / upsert once per parameter set, in one driver call.
 
         Raises:
@@ -165,7 +193,7 @@ class RuntimeAccess:
 
     def _run(
         self,
-        stmt: Sql,
+        stmt: Statement,
         params: Mapping[str, Any],
         error: type[ReadFailed] | type[WriteFailed],
         context: str,
@@ -178,7 +206,7 @@ class RuntimeAccess:
             raise error(f"{context}: {exc}") from exc
 
     def _one_bytes(
-        self, stmt: Sql, params: Mapping[str, Any], *, table: str, key: str, column: str
+        self, stmt: Statement, params: Mapping[str, Any], *, table: str, key: str, column: str
     ) -> bytes | None:
         """Run a one-column, at-most-one-row SELECT of a payload; None when no row."""
         row = self._select(stmt, params, f"{table}[{key}]").fetchone()

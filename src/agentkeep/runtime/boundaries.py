@@ -35,7 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import insert, select
+
+from agentkeep.db import LockNamespace
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import (
     CompactionIntent,
@@ -51,6 +54,7 @@ from agentkeep.runtime.errors import (
 )
 from agentkeep.runtime.inputs import encode_input_states
 from agentkeep.runtime.lifecycle import LifecycleOps
+from agentkeep.runtime.models import BoundaryReceiptRow as Receipt
 from agentkeep.runtime.receipts import (
     RunBoundaryReceipt,
     decode_receipt,
@@ -58,17 +62,23 @@ from agentkeep.runtime.receipts import (
     encode_receipt_sequence,
 )
 from agentkeep.runtime.snapshots import SnapshotOps
+from agentkeep.statements import Statement
 
 __all__ = ["BoundaryCalls", "BoundaryOps", "PreparedBoundary", "prepare_boundary"]
 
-_T: Final = "runtime_boundary_receipts"
-_INSERT_RECEIPT: Final = Sql(
-    "INSERT INTO runtime_boundary_receipts (runtime_id, run_id, sequence, receipt_json) "
-    "VALUES (:rt, :run, :seq, :data)"
+_T: Final = Receipt.__tablename__
+#: The idempotency fence: a plain INSERT, so a second receipt at the key fails.
+_INSERT_RECEIPT: Final = Statement(
+    insert(Receipt).values(
+        runtime_id=p("rt"), run_id=p("run"), sequence=p("seq"), receipt_json=p("data")
+    ),
+    name="runtime.receipt.insert",
 )
-_GET_RECEIPT: Final = Sql(
-    "SELECT receipt_json FROM runtime_boundary_receipts "
-    "WHERE runtime_id = :rt AND run_id = :run AND sequence = :seq"
+_GET_RECEIPT: Final = Statement(
+    select(Receipt.receipt_json).where(
+        Receipt.runtime_id == p("rt"), Receipt.run_id == p("run"), Receipt.sequence == p("seq")
+    ),
+    name="runtime.receipt.get",
 )
 
 

@@ -44,7 +44,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from agentkeep.db import LockNamespace, Sql, retry_transient
+from sqlalchemy import bindparam as p
+
+from agentkeep.db import LockNamespace, retry_transient
 from agentkeep.errors import DatabaseError
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import UnregisterFinalizationCommit
@@ -55,6 +57,8 @@ from agentkeep.runtime.errors import (
     WriteFailed,
 )
 from agentkeep.runtime.lifecycle import LifecycleOps
+from agentkeep.runtime.models import RetiredOpsEpochRow
+from agentkeep.statements import Statement, upsert
 
 __all__ = [
     "FaultHook",
@@ -123,9 +127,15 @@ class FinalizationObservation:
     retired_marker_present: bool
 
 
-_RETIRE: Final = Sql(
-    "INSERT INTO runtime_retired_ops_epochs (runtime_id, epoch_id) VALUES (:rt, :epoch) "
-    "ON CONFLICT DO NOTHING"
+_RETIRED_TABLE: Final = RetiredOpsEpochRow.__tablename__
+#: The retired-epoch tombstone (never deleted; a second finalization finds it in place).
+_RETIRE: Final = Statement(
+    lambda d: (
+        upsert(d, RetiredOpsEpochRow)
+        .values(runtime_id=p("rt"), epoch_id=p("epoch"))
+        .on_conflict_do_nothing()
+    ),
+    name="runtime.retired_epoch.insert",
 )
 
 
@@ -178,7 +188,7 @@ class FinalizationOps(LifecycleOps):
         self._upsert_lifecycle_bytes(runtime_id, lifecycle)
         self._upsert_encoded(runtime_id, inputs)
         _fault(hook, FinalizationPoint.AFTER_LIFECYCLE_WRITE)
-        self._dml(_RETIRE, {"rt": runtime_id, "epoch": retired_epoch}, "runtime_retired_ops_epochs")
+        self._dml(_RETIRE, {"rt": runtime_id, "epoch": retired_epoch}, _RETIRED_TABLE)
         if before.ops is not None and final_ops is None:
             self._delete_ops_row(runtime_id)
         _fault(hook, FinalizationPoint.AFTER_OPS_DELETE)

@@ -44,8 +44,11 @@ from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeAlias
 
-from agentkeep.db import LockNamespace, Sql
-from agentkeep.runtime.access import RuntimeAccess, as_bytes
+from sqlalchemy import bindparam as p
+from sqlalchemy import select
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import RuntimeAccess, as_bytes, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import (
     InputStatePersistenceRecord,
@@ -55,6 +58,8 @@ from agentkeep.runtime.domain import (
     canonical_uuid,
 )
 from agentkeep.runtime.errors import ReadFailed
+from agentkeep.runtime.models import InputStateRow
+from agentkeep.statements import Statement
 
 __all__ = [
     "InputStateCalls",
@@ -68,20 +73,29 @@ __all__ = [
 #: What the input-state writers accept: a machine-authorized record or a bare state.
 InputStateRecord: TypeAlias = InputStatePersistenceRecord | StoredInputState
 
-_TABLE: Final = "runtime_input_states"
+_TABLE: Final = InputStateRow.__tablename__
 _COLUMN: Final = "state_json"
 
-_LOAD_ALL: Final = Sql(
-    "SELECT input_id, state_json FROM runtime_input_states "
-    "WHERE runtime_id = :rt ORDER BY input_id ASC"
+_OF_RUNTIME = InputStateRow.runtime_id == p("rt")
+_LOAD_ALL: Final = Statement(
+    select(InputStateRow.input_id, InputStateRow.state_json)
+    .where(_OF_RUNTIME)
+    .order_by(InputStateRow.input_id.asc()),
+    name="runtime.input.load_all",
 )
-_LOAD_ONE: Final = Sql(
-    "SELECT state_json FROM runtime_input_states WHERE runtime_id = :rt AND input_id = :iid"
+_LOAD_ONE: Final = Statement(
+    select(InputStateRow.state_json).where(_OF_RUNTIME, InputStateRow.input_id == p("iid")),
+    name="runtime.input.load_one",
 )
-_UPSERT: Final = Sql(
-    "INSERT INTO runtime_input_states (runtime_id, input_id, state_json) "
-    "VALUES (:rt, :iid, :data) "
-    "ON CONFLICT (runtime_id, input_id) DO UPDATE SET state_json = excluded.state_json"
+_UPSERT: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        InputStateRow,
+        {"runtime_id": p("rt"), "input_id": p("iid"), "state_json": p("data")},
+        key=[InputStateRow.runtime_id, InputStateRow.input_id],
+        replace=["state_json"],
+    ),
+    name="runtime.input.upsert",
 )
 
 

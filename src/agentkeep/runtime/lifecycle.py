@@ -28,34 +28,67 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, select
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import MachineLifecycleCommit, OpsSnapshot, RuntimeState
 from agentkeep.runtime.errors import OpsLifecycleEpochRetired, ReadFailed
 from agentkeep.runtime.inputs import InputStateOps, InputStateRecord, encode_input_states
+from agentkeep.runtime.models import OpsLifecycleRow, RetiredOpsEpochRow, RuntimeStateRow
+from agentkeep.statements import Statement, upsert
 
 __all__ = ["LifecycleCalls", "LifecycleOps"]
 
-_LIFECYCLE_TABLE: Final = "runtime_states"
-_OPS_TABLE: Final = "runtime_ops_lifecycle"
+_LIFECYCLE_TABLE: Final = RuntimeStateRow.__tablename__
+_OPS_TABLE: Final = OpsLifecycleRow.__tablename__
+_RETIRED_TABLE: Final = RetiredOpsEpochRow.__tablename__
 
-_LOAD_LIFECYCLE: Final = Sql("SELECT runtime_state_json FROM runtime_states WHERE runtime_id = :rt")
-_UPSERT_LIFECYCLE: Final = Sql(
-    "INSERT INTO runtime_states (runtime_id, runtime_state_json) VALUES (:rt, :data) "
-    "ON CONFLICT (runtime_id) DO UPDATE SET runtime_state_json = excluded.runtime_state_json"
+_OPS_OF = OpsLifecycleRow.runtime_id == p("rt")
+
+_LOAD_LIFECYCLE: Final = Statement(
+    select(RuntimeStateRow.runtime_state_json).where(RuntimeStateRow.runtime_id == p("rt")),
+    name="runtime.lifecycle.get",
 )
-_LOAD_OPS: Final = Sql("SELECT state_json FROM runtime_ops_lifecycle WHERE runtime_id = :rt")
-_UPSERT_OPS: Final = Sql(
-    "INSERT INTO runtime_ops_lifecycle (runtime_id, state_json) VALUES (:rt, :data) "
-    "ON CONFLICT (runtime_id) DO UPDATE SET state_json = excluded.state_json"
+_UPSERT_LIFECYCLE: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        RuntimeStateRow,
+        {"runtime_id": p("rt"), "runtime_state_json": p("data")},
+        key=[RuntimeStateRow.runtime_id],
+        replace=["runtime_state_json"],
+    ),
+    name="runtime.lifecycle.upsert",
 )
-_INSERT_OPS_IF_ABSENT: Final = Sql(
-    "INSERT INTO runtime_ops_lifecycle (runtime_id, state_json) VALUES (:rt, :data) "
-    "ON CONFLICT (runtime_id) DO NOTHING"
+_LOAD_OPS: Final = Statement(
+    select(OpsLifecycleRow.state_json).where(_OPS_OF), name="runtime.ops.get"
 )
-_DELETE_OPS: Final = Sql("DELETE FROM runtime_ops_lifecycle WHERE runtime_id = :rt")
-_IS_RETIRED: Final = Sql(
-    "SELECT 1 FROM runtime_retired_ops_epochs WHERE runtime_id = :rt AND epoch_id = :epoch"
+_UPSERT_OPS: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        OpsLifecycleRow,
+        {"runtime_id": p("rt"), "state_json": p("data")},
+        key=[OpsLifecycleRow.runtime_id],
+        replace=["state_json"],
+    ),
+    name="runtime.ops.upsert",
+)
+_INSERT_OPS_IF_ABSENT: Final = Statement(
+    lambda d: (
+        upsert(d, OpsLifecycleRow)
+        .values(runtime_id=p("rt"), state_json=p("data"))
+        .on_conflict_do_nothing(index_elements=[OpsLifecycleRow.runtime_id])
+    ),
+    name="runtime.ops.insert_if_absent",
+)
+_DELETE_OPS: Final = Statement(delete(OpsLifecycleRow).where(_OPS_OF), name="runtime.ops.delete")
+_IS_RETIRED: Final = Statement(
+    select(RetiredOpsEpochRow.epoch_id).where(
+        RetiredOpsEpochRow.runtime_id == p("rt"), RetiredOpsEpochRow.epoch_id == p("epoch")
+    ),
+    name="runtime.retired_epoch.exists",
 )
 
 
@@ -253,7 +286,7 @@ class LifecycleOps(InputStateOps):
         row = self._select(
             _IS_RETIRED,
             {"rt": runtime_id, "epoch": epoch_id},
-            f"runtime_retired_ops_epochs[{runtime_id}, {epoch_id}]",
+            f"{_RETIRED_TABLE}[{runtime_id}, {epoch_id}]",
         ).fetchone()
         return row is not None
 

@@ -45,42 +45,71 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, select, update
+
+from agentkeep.db import LockNamespace
 from agentkeep.errors import InvalidInput
-from agentkeep.runtime.access import RuntimeAccess, as_bytes
+from agentkeep.runtime.access import RuntimeAccess, as_bytes, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.models import MobHostBindingRow as Binding
+from agentkeep.runtime.models import MobHostRevocationRow as Revocation
+from agentkeep.statements import Statement, upsert
 
 __all__ = ["MobHostCalls", "MobHostOps", "check_mob_id", "check_payload"]
 
-_BINDINGS: Final = "runtime_mob_host_bindings"
-_REVOCATIONS: Final = "runtime_mob_host_revocations"
+_BINDINGS: Final = Binding.__tablename__
+_REVOCATIONS: Final = Revocation.__tablename__
 
-_LOAD_BINDING: Final = Sql("SELECT record_json FROM runtime_mob_host_bindings WHERE mob_id = :id")
-_LIST_BINDINGS: Final = Sql(
-    "SELECT mob_id, record_json FROM runtime_mob_host_bindings ORDER BY mob_id"
+_BINDING_OF = Binding.mob_id == p("id")
+_REVOCATION_OF = Revocation.mob_id == p("id")
+
+_LOAD_BINDING: Final = Statement(
+    select(Binding.record_json).where(_BINDING_OF), name="runtime.mob.binding.get"
 )
-_INSERT_BINDING: Final = Sql(
-    "INSERT INTO runtime_mob_host_bindings (mob_id, record_json) VALUES (:id, :record) "
-    "ON CONFLICT (mob_id) DO NOTHING RETURNING 1"
+_LIST_BINDINGS: Final = Statement(
+    select(Binding.mob_id, Binding.record_json).order_by(Binding.mob_id),
+    name="runtime.mob.binding.list",
 )
-_REPLACE_BINDING: Final = Sql(
-    "UPDATE runtime_mob_host_bindings SET record_json = :next "
-    "WHERE mob_id = :id AND record_json = :stored"
+_INSERT_BINDING: Final = Statement(
+    lambda d: (
+        upsert(d, Binding)
+        .values(mob_id=p("id"), record_json=p("record"))
+        .on_conflict_do_nothing(index_elements=[Binding.mob_id])
+        .returning(Binding.mob_id)
+    ),
+    name="runtime.mob.binding.insert_if_absent",
 )
-_DELETE_BINDING: Final = Sql(
-    "DELETE FROM runtime_mob_host_bindings WHERE mob_id = :id AND record_json = :stored"
+_REPLACE_BINDING: Final = Statement(
+    update(Binding)
+    .values(record_json=p("next"))
+    .where(_BINDING_OF, Binding.record_json == p("stored")),
+    name="runtime.mob.binding.replace_if",
 )
-_LOAD_REVOCATION: Final = Sql(
-    "SELECT receipt_json FROM runtime_mob_host_revocations WHERE mob_id = :id"
+_DELETE_BINDING: Final = Statement(
+    delete(Binding).where(_BINDING_OF, Binding.record_json == p("stored")),
+    name="runtime.mob.binding.delete_if",
 )
-_LIST_REVOCATIONS: Final = Sql(
-    "SELECT mob_id, receipt_json FROM runtime_mob_host_revocations ORDER BY mob_id"
+_LOAD_REVOCATION: Final = Statement(
+    select(Revocation.receipt_json).where(_REVOCATION_OF), name="runtime.mob.revocation.get"
 )
-_UPSERT_REVOCATION: Final = Sql(
-    "INSERT INTO runtime_mob_host_revocations (mob_id, receipt_json) VALUES (:id, :receipt) "
-    "ON CONFLICT (mob_id) DO UPDATE SET receipt_json = excluded.receipt_json"
+_LIST_REVOCATIONS: Final = Statement(
+    select(Revocation.mob_id, Revocation.receipt_json).order_by(Revocation.mob_id),
+    name="runtime.mob.revocation.list",
 )
-_DELETE_REVOCATION: Final = Sql("DELETE FROM runtime_mob_host_revocations WHERE mob_id = :id")
+_UPSERT_REVOCATION: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        Revocation,
+        {"mob_id": p("id"), "receipt_json": p("receipt")},
+        key=[Revocation.mob_id],
+        replace=["receipt_json"],
+    ),
+    name="runtime.mob.revocation.upsert",
+)
+_DELETE_REVOCATION: Final = Statement(
+    delete(Revocation).where(_REVOCATION_OF), name="runtime.mob.revocation.delete"
+)
 
 
 def check_payload(value: Any, field: str) -> bytes:
@@ -154,7 +183,7 @@ class MobHostOps(RuntimeAccess):
         """
         return self._list(_LIST_REVOCATIONS, _REVOCATIONS, "receipt_json")
 
-    def _list(self, stmt: Sql, table: str, column: str) -> list[tuple[str, bytes]]:
+    def _list(self, stmt: Statement, table: str, column: str) -> list[tuple[str, bytes]]:
         rows = self._select(stmt, {}, table).fetchall()
         return [
             (mob_id, as_bytes(value, table=table, key=mob_id, column=column))

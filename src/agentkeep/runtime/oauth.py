@@ -20,22 +20,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from agentkeep.db import LockNamespace, Sql
-from agentkeep.runtime.access import OAUTH_SINGLETON_ID, RuntimeAccess
+from sqlalchemy import bindparam as p
+from sqlalchemy import select
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import OAUTH_SINGLETON_ID, RuntimeAccess, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.mob import check_payload
+from agentkeep.runtime.models import AuthOAuthFlowStateRow as Flow
+from agentkeep.statements import Statement
 
 __all__ = ["OAuthCalls", "OAuthOps", "OAuthFlowUpdate"]
 
 #: ``update(current payload or None) -> next payload``.
 OAuthFlowUpdate = Callable[[bytes | None], bytes]
 
-_TABLE: Final = "runtime_auth_oauth_flow_state"
+_TABLE: Final = Flow.__tablename__
 
-_LOAD: Final = Sql("SELECT state_json FROM runtime_auth_oauth_flow_state WHERE id = :id")
-_UPSERT: Final = Sql(
-    "INSERT INTO runtime_auth_oauth_flow_state (id, state_json) VALUES (:id, :data) "
-    "ON CONFLICT (id) DO UPDATE SET state_json = excluded.state_json"
+_LOAD: Final = Statement(
+    select(Flow.state_json).where(Flow.id == p("id")), name="runtime.oauth.get"
+)
+_UPSERT: Final = Statement(
+    lambda d: upsert_replacing(
+        d, Flow, {"id": p("id"), "state_json": p("data")}, key=[Flow.id], replace=["state_json"]
+    ),
+    name="runtime.oauth.upsert",
 )
 
 

@@ -28,36 +28,58 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import select, update
+
+from agentkeep.db import LockNamespace
 from agentkeep.runtime.access import as_bytes
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import CompactionIntent, ProjectionId
 from agentkeep.runtime.errors import RuntimeNotFound, WriteFailed
+from agentkeep.runtime.models import CompactionProjectionOutboxRow as Outbox
 from agentkeep.runtime.snapshot_rows import SnapshotRows
+from agentkeep.statements import Statement, upsert
 
 __all__ = ["OutboxCalls", "OutboxOps"]
 
-_T: Final = "runtime_compaction_projection_outbox"
-_KEY: Final = (
-    "runtime_id = :rt AND session_id = :sid AND parent_revision = :parent "
-    "AND revision = :rev AND commit_fingerprint = :fp"
+_T: Final = Outbox.__tablename__
+_KEY = (
+    Outbox.runtime_id == p("rt"),
+    Outbox.session_id == p("sid"),
+    Outbox.parent_revision == p("parent"),
+    Outbox.revision == p("rev"),
+    Outbox.commit_fingerprint == p("fp"),
 )
-_INSERT: Final = Sql(
-    "INSERT INTO runtime_compaction_projection_outbox (runtime_id, session_id, "
-    "parent_revision, revision, commit_fingerprint, intent_json, state) "
-    "VALUES (:rt, :sid, :parent, :rev, :fp, :intent, 'pending') ON CONFLICT DO NOTHING"
+_INSERT: Final = Statement(
+    lambda d: (
+        upsert(d, Outbox)
+        .values(
+            runtime_id=p("rt"),
+            session_id=p("sid"),
+            parent_revision=p("parent"),
+            revision=p("rev"),
+            commit_fingerprint=p("fp"),
+            intent_json=p("intent"),
+            state="pending",
+        )
+        .on_conflict_do_nothing()
+    ),
+    name="runtime.outbox.insert",
 )
-_GET: Final = Sql(
-    f"SELECT intent_json, state FROM runtime_compaction_projection_outbox WHERE {_KEY}"
+_GET: Final = Statement(
+    select(Outbox.intent_json, Outbox.state).where(*_KEY), name="runtime.outbox.get"
 )
-_EXISTS: Final = Sql(f"SELECT 1 FROM runtime_compaction_projection_outbox WHERE {_KEY}")
-_FINALIZE: Final = Sql(
-    f"UPDATE runtime_compaction_projection_outbox SET state = 'finalized' WHERE {_KEY}"
+_EXISTS: Final = Statement(select(Outbox.runtime_id).where(*_KEY), name="runtime.outbox.exists")
+_FINALIZE: Final = Statement(
+    update(Outbox).values(state="finalized").where(*_KEY), name="runtime.outbox.finalize"
 )
-_PENDING: Final = Sql(
-    "SELECT revision, intent_json FROM runtime_compaction_projection_outbox "
-    "WHERE runtime_id = :rt AND state = 'pending' "
-    "ORDER BY session_id, parent_revision, revision, commit_fingerprint"
+_PENDING: Final = Statement(
+    select(Outbox.revision, Outbox.intent_json)
+    .where(Outbox.runtime_id == p("rt"), Outbox.state == "pending")
+    .order_by(
+        Outbox.session_id, Outbox.parent_revision, Outbox.revision, Outbox.commit_fingerprint
+    ),
+    name="runtime.outbox.pending",
 )
 
 

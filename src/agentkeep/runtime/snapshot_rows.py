@@ -16,26 +16,50 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from agentkeep.db import Sql
-from agentkeep.runtime.access import RuntimeAccess
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, exists, select
+
+from agentkeep.runtime.access import RuntimeAccess, upsert_replacing
+from agentkeep.runtime.models import ProjectionQuarantineRow, SessionSnapshotRow
+from agentkeep.statements import Statement, upsert
 
 __all__ = ["SnapshotRows"]
 
-_T: Final = "runtime_session_snapshots"
+_T: Final = SessionSnapshotRow.__tablename__
+_Q: Final = ProjectionQuarantineRow.__tablename__
 
-_GET: Final = Sql("SELECT session_snapshot FROM runtime_session_snapshots WHERE runtime_id = :rt")
-_UPSERT: Final = Sql(
-    "INSERT INTO runtime_session_snapshots (runtime_id, session_snapshot) VALUES (:rt, :data) "
-    "ON CONFLICT (runtime_id) DO UPDATE SET session_snapshot = excluded.session_snapshot"
+_SNAPSHOT_OF = SessionSnapshotRow.runtime_id == p("rt")
+_QUARANTINE_OF = ProjectionQuarantineRow.runtime_id == p("rt")
+
+_GET: Final = Statement(
+    select(SessionSnapshotRow.session_snapshot).where(_SNAPSHOT_OF), name="runtime.snapshot.get"
 )
-_DELETE: Final = Sql("DELETE FROM runtime_session_snapshots WHERE runtime_id = :rt")
-_CLEAR_QUARANTINE: Final = Sql("DELETE FROM runtime_projection_quarantine WHERE runtime_id = :rt")
-_SET_QUARANTINE: Final = Sql(
-    "INSERT INTO runtime_projection_quarantine (runtime_id) VALUES (:rt) "
-    "ON CONFLICT (runtime_id) DO NOTHING"
+_UPSERT: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        SessionSnapshotRow,
+        {"runtime_id": p("rt"), "session_snapshot": p("data")},
+        key=[SessionSnapshotRow.runtime_id],
+        replace=["session_snapshot"],
+    ),
+    name="runtime.snapshot.upsert",
 )
-_QUARANTINED: Final = Sql(
-    "SELECT EXISTS (SELECT 1 FROM runtime_projection_quarantine WHERE runtime_id = :rt)"
+_DELETE: Final = Statement(
+    delete(SessionSnapshotRow).where(_SNAPSHOT_OF), name="runtime.snapshot.delete"
+)
+_CLEAR_QUARANTINE: Final = Statement(
+    delete(ProjectionQuarantineRow).where(_QUARANTINE_OF), name="runtime.quarantine.clear"
+)
+_SET_QUARANTINE: Final = Statement(
+    lambda d: (
+        upsert(d, ProjectionQuarantineRow)
+        .values(runtime_id=p("rt"))
+        .on_conflict_do_nothing(index_elements=[ProjectionQuarantineRow.runtime_id])
+    ),
+    name="runtime.quarantine.set",
+)
+_QUARANTINED: Final = Statement(
+    select(exists().where(_QUARANTINE_OF)), name="runtime.quarantine.exists"
 )
 
 
@@ -79,14 +103,10 @@ class SnapshotRows(RuntimeAccess):
         self._dml(_DELETE, {"rt": runtime_id}, f"{_T}[{runtime_id}]")
 
     def _clear_quarantine(self, runtime_id: str) -> None:
-        self._dml(
-            _CLEAR_QUARANTINE, {"rt": runtime_id}, f"runtime_projection_quarantine[{runtime_id}]"
-        )
+        self._dml(_CLEAR_QUARANTINE, {"rt": runtime_id}, f"{_Q}[{runtime_id}]")
 
     def _set_quarantine(self, runtime_id: str) -> None:
-        self._dml(
-            _SET_QUARANTINE, {"rt": runtime_id}, f"runtime_projection_quarantine[{runtime_id}]"
-        )
+        self._dml(_SET_QUARANTINE, {"rt": runtime_id}, f"{_Q}[{runtime_id}]")
 
     def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
         """Whether the runtime's snapshot was cleared as rejected and not written since (§2.21).
@@ -98,5 +118,5 @@ class SnapshotRows(RuntimeAccess):
         Raises:
             ReadFailed: the SELECT failed.
         """
-        row = self._select(_QUARANTINED, {"rt": runtime_id}, "runtime_projection_quarantine")
+        row = self._select(_QUARANTINED, {"rt": runtime_id}, _Q)
         return bool(row.fetchone()[0])

@@ -32,15 +32,26 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import select
+
+from agentkeep.db import LockNamespace
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import TranscriptCommit
+from agentkeep.runtime.models import SessionSnapshotRow
 from agentkeep.runtime.outbox import OutboxOps
+from agentkeep.statements import Statement
 
 __all__ = ["SnapshotCalls", "SnapshotOps"]
 
-_SAME_BYTES: Final = Sql(
-    "SELECT 1 FROM runtime_session_snapshots WHERE runtime_id = :rt AND session_snapshot = :data"
+_T: Final = SessionSnapshotRow.__tablename__
+
+#: The identical-bytes fast path (an SQL comparison: a TEXT row never matches).
+_SAME_BYTES: Final = Statement(
+    select(SessionSnapshotRow.runtime_id).where(
+        SessionSnapshotRow.runtime_id == p("rt"), SessionSnapshotRow.session_snapshot == p("data")
+    ),
+    name="runtime.snapshot.same_bytes",
 )
 
 
@@ -72,9 +83,7 @@ class SnapshotOps(OutboxOps):
         """:meth:`commit_session_snapshot` after the decode (``incoming`` decodes ``data``)."""
         self._begin_write(LockNamespace.RUNTIME, runtime_id)
         self._ensure_intents_already_outboxed(runtime_id, incoming)
-        same = self._select(
-            _SAME_BYTES, {"rt": runtime_id, "data": data}, "runtime_session_snapshots"
-        ).fetchone()
+        same = self._select(_SAME_BYTES, {"rt": runtime_id, "data": data}, _T).fetchone()
         if same is not None:
             # Identical bytes: continuity is proven; only head coherence is
             # left. No UPDATE of the row (a BEFORE UPDATE trigger never fires).
