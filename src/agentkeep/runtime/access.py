@@ -1,12 +1,15 @@
-"""What every runtime-store repository shares: the write lock, phase-mapped errors, bytes.
+"""What every part of the runtime repository shares: the write lock, phase-mapped errors, bytes.
 
-:class:`RuntimeAccess` is the base of the runtime repository's parts
+:class:`RuntimeAccess` is one unit of work's access to the runtime tables.
+The runtime repository (:class:`~agentkeep.runtime.repository.RuntimeRepository`)
+creates one per unit and hands it to each of its parts
 (:mod:`~agentkeep.runtime.snapshots`, :mod:`~agentkeep.runtime.boundaries`,
-...). It holds the unit of work's driver connection and the
-:class:`~agentkeep.runtime.domain.RuntimeDomain`, and owns the three things
-no part hand-rolls:
+...) and to the shared steps, which are plain functions taking it
+(``upsert_snapshot(access, runtime_id, data)``). It holds the unit's driver
+connection and the :class:`~agentkeep.runtime.domain.RuntimeDomain`, and
+owns the things no part hand-rolls:
 
-* **The write lock** (:meth:`RuntimeAccess._begin_write`): every write
+* **The write lock** (:meth:`RuntimeAccess.begin_write`): every write
   operation takes the lock of the aggregate it touches first — ``runtime:<id>``,
   ``mob:<id>`` or the OAuth singleton — through
   :func:`agentkeep.db.lock_aggregate` (``BEGIN IMMEDIATE`` already is it on
@@ -19,7 +22,7 @@ no part hand-rolls:
   stays :class:`~agentkeep.errors.StoreBusy` inside the unit, so the one-call
   facade can retry the whole unit; the facade reports it as ``WriteFailed``
   (writes) or ``ReadFailed`` (reads) once the retries are spent.
-* **All or nothing** (:meth:`RuntimeAccess._atomic`): an operation that can
+* **All or nothing** (:meth:`RuntimeAccess.atomic`): an operation that can
   fail after it has written (a duplicate receipt after the snapshot upsert, a
   trigger abort in the middle of a batch) runs inside a SAVEPOINT when it is
   part of a caller's ``store.write()`` unit, so a caught error leaves nothing
@@ -103,7 +106,7 @@ def payload_bytes(value: Any, what: str) -> bytes:
 
 
 class RuntimeAccess:
-    """Base of the runtime repository: driver, domain, lock, phase-mapped statements.
+    """One unit of work's access to the runtime tables: driver, domain, lock, statements.
 
     Attributes:
         db: the unit of work's driver connection, inside its transaction.
@@ -130,7 +133,7 @@ class RuntimeAccess:
 
     # -- the write lock ----------------------------------------------------
 
-    def _begin_write(self, namespace: int, key: str) -> None:
+    def begin_write(self, namespace: int, key: str) -> None:
         """Take the write lock of one aggregate (a :class:`~agentkeep.db.LockNamespace`).
 
         Raises:
@@ -148,7 +151,7 @@ class RuntimeAccess:
             raise WriteFailed(f"failed to take the {key} write lock: {exc}") from exc
 
     @contextmanager
-    def _atomic(self) -> Iterator[None]:
+    def atomic(self) -> Iterator[None]:
         """All of the block or none of it, also inside a caller's unit (see the module doc)."""
         if self.nested:
             with self.db.savepoint():
@@ -158,7 +161,7 @@ class RuntimeAccess:
 
     # -- statements, errors by phase -----------------------------------------
 
-    def _select(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
+    def select(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
         """Run a SELECT; return the cursor.
 
         Raises:
@@ -167,7 +170,7 @@ class RuntimeAccess:
         """
         return self._run(stmt, params, ReadFailed, f"failed to read {what}")
 
-    def _dml(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
+    def dml(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
         """Run an INSERT / UPDATE / DELETE; return the cursor (``rowcount``, ``RETURNING`` rows).
 
         Raises:
@@ -177,7 +180,7 @@ class RuntimeAccess:
         """
         return self._run(stmt, params, WriteFailed, f"failed to write {what}")
 
-    def _dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> None:
+    def dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> None:
         """Run an INSERT / UPDATE / upsert once per parameter set, in one driver call.
 
         Raises:
@@ -205,11 +208,11 @@ class RuntimeAccess:
         except DatabaseError as exc:
             raise error(f"{context}: {exc}") from exc
 
-    def _one_bytes(
+    def one_bytes(
         self, stmt: Statement, params: Mapping[str, Any], *, table: str, key: str, column: str
     ) -> bytes | None:
         """Run a one-column, at-most-one-row SELECT of a payload; None when no row."""
-        row = self._select(stmt, params, f"{table}[{key}]").fetchone()
+        row = self.select(stmt, params, f"{table}[{key}]").fetchone()
         if row is None:
             return None
         return as_bytes(row[0], table=table, key=key, column=column)

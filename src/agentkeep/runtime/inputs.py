@@ -67,7 +67,9 @@ __all__ = [
     "InputStateOps",
     "InputStateRecord",
     "encode_input_states",
+    "input_state_bytes",
     "prepare_input_state_cas",
+    "upsert_input_states",
 ]
 
 #: What the input-state writers accept: a machine-authorized record or a bare state.
@@ -163,10 +165,54 @@ def prepare_input_state_cas(
     return prepared
 
 
-class InputStateOps(RuntimeAccess):
-    """Repository part: input-state rows and the batch compare-and-swap."""
+def input_state_bytes(access: RuntimeAccess, runtime_id: str, input_id: str) -> bytes | None:
+    """The stored bytes of one input state (TEXT as UTF-8), or None.
 
-    __slots__ = ()
+    Raises:
+        ReadFailed: the SELECT failed, or the value is not bytes/text.
+    """
+    return access.one_bytes(
+        _LOAD_ONE,
+        {"rt": runtime_id, "iid": input_id},
+        table=_TABLE,
+        key=f"{runtime_id}, {input_id}",
+        column=_COLUMN,
+    )
+
+
+def upsert_input_states(
+    access: RuntimeAccess, runtime_id: str, encoded: Iterable[tuple[str, bytes]]
+) -> None:
+    """Upsert encoded states in order (§2.0.12), inside the caller's locked transaction.
+
+    Takes no lock and opens no savepoint: the caller holds the runtime's
+    write lock and makes its whole operation atomic. Encode first with
+    :func:`encode_input_states`.
+
+    Raises:
+        WriteFailed: an upsert failed.
+    """
+    rows = [{"rt": runtime_id, "iid": input_id, "data": data} for input_id, data in encoded]
+    access.dml_many(_UPSERT, rows, f"{_TABLE}[{runtime_id}] ({len(rows)} rows)")
+
+
+def _decode_row(
+    access: RuntimeAccess, runtime_id: str, input_id: str, value: Any
+) -> StoredInputState:
+    key = f"{runtime_id}, {input_id}"
+    state = access.domain.decode_input_state(as_bytes(value, table=_TABLE, key=key, column=_COLUMN))
+    if state.input_id != input_id:
+        raise ReadFailed(f"{_TABLE}[{key}].{_COLUMN} holds input {state.input_id}")
+    return state
+
+
+class InputStateOps:
+    """Repository part (``uow.runtime.inputs``): input-state rows and the batch compare-and-swap."""
+
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     # -- reads -------------------------------------------------------------
 
@@ -184,8 +230,9 @@ class InputStateOps(RuntimeAccess):
                 row fails the whole call; a missing ``stored_input_state_version``
                 is named in the message).
         """
-        rows = self._select(_LOAD_ALL, {"rt": runtime_id}, f"{_TABLE}[{runtime_id}]").fetchall()
-        return [self._decode_row(runtime_id, input_id, value) for input_id, value in rows]
+        access = self._access
+        rows = access.select(_LOAD_ALL, {"rt": runtime_id}, f"{_TABLE}[{runtime_id}]").fetchall()
+        return [_decode_row(access, runtime_id, input_id, value) for input_id, value in rows]
 
     def load_input_state(self, runtime_id: str, input_id: str) -> StoredInputState | None:
         """Load one input state, decoded fail-closed.
@@ -202,31 +249,8 @@ class InputStateOps(RuntimeAccess):
             ReadFailed: the SELECT failed or the row does not decode.
         """
         canonical_uuid(input_id, "input_id")
-        data = self._input_state_bytes(runtime_id, input_id)
-        return None if data is None else self._decode_row(runtime_id, input_id, data)
-
-    def _input_state_bytes(self, runtime_id: str, input_id: str) -> bytes | None:
-        """The stored bytes of one input state (TEXT as UTF-8), or None.
-
-        Raises:
-            ReadFailed: the SELECT failed, or the value is not bytes/text.
-        """
-        return self._one_bytes(
-            _LOAD_ONE,
-            {"rt": runtime_id, "iid": input_id},
-            table=_TABLE,
-            key=f"{runtime_id}, {input_id}",
-            column=_COLUMN,
-        )
-
-    def _decode_row(self, runtime_id: str, input_id: str, value: Any) -> StoredInputState:
-        key = f"{runtime_id}, {input_id}"
-        state = self.domain.decode_input_state(
-            as_bytes(value, table=_TABLE, key=key, column=_COLUMN)
-        )
-        if state.input_id != input_id:
-            raise ReadFailed(f"{_TABLE}[{key}].{_COLUMN} holds input {state.input_id}")
-        return state
+        data = input_state_bytes(self._access, runtime_id, input_id)
+        return None if data is None else _decode_row(self._access, runtime_id, input_id, data)
 
     # -- writes ------------------------------------------------------------
 
@@ -261,13 +285,14 @@ class InputStateOps(RuntimeAccess):
             WriteFailed: a state does not encode, or an upsert failed (none of
                 the rows stays written).
         """
-        self.apply_input_states(runtime_id, encode_input_states(self.domain, records))
+        self.apply_input_states(runtime_id, encode_input_states(self._access.domain, records))
 
     def apply_input_states(self, runtime_id: str, encoded: Sequence[tuple[str, bytes]]) -> None:
         """:meth:`persist_input_states_atomically` after :func:`encode_input_states`."""
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        with self._atomic():
-            self._upsert_encoded(runtime_id, encoded)
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        with access.atomic():
+            upsert_input_states(access, runtime_id, encoded)
 
     def compare_and_swap_input_states_atomically(
         self,
@@ -297,7 +322,7 @@ class InputStateOps(RuntimeAccess):
             WriteFailed: a replacement does not encode, or an upsert failed
                 (no row of the batch stays written).
         """
-        prepared = prepare_input_state_cas(self.domain, expected, replacements)
+        prepared = prepare_input_state_cas(self._access.domain, expected, replacements)
         return self.apply_input_state_batch_cas(runtime_id, prepared)
 
     def apply_input_state_batch_cas(
@@ -325,11 +350,12 @@ class InputStateOps(RuntimeAccess):
             return InputStateCasOutcome.SWAPPED
         for row in prepared:
             canonical_uuid(row.input_id, "input_id")
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
         all_expected = True
         all_replacements = True
         for row in prepared:
-            current = self._input_state_bytes(runtime_id, row.input_id)
+            current = input_state_bytes(access, runtime_id, row.input_id)
             if current is None:
                 return InputStateCasOutcome.STALE
             all_expected = all_expected and current == row.expected_json
@@ -338,34 +364,11 @@ class InputStateOps(RuntimeAccess):
             return InputStateCasOutcome.SWAPPED
         if not all_expected:
             return InputStateCasOutcome.STALE
-        with self._atomic():
-            self._upsert_encoded(
-                runtime_id, [(row.input_id, row.replacement_json) for row in prepared]
+        with access.atomic():
+            upsert_input_states(
+                access, runtime_id, [(row.input_id, row.replacement_json) for row in prepared]
             )
         return InputStateCasOutcome.SWAPPED
-
-    # -- shared with the boundary and finalization writers -------------------
-
-    def _encode_states(self, states: Iterable[InputStateRecord]) -> tuple[tuple[str, bytes], ...]:
-        """Check and encode states with this repository's domain (:func:`encode_input_states`)."""
-        return encode_input_states(self.domain, states)
-
-    def _upsert_input_states(self, runtime_id: str, states: Sequence[StoredInputState]) -> None:
-        """Upsert ``states`` in order (§2.0.12), inside the caller's locked transaction.
-
-        Takes no lock and opens no savepoint: the caller holds the runtime's
-        write lock and makes its whole operation atomic. Every state is
-        checked and encoded before the first row is written.
-
-        Raises:
-            InvalidInput: an input id is not a canonical UUID (nothing written).
-            WriteFailed: a state does not encode, or an upsert failed.
-        """
-        self._upsert_encoded(runtime_id, encode_input_states(self.domain, states))
-
-    def _upsert_encoded(self, runtime_id: str, encoded: Iterable[tuple[str, bytes]]) -> None:
-        rows = [{"rt": runtime_id, "iid": input_id, "data": data} for input_id, data in encoded]
-        self._dml_many(_UPSERT, rows, f"{_TABLE}[{runtime_id}] ({len(rows)} rows)")
 
 
 class InputStateCalls(RuntimeCallsBase):
@@ -375,24 +378,24 @@ class InputStateCalls(RuntimeCallsBase):
 
     def load_input_states(self, runtime_id: str) -> list[StoredInputState]:
         """One-call form of :meth:`InputStateOps.load_input_states`."""
-        return self._read(lambda repo: repo.load_input_states(runtime_id))
+        return self._read(lambda repo: repo.inputs.load_input_states(runtime_id))
 
     def load_input_state(self, runtime_id: str, input_id: str) -> StoredInputState | None:
         """One-call form of :meth:`InputStateOps.load_input_state`."""
         canonical_uuid(input_id, "input_id")
-        return self._read(lambda repo: repo.load_input_state(runtime_id, input_id))
+        return self._read(lambda repo: repo.inputs.load_input_state(runtime_id, input_id))
 
     def persist_input_state(self, runtime_id: str, record: InputStateRecord) -> None:
         """One-call form of :meth:`InputStateOps.persist_input_state`."""
         encoded = encode_input_states(self.domain, (record,))  # refused before the unit opens
-        self._write(lambda repo: repo.apply_input_states(runtime_id, encoded))
+        self._write(lambda repo: repo.inputs.apply_input_states(runtime_id, encoded))
 
     def persist_input_states_atomically(
         self, runtime_id: str, records: Sequence[InputStateRecord]
     ) -> None:
         """One-call form of :meth:`InputStateOps.persist_input_states_atomically`."""
         encoded = encode_input_states(self.domain, records)  # refused before the unit opens
-        self._write(lambda repo: repo.apply_input_states(runtime_id, encoded))
+        self._write(lambda repo: repo.inputs.apply_input_states(runtime_id, encoded))
 
     def compare_and_swap_input_states_atomically(
         self,
@@ -408,4 +411,6 @@ class InputStateCalls(RuntimeCallsBase):
         prepared = prepare_input_state_cas(self.domain, expected, replacements)
         if not prepared:
             return InputStateCasOutcome.SWAPPED
-        return self._write(lambda repo: repo.apply_input_state_batch_cas(runtime_id, prepared))
+        return self._write(
+            lambda repo: repo.inputs.apply_input_state_batch_cas(runtime_id, prepared)
+        )

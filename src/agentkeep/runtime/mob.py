@@ -136,10 +136,13 @@ def check_mob_id(mob_id: Any) -> str:
     return mob_id
 
 
-class MobHostOps(RuntimeAccess):
-    """Repository part: mob host bindings and revocation receipts."""
+class MobHostOps:
+    """Repository part (``uow.runtime.mob_hosts``): mob host bindings and revocation receipts."""
 
-    __slots__ = ()
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     # -- reads -------------------------------------------------------------
 
@@ -151,7 +154,7 @@ class MobHostOps(RuntimeAccess):
             ReadFailed: the SELECT failed, or the value is not bytes/text.
         """
         check_mob_id(mob_id)
-        return self._one_bytes(
+        return self._access.one_bytes(
             _LOAD_BINDING, {"id": mob_id}, table=_BINDINGS, key=mob_id, column="record_json"
         )
 
@@ -171,7 +174,7 @@ class MobHostOps(RuntimeAccess):
             ReadFailed: the SELECT failed, or the value is not bytes/text.
         """
         check_mob_id(mob_id)
-        return self._one_bytes(
+        return self._access.one_bytes(
             _LOAD_REVOCATION, {"id": mob_id}, table=_REVOCATIONS, key=mob_id, column="receipt_json"
         )
 
@@ -184,7 +187,7 @@ class MobHostOps(RuntimeAccess):
         return self._list(_LIST_REVOCATIONS, _REVOCATIONS, "receipt_json")
 
     def _list(self, stmt: Statement, table: str, column: str) -> list[tuple[str, bytes]]:
-        rows = self._select(stmt, {}, table).fetchall()
+        rows = self._access.select(stmt, {}, table).fetchall()
         return [
             (mob_id, as_bytes(value, table=table, key=mob_id, column=column))
             for mob_id, value in rows
@@ -205,14 +208,14 @@ class MobHostOps(RuntimeAccess):
         """
         check_mob_id(mob_id)
         record = check_payload(record, "record")
-        self._begin_write(LockNamespace.MOB, mob_id)
-        with self._atomic():
-            inserted = self._dml(
+        self._access.begin_write(LockNamespace.MOB, mob_id)
+        with self._access.atomic():
+            inserted = self._access.dml(
                 _INSERT_BINDING, {"id": mob_id, "record": record}, f"{_BINDINGS}[{mob_id}]"
             ).fetchone()
             if inserted is None:
                 return False
-            self._dml(_DELETE_REVOCATION, {"id": mob_id}, f"{_REVOCATIONS}[{mob_id}]")
+            self._access.dml(_DELETE_REVOCATION, {"id": mob_id}, f"{_REVOCATIONS}[{mob_id}]")
         return True
 
     def compare_and_put_mob_host_binding(
@@ -232,11 +235,11 @@ class MobHostOps(RuntimeAccess):
         check_mob_id(mob_id)
         expected = check_payload(expected, "expected")
         next_record = check_payload(next_record, "next_record")
-        self._begin_write(LockNamespace.MOB, mob_id)
+        self._access.begin_write(LockNamespace.MOB, mob_id)
         stored = self._stored_binding_if(mob_id, expected)
         if stored is None:
             return False
-        cur = self._dml(
+        cur = self._access.dml(
             _REPLACE_BINDING,
             {"id": mob_id, "next": next_record, "stored": stored},
             f"{_BINDINGS}[{mob_id}]",
@@ -257,7 +260,7 @@ class MobHostOps(RuntimeAccess):
         """
         check_mob_id(mob_id)
         expected = check_payload(expected, "expected")
-        self._begin_write(LockNamespace.MOB, mob_id)
+        self._access.begin_write(LockNamespace.MOB, mob_id)
         stored = self._stored_binding_if(mob_id, expected)
         if stored is None:
             return False
@@ -281,21 +284,23 @@ class MobHostOps(RuntimeAccess):
         check_mob_id(mob_id)
         expected_binding = check_payload(expected_binding, "expected_binding")
         receipt = check_payload(receipt, "receipt")
-        self._begin_write(LockNamespace.MOB, mob_id)
+        self._access.begin_write(LockNamespace.MOB, mob_id)
         stored = self._stored_binding_if(mob_id, expected_binding)
         if stored is None:
             return False
-        with self._atomic():
+        with self._access.atomic():
             if not self._delete_binding(mob_id, stored):
                 return False
-            self._dml(
+            self._access.dml(
                 _UPSERT_REVOCATION, {"id": mob_id, "receipt": receipt}, f"{_REVOCATIONS}[{mob_id}]"
             )
         return True
 
     def _stored_binding_if(self, mob_id: str, expected: bytes) -> Any:
         """The binding value as stored (``bytes`` or ``str``) if its bytes equal ``expected``."""
-        row = self._select(_LOAD_BINDING, {"id": mob_id}, f"{_BINDINGS}[{mob_id}]").fetchone()
+        row = self._access.select(
+            _LOAD_BINDING, {"id": mob_id}, f"{_BINDINGS}[{mob_id}]"
+        ).fetchone()
         if row is None:
             return None
         stored = row[0]
@@ -304,7 +309,9 @@ class MobHostOps(RuntimeAccess):
         return bytes(stored) if isinstance(stored, memoryview) else stored
 
     def _delete_binding(self, mob_id: str, stored: Any) -> bool:
-        cur = self._dml(_DELETE_BINDING, {"id": mob_id, "stored": stored}, f"{_BINDINGS}[{mob_id}]")
+        cur = self._access.dml(
+            _DELETE_BINDING, {"id": mob_id, "stored": stored}, f"{_BINDINGS}[{mob_id}]"
+        )
         return bool(cur.rowcount == 1)
 
 
@@ -316,26 +323,28 @@ class MobHostCalls(RuntimeCallsBase):
     def load_mob_host_binding(self, mob_id: str) -> bytes | None:
         """One-call form of :meth:`MobHostOps.load_mob_host_binding`."""
         check_mob_id(mob_id)
-        return self._read(lambda repo: repo.load_mob_host_binding(mob_id))
+        return self._read(lambda repo: repo.mob_hosts.load_mob_host_binding(mob_id))
 
     def list_mob_host_bindings(self) -> list[tuple[str, bytes]]:
         """One-call form of :meth:`MobHostOps.list_mob_host_bindings`."""
-        return self._read(lambda repo: repo.list_mob_host_bindings())
+        return self._read(lambda repo: repo.mob_hosts.list_mob_host_bindings())
 
     def load_mob_host_revocation(self, mob_id: str) -> bytes | None:
         """One-call form of :meth:`MobHostOps.load_mob_host_revocation`."""
         check_mob_id(mob_id)
-        return self._read(lambda repo: repo.load_mob_host_revocation(mob_id))
+        return self._read(lambda repo: repo.mob_hosts.load_mob_host_revocation(mob_id))
 
     def list_mob_host_revocations(self) -> list[tuple[str, bytes]]:
         """One-call form of :meth:`MobHostOps.list_mob_host_revocations`."""
-        return self._read(lambda repo: repo.list_mob_host_revocations())
+        return self._read(lambda repo: repo.mob_hosts.list_mob_host_revocations())
 
     def put_mob_host_binding_if_absent(self, mob_id: str, record: bytes) -> bool:
         """One-call form of :meth:`MobHostOps.put_mob_host_binding_if_absent`."""
         check_mob_id(mob_id)
         record = check_payload(record, "record")
-        return self._write(lambda repo: repo.put_mob_host_binding_if_absent(mob_id, record))
+        return self._write(
+            lambda repo: repo.mob_hosts.put_mob_host_binding_if_absent(mob_id, record)
+        )
 
     def compare_and_put_mob_host_binding(
         self, mob_id: str, expected: bytes, next_record: bytes
@@ -345,14 +354,16 @@ class MobHostCalls(RuntimeCallsBase):
         expected = check_payload(expected, "expected")
         next_record = check_payload(next_record, "next_record")
         return self._write(
-            lambda repo: repo.compare_and_put_mob_host_binding(mob_id, expected, next_record)
+            lambda repo: repo.mob_hosts.compare_and_put_mob_host_binding(
+                mob_id, expected, next_record
+            )
         )
 
     def delete_mob_host_binding(self, mob_id: str, expected: bytes) -> bool:
         """One-call form of :meth:`MobHostOps.delete_mob_host_binding`."""
         check_mob_id(mob_id)
         expected = check_payload(expected, "expected")
-        return self._write(lambda repo: repo.delete_mob_host_binding(mob_id, expected))
+        return self._write(lambda repo: repo.mob_hosts.delete_mob_host_binding(mob_id, expected))
 
     def revoke_mob_host_binding(self, mob_id: str, expected_binding: bytes, receipt: bytes) -> bool:
         """One-call form of :meth:`MobHostOps.revoke_mob_host_binding`."""
@@ -360,5 +371,5 @@ class MobHostCalls(RuntimeCallsBase):
         expected_binding = check_payload(expected_binding, "expected_binding")
         receipt = check_payload(receipt, "receipt")
         return self._write(
-            lambda repo: repo.revoke_mob_host_binding(mob_id, expected_binding, receipt)
+            lambda repo: repo.mob_hosts.revoke_mob_host_binding(mob_id, expected_binding, receipt)
         )

@@ -48,10 +48,13 @@ _UPSERT: Final = Statement(
 )
 
 
-class OAuthOps(RuntimeAccess):
-    """Repository part: the OAuth flow singleton."""
+class OAuthOps:
+    """Repository part (``uow.runtime.oauth``): the OAuth flow singleton."""
 
-    __slots__ = ()
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     def persist_auth_oauth_flow_snapshot(self, snapshot: bytes) -> None:
         """Store the OAuth flow payload unconditionally.
@@ -61,7 +64,7 @@ class OAuthOps(RuntimeAccess):
             WriteFailed: the upsert failed.
         """
         data = check_payload(snapshot, "snapshot")
-        self._begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
+        self._access.begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
         self._write_singleton(data)
 
     def load_auth_oauth_flow_snapshot(self) -> bytes | None:
@@ -70,7 +73,7 @@ class OAuthOps(RuntimeAccess):
         Raises:
             ReadFailed: the SELECT failed, or the value is not bytes/text.
         """
-        return self._one_bytes(
+        return self._access.one_bytes(
             _LOAD,
             {"id": OAUTH_SINGLETON_ID},
             table=_TABLE,
@@ -92,13 +95,13 @@ class OAuthOps(RuntimeAccess):
             ReadFailed: the current payload could not be read.
             WriteFailed: the upsert failed.
         """
-        self._begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
+        self._access.begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
         current = self.load_auth_oauth_flow_snapshot()
         data = check_payload(update(current), "update result")
         self._write_singleton(data)
 
     def _write_singleton(self, data: bytes) -> None:
-        self._dml(
+        self._access.dml(
             _UPSERT, {"id": OAUTH_SINGLETON_ID, "data": data}, f"{_TABLE}[{OAUTH_SINGLETON_ID}]"
         )
 
@@ -119,11 +122,11 @@ class OAuthCalls(RuntimeCallsBase):
     def persist_auth_oauth_flow_snapshot(self, snapshot: bytes) -> None:
         """One-call form of :meth:`OAuthOps.persist_auth_oauth_flow_snapshot`."""
         data = check_payload(snapshot, "snapshot")
-        self._write(lambda repo: repo.persist_auth_oauth_flow_snapshot(data))
+        self._write(lambda repo: repo.oauth.persist_auth_oauth_flow_snapshot(data))
 
     def load_auth_oauth_flow_snapshot(self) -> bytes | None:
         """One-call form of :meth:`OAuthOps.load_auth_oauth_flow_snapshot`."""
-        return self._read(lambda repo: repo.load_auth_oauth_flow_snapshot())
+        return self._read(lambda repo: repo.oauth.load_auth_oauth_flow_snapshot())
 
     def update_auth_oauth_flow_snapshot(self, update: OAuthFlowUpdate) -> None:
         """One-call form of :meth:`OAuthOps.update_auth_oauth_flow_snapshot`.
@@ -143,7 +146,7 @@ class OAuthCalls(RuntimeCallsBase):
 
         failure: Exception | None = None
         try:
-            self._write(lambda repo: repo.update_auth_oauth_flow_snapshot(guarded))
+            self._write(lambda repo: repo.oauth.update_auth_oauth_flow_snapshot(guarded))
         except _CallbackRaised as carried:
             failure = carried.error
         if failure is not None:
