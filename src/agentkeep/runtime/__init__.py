@@ -55,7 +55,7 @@ from agentkeep.runtime.finalization import (
     FinalizationPoint,
     synthetic_fault,
 )
-from agentkeep.runtime.inputs import InputStateCasOutcome
+from agentkeep.runtime.input_cas import InputStateCasOutcome
 from agentkeep.runtime.receipts import (
     RunBoundaryReceipt,
     decode_receipt_sequence,

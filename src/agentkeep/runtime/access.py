@@ -51,6 +51,7 @@ __all__ = [
     "RuntimeAccess",
     "as_bytes",
     "payload_bytes",
+    "stored_form",
     "upsert_replacing",
 ]
 
@@ -75,6 +76,17 @@ def upsert_replacing(
     return insert.on_conflict_do_update(
         index_elements=list(key), set_={name: insert.excluded[name] for name in replace}
     )
+
+
+def stored_form(value: Any) -> Any:
+    """A payload as the driver returned it, in a form that binds back to the same value.
+
+    ``memoryview`` (bytea on some drivers) becomes ``bytes``; ``bytes`` and
+    ``str`` (a TEXT value in a SQLite BLOB column) stay as they are. A fence
+    that compares in SQL binds this, so it matches the row it read, whatever
+    the storage class: on SQLite a TEXT value never equals a BLOB parameter.
+    """
+    return bytes(value) if isinstance(value, memoryview) else value
 
 
 def as_bytes(value: Any, *, table: str, key: str, column: str) -> bytes:
@@ -180,15 +192,19 @@ class RuntimeAccess:
         """
         return self._run(stmt, params, WriteFailed, f"failed to write {what}")
 
-    def dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> None:
+    def dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> int:
         """Run an INSERT / UPDATE / upsert once per parameter set, in one driver call.
+
+        Returns:
+            The rows changed, summed over the parameter sets (exact for
+            UPDATE / DELETE; meaningless for an upsert).
 
         Raises:
             WriteFailed: a row failed (``what`` says what was written).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
         try:
-            self.db.executemany(stmt, params)
+            return self.db.executemany(stmt, params)
         except StoreBusy:
             raise
         except DatabaseError as exc:

@@ -12,27 +12,10 @@ Writes take the ``runtime:<id>`` write lock first (``BEGIN IMMEDIATE`` on
 SQLite, the runtime's advisory lock on Postgres), so every read-check-write
 below is race-free against every other writer of the runtime.
 
-The batch compare-and-swap (§2.23) is the adoption fence for a set of inputs:
-
-* the batch is validated and both sides encoded *before* the database
-  (:meth:`RuntimeDomain.prepare_input_state_batch_cas`): a bad shape is
-  :class:`~agentkeep.runtime.errors.InvalidInputStateBatchCas` and touches
-  nothing; an empty batch is :attr:`InputStateCasOutcome.SWAPPED` without
-  opening a connection;
-* under the lock each row is read in the order of ``expected``: a missing
-  row is :attr:`~InputStateCasOutcome.STALE` at once;
-* every row already equal to its replacement is
-  :attr:`~InputStateCasOutcome.SWAPPED` with no write (the idempotent retry
-  after a lost acknowledgement; checked before the expected values);
-* any row not equal to its expected value (including a half-swapped batch)
-  is :attr:`~InputStateCasOutcome.STALE` with no write;
-* otherwise every replacement is upserted, all or nothing (a failing row,
-  e.g. a trigger abort, is :class:`~agentkeep.runtime.errors.WriteFailed` and
-  no row of the batch stays written).
-
-Comparisons are exact byte comparisons in application code; a stored value
-is first normalised with :func:`~agentkeep.runtime.access.as_bytes`, so a
-TEXT-degraded SQLite row compares like its UTF-8 bytes.
+The batch compare-and-swap (§2.23), the adoption fence for a set of inputs,
+lives whole in :mod:`~agentkeep.runtime.input_cas` (its preparation, its
+fenced write and its outcomes); :meth:`InputStateOps.compare_and_swap_input_states_atomically`
+runs it. The upserts here have no fence: last writer wins.
 
 Input ids must be canonical (lower-case, hyphenated) UUIDs: any other id is
 :class:`~agentkeep.errors.InvalidInput` before the database is touched.
@@ -41,7 +24,6 @@ Input ids must be canonical (lower-case, hyphenated) UUIDs: any other id is
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from enum import StrEnum
 from typing import Any, Final, TypeAlias
 
 from sqlalchemy import bindparam as p
@@ -52,12 +34,16 @@ from agentkeep.runtime.access import RuntimeAccess, as_bytes, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import (
     InputStatePersistenceRecord,
-    PreparedInputStateCas,
     RuntimeDomain,
     StoredInputState,
     canonical_uuid,
 )
 from agentkeep.runtime.errors import ReadFailed
+from agentkeep.runtime.input_cas import (
+    InputStateCasOutcome,
+    apply_input_state_batch_cas,
+    prepare_input_state_batch_cas,
+)
 from agentkeep.runtime.models import InputStateRow
 from agentkeep.statements import Statement
 
@@ -68,7 +54,6 @@ __all__ = [
     "InputStateRecord",
     "encode_input_states",
     "input_state_bytes",
-    "prepare_input_state_cas",
     "upsert_input_states",
 ]
 
@@ -101,15 +86,6 @@ _UPSERT: Final = Statement(
 )
 
 
-class InputStateCasOutcome(StrEnum):
-    """The verdict of :meth:`InputStateOps.compare_and_swap_input_states_atomically`."""
-
-    #: Every row now holds its replacement (written by this call, or already).
-    SWAPPED = "swapped"
-    #: A row is missing or differs from its expected value; nothing was written.
-    STALE = "stale"
-
-
 def _stored(record: InputStateRecord) -> StoredInputState:
     return record.into_stored() if isinstance(record, InputStatePersistenceRecord) else record
 
@@ -136,33 +112,6 @@ def encode_input_states(
         canonical_uuid(state.input_id, "input_id")
         encoded.append((state.input_id, domain.encode_input_state(state)))
     return tuple(encoded)
-
-
-def prepare_input_state_cas(
-    domain: RuntimeDomain[Any],
-    expected: Sequence[StoredInputState],
-    replacements: Sequence[InputStateRecord],
-) -> tuple[PreparedInputStateCas, ...]:
-    """Validate and encode a batch compare-and-swap (pure: no database), §2.23 step 1.
-
-    Args:
-        domain: supplies :meth:`~RuntimeDomain.prepare_input_state_batch_cas`.
-        expected: the rows the caller believes are stored.
-        replacements: the rows to store instead, one per expected input id.
-
-    Returns:
-        The prepared rows in the order of ``expected`` (empty for an empty batch).
-
-    Raises:
-        InvalidInputStateBatchCas: counts differ or exceed the maximum, an id
-            repeats, or the id sets differ.
-        InvalidInput: an input id is not a canonical UUID.
-        WriteFailed: a state does not encode.
-    """
-    prepared = domain.prepare_input_state_batch_cas(expected, replacements)
-    for row in prepared:
-        canonical_uuid(row.input_id, "input_id")
-    return prepared
 
 
 def input_state_bytes(access: RuntimeAccess, runtime_id: str, input_id: str) -> bytes | None:
@@ -302,7 +251,8 @@ class InputStateOps:
     ) -> InputStateCasOutcome:
         """Swap a batch of input states iff every row still holds its expected value (§2.23).
 
-        See the module docstring for the exact order of the checks.
+        See :mod:`~agentkeep.runtime.input_cas` for the exact order of the
+        checks and the fence.
 
         Args:
             runtime_id: the logical runtime id.
@@ -319,56 +269,13 @@ class InputStateOps:
             InvalidInputStateBatchCas: the batch shape is invalid (nothing touched).
             InvalidInput: an input id is not a canonical UUID (nothing touched).
             ReadFailed: a row could not be read (or is not bytes).
-            WriteFailed: a replacement does not encode, or an upsert failed
+            WriteFailed: a replacement does not encode, or a write failed
                 (no row of the batch stays written).
+            ConcurrentModification: a row changed between its locked read
+                and the swap (a writer bypassed the lock; nothing stays written).
         """
-        prepared = prepare_input_state_cas(self._access.domain, expected, replacements)
-        return self.apply_input_state_batch_cas(runtime_id, prepared)
-
-    def apply_input_state_batch_cas(
-        self, runtime_id: str, prepared: Sequence[PreparedInputStateCas]
-    ) -> InputStateCasOutcome:
-        """Run steps 2–8 of §2.23 on an already prepared batch.
-
-        Use :meth:`compare_and_swap_input_states_atomically` unless the batch
-        was prepared (:func:`prepare_input_state_cas`) before the unit of work
-        opened. An empty batch returns SWAPPED without touching the database.
-
-        Args:
-            runtime_id: the logical runtime id.
-            prepared: the prepared rows, in the order of ``expected``.
-
-        Returns:
-            SWAPPED or STALE, as for :meth:`compare_and_swap_input_states_atomically`.
-
-        Raises:
-            InvalidInput: an input id is not a canonical UUID (nothing touched).
-            ReadFailed: a row could not be read (or is not bytes).
-            WriteFailed: an upsert failed (no row of the batch stays written).
-        """
-        if not prepared:
-            return InputStateCasOutcome.SWAPPED
-        for row in prepared:
-            canonical_uuid(row.input_id, "input_id")
-        access = self._access
-        access.begin_write(LockNamespace.RUNTIME, runtime_id)
-        all_expected = True
-        all_replacements = True
-        for row in prepared:
-            current = input_state_bytes(access, runtime_id, row.input_id)
-            if current is None:
-                return InputStateCasOutcome.STALE
-            all_expected = all_expected and current == row.expected_json
-            all_replacements = all_replacements and current == row.replacement_json
-        if all_replacements:
-            return InputStateCasOutcome.SWAPPED
-        if not all_expected:
-            return InputStateCasOutcome.STALE
-        with access.atomic():
-            upsert_input_states(
-                access, runtime_id, [(row.input_id, row.replacement_json) for row in prepared]
-            )
-        return InputStateCasOutcome.SWAPPED
+        prepared = prepare_input_state_batch_cas(self._access.domain, expected, replacements)
+        return apply_input_state_batch_cas(self._access, runtime_id, prepared)
 
 
 class InputStateCalls(RuntimeCallsBase):
@@ -408,9 +315,9 @@ class InputStateCalls(RuntimeCallsBase):
         The batch is prepared before the unit of work opens; an empty batch
         returns SWAPPED without opening a connection.
         """
-        prepared = prepare_input_state_cas(self.domain, expected, replacements)
+        prepared = prepare_input_state_batch_cas(self.domain, expected, replacements)
         if not prepared:
             return InputStateCasOutcome.SWAPPED
         return self._write(
-            lambda repo: repo.inputs.apply_input_state_batch_cas(runtime_id, prepared)
+            lambda repo: apply_input_state_batch_cas(repo.access, runtime_id, prepared)
         )
