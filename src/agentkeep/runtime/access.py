@@ -22,6 +22,13 @@ owns the things no part hand-rolls:
   stays :class:`~agentkeep.errors.StoreBusy` inside the unit, so the one-call
   facade can retry the whole unit; the facade reports it as ``WriteFailed``
   (writes) or ``ReadFailed`` (reads) once the retries are spent.
+* **Fences in SQL** (:meth:`RuntimeAccess.fenced`): a compare-and-set
+  compares under the lock, then writes with ``UPDATE`` / ``DELETE ... WHERE``
+  the value it compared, and checks the row count. Under the lock the fence
+  always matches; a fence that matches nothing is
+  :class:`~agentkeep.errors.ConcurrentModification` (a writer bypassed the
+  lock: a bug signal, never retried). It is raised as itself — not mapped to
+  ``WriteFailed`` — by ``uow.runtime`` and by the one-call facade.
 * **All or nothing** (:meth:`RuntimeAccess.atomic`): an operation that can
   fail after it has written (a duplicate receipt after the snapshot upsert, a
   trigger abort in the middle of a batch) runs inside a SAVEPOINT when it is
@@ -41,7 +48,12 @@ from typing import Any, Final
 from sqlalchemy.engine import Dialect
 
 from agentkeep.db import Driver, lock_aggregate
-from agentkeep.errors import DatabaseError, ReadOnlyUnitOfWork, StoreBusy
+from agentkeep.errors import (
+    ConcurrentModification,
+    DatabaseError,
+    ReadOnlyUnitOfWork,
+    StoreBusy,
+)
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
 from agentkeep.statements import Statement, upsert
@@ -191,6 +203,22 @@ class RuntimeAccess:
             StoreBusy: a busy / lock-timeout error (retryable).
         """
         return self._run(stmt, params, WriteFailed, f"failed to write {what}")
+
+    def fenced(self, stmt: Statement, params: Mapping[str, Any], what: str) -> None:
+        """Run an UPDATE / DELETE fenced in SQL on what was read under the lock: one row.
+
+        The statement's WHERE names the row and the value the operation read
+        and compared under the write lock, so it changes exactly one row
+        unless a writer that bypassed the lock changed it in between.
+
+        Raises:
+            ConcurrentModification: the fence matched no row (a bug signal,
+                never retried; the caller's savepoint or unit undoes the rest).
+            WriteFailed: the statement failed (a trigger abort).
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        if self.dml(stmt, params, what).rowcount != 1:
+            raise ConcurrentModification(f"{what} changed under the write lock")
 
     def dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> int:
         """Run an INSERT / UPDATE / upsert once per parameter set, in one driver call.

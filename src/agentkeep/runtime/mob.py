@@ -28,13 +28,21 @@ compare-and-put on such a row would return False although its bytes match.
 This port compares in application code instead: under the write lock it
 reads the stored value, normalises it with
 :func:`~agentkeep.runtime.access.as_bytes` (TEXT → its UTF-8 bytes) and
-compares that with ``expected``. The write then keeps an SQL fence on the
-value actually stored (``WHERE mob_id = :id AND record_json = :stored``,
-bound as read, ``str`` or ``bytes``), so it matches that row and nothing else;
-a TEXT-degraded row with matching text is therefore replaced (rewritten as a
-BLOB), deleted or revoked like any other. If the fence matches no row
-(only possible for a writer that bypasses the lock) the answer is False and
-nothing is written. On Postgres (``bytea``) the two comparisons are the same.
+compares that with ``expected``; absent or different: False, nothing written.
+
+**The fence** (:func:`replace_binding_if_stored`,
+:func:`delete_binding_if_stored`): the write is fenced in SQL on the value
+actually stored (``UPDATE`` / ``DELETE ... WHERE mob_id = :id AND
+record_json = :stored``, bound as read, ``str`` or ``bytes``), so it matches
+that row and nothing else; a TEXT-degraded row with matching text is
+therefore replaced (rewritten as a BLOB), deleted or revoked like any other.
+Under the lock the fence always matches one row. If it matches none (only a
+writer that bypasses the lock can cause that) the call raises
+:class:`~agentkeep.errors.ConcurrentModification` — a bug signal, not an
+outcome — and nothing of it stays written. On Postgres (``bytea``) the two
+comparisons are the same. :meth:`~MobHostOps.put_mob_host_binding_if_absent`
+needs no compare: its ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` is its
+fence, and "no row inserted" is its normal False.
 
 Payloads must be ``bytes`` (``bytearray`` / ``memoryview`` are copied): a
 ``str`` would be stored as TEXT on SQLite. Anything else is
@@ -50,13 +58,21 @@ from sqlalchemy import delete, select, update
 
 from agentkeep.db import LockNamespace
 from agentkeep.errors import InvalidInput
-from agentkeep.runtime.access import RuntimeAccess, as_bytes, upsert_replacing
+from agentkeep.runtime.access import RuntimeAccess, as_bytes, stored_form, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.models import MobHostBindingRow as Binding
 from agentkeep.runtime.models import MobHostRevocationRow as Revocation
 from agentkeep.statements import Statement, upsert
 
-__all__ = ["MobHostCalls", "MobHostOps", "check_mob_id", "check_payload"]
+__all__ = [
+    "MobHostCalls",
+    "MobHostOps",
+    "check_mob_id",
+    "check_payload",
+    "delete_binding_if_stored",
+    "replace_binding_if_stored",
+    "stored_binding",
+]
 
 _BINDINGS: Final = Binding.__tablename__
 _REVOCATIONS: Final = Revocation.__tablename__
@@ -134,6 +150,52 @@ def check_mob_id(mob_id: Any) -> str:
     if not isinstance(mob_id, str):
         raise InvalidInput("mob_id", f"must be a str, got {type(mob_id).__name__}")
     return mob_id
+
+
+def stored_binding(access: RuntimeAccess, mob_id: str) -> Any:
+    """The mob's binding exactly as stored (bytes, or str for a TEXT-degraded row), or None.
+
+    Raises:
+        ReadFailed: the SELECT failed.
+    """
+    row = access.select(_LOAD_BINDING, {"id": mob_id}, f"{_BINDINGS}[{mob_id}]").fetchone()
+    return None if row is None else stored_form(row[0])
+
+
+def _binding_if(access: RuntimeAccess, mob_id: str, expected: bytes) -> Any:
+    """The binding as stored if its bytes (TEXT as UTF-8) equal ``expected``, else None."""
+    stored = stored_binding(access, mob_id)
+    if stored is None:
+        return None
+    if as_bytes(stored, table=_BINDINGS, key=mob_id, column="record_json") != expected:
+        return None
+    return stored
+
+
+def replace_binding_if_stored(
+    access: RuntimeAccess, mob_id: str, stored: Any, next_record: bytes
+) -> None:
+    """The fence of compare-and-put: write ``next_record`` iff the binding still is ``stored``.
+
+    Raises:
+        ConcurrentModification: the binding no longer holds ``stored``.
+        WriteFailed: the UPDATE failed.
+    """
+    access.fenced(
+        _REPLACE_BINDING,
+        {"id": mob_id, "next": next_record, "stored": stored},
+        f"{_BINDINGS}[{mob_id}]",
+    )
+
+
+def delete_binding_if_stored(access: RuntimeAccess, mob_id: str, stored: Any) -> None:
+    """The fence of delete and revoke: delete the binding iff it still is ``stored``.
+
+    Raises:
+        ConcurrentModification: the binding no longer holds ``stored``.
+        WriteFailed: the DELETE failed.
+    """
+    access.fenced(_DELETE_BINDING, {"id": mob_id, "stored": stored}, f"{_BINDINGS}[{mob_id}]")
 
 
 class MobHostOps:
@@ -231,20 +293,19 @@ class MobHostOps:
             InvalidInput: ``mob_id`` is not a ``str`` or a record not bytes.
             ReadFailed: the binding could not be read.
             WriteFailed: the UPDATE failed.
+            ConcurrentModification: the binding changed between its locked
+                read and the fenced UPDATE (a writer bypassed the lock).
         """
         check_mob_id(mob_id)
         expected = check_payload(expected, "expected")
         next_record = check_payload(next_record, "next_record")
-        self._access.begin_write(LockNamespace.MOB, mob_id)
-        stored = self._stored_binding_if(mob_id, expected)
+        access = self._access
+        access.begin_write(LockNamespace.MOB, mob_id)
+        stored = _binding_if(access, mob_id, expected)
         if stored is None:
             return False
-        cur = self._access.dml(
-            _REPLACE_BINDING,
-            {"id": mob_id, "next": next_record, "stored": stored},
-            f"{_BINDINGS}[{mob_id}]",
-        )
-        return bool(cur.rowcount == 1)
+        replace_binding_if_stored(access, mob_id, stored, next_record)
+        return True
 
     def delete_mob_host_binding(self, mob_id: str, expected: bytes) -> bool:
         """Delete the mob's binding iff it holds exactly ``expected`` (no receipt is written).
@@ -257,14 +318,18 @@ class MobHostOps:
             InvalidInput: ``mob_id`` is not a ``str`` or ``expected`` not bytes.
             ReadFailed: the binding could not be read.
             WriteFailed: the DELETE failed.
+            ConcurrentModification: the binding changed between its locked
+                read and the fenced DELETE (a writer bypassed the lock).
         """
         check_mob_id(mob_id)
         expected = check_payload(expected, "expected")
-        self._access.begin_write(LockNamespace.MOB, mob_id)
-        stored = self._stored_binding_if(mob_id, expected)
+        access = self._access
+        access.begin_write(LockNamespace.MOB, mob_id)
+        stored = _binding_if(access, mob_id, expected)
         if stored is None:
             return False
-        return self._delete_binding(mob_id, stored)
+        delete_binding_if_stored(access, mob_id, stored)
+        return True
 
     def revoke_mob_host_binding(self, mob_id: str, expected_binding: bytes, receipt: bytes) -> bool:
         """Delete the binding iff it holds exactly ``expected_binding`` and store ``receipt``.
@@ -280,39 +345,23 @@ class MobHostOps:
             InvalidInput: ``mob_id`` is not a ``str`` or a record not bytes.
             ReadFailed: the binding could not be read.
             WriteFailed: a statement failed (nothing stays written).
+            ConcurrentModification: the binding changed between its locked
+                read and the fenced DELETE (nothing stays written).
         """
         check_mob_id(mob_id)
         expected_binding = check_payload(expected_binding, "expected_binding")
         receipt = check_payload(receipt, "receipt")
-        self._access.begin_write(LockNamespace.MOB, mob_id)
-        stored = self._stored_binding_if(mob_id, expected_binding)
+        access = self._access
+        access.begin_write(LockNamespace.MOB, mob_id)
+        stored = _binding_if(access, mob_id, expected_binding)
         if stored is None:
             return False
-        with self._access.atomic():
-            if not self._delete_binding(mob_id, stored):
-                return False
-            self._access.dml(
+        with access.atomic():
+            delete_binding_if_stored(access, mob_id, stored)
+            access.dml(
                 _UPSERT_REVOCATION, {"id": mob_id, "receipt": receipt}, f"{_REVOCATIONS}[{mob_id}]"
             )
         return True
-
-    def _stored_binding_if(self, mob_id: str, expected: bytes) -> Any:
-        """The binding value as stored (``bytes`` or ``str``) if its bytes equal ``expected``."""
-        row = self._access.select(
-            _LOAD_BINDING, {"id": mob_id}, f"{_BINDINGS}[{mob_id}]"
-        ).fetchone()
-        if row is None:
-            return None
-        stored = row[0]
-        if as_bytes(stored, table=_BINDINGS, key=mob_id, column="record_json") != expected:
-            return None
-        return bytes(stored) if isinstance(stored, memoryview) else stored
-
-    def _delete_binding(self, mob_id: str, stored: Any) -> bool:
-        cur = self._access.dml(
-            _DELETE_BINDING, {"id": mob_id, "stored": stored}, f"{_BINDINGS}[{mob_id}]"
-        )
-        return bool(cur.rowcount == 1)
 
 
 class MobHostCalls(RuntimeCallsBase):

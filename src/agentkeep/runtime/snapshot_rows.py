@@ -22,7 +22,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import delete, exists, select
 
-from agentkeep.runtime.access import RuntimeAccess, upsert_replacing
+from agentkeep.runtime.access import RuntimeAccess, stored_form, upsert_replacing
 from agentkeep.runtime.models import ProjectionQuarantineRow, SessionSnapshotRow
 from agentkeep.statements import Statement, upsert
 
@@ -33,6 +33,7 @@ __all__ = [
     "previous_session",
     "set_quarantine",
     "snapshot_bytes",
+    "stored_snapshot",
     "upsert_snapshot",
 ]
 
@@ -72,6 +73,19 @@ _SET_QUARANTINE: Final = Statement(
 _QUARANTINED: Final = Statement(
     select(exists().where(_QUARANTINE_OF)), name="runtime.quarantine.exists"
 )
+
+
+def stored_snapshot(access: RuntimeAccess, runtime_id: str) -> Any:
+    """The snapshot exactly as stored (bytes, or str for a TEXT-degraded row), or None.
+
+    What a compare-and-set binds into its SQL fence (see
+    :func:`~agentkeep.runtime.access.stored_form`).
+
+    Raises:
+        ReadFailed: the SELECT failed.
+    """
+    row = access.select(_GET, {"rt": runtime_id}, f"{_T}[{runtime_id}]").fetchone()
+    return None if row is None else stored_form(row[0])
 
 
 def snapshot_bytes(access: RuntimeAccess, runtime_id: str) -> bytes | None:

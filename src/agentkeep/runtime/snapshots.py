@@ -20,10 +20,17 @@ Fences and outcomes:
   :class:`~agentkeep.runtime.errors.TranscriptRevisionConflict`.
 * :meth:`SnapshotOps.replace_session_snapshot_if_current` /
   :meth:`SnapshotOps.clear_session_snapshot_if_current` — compare-and-set on
-  the stored bytes (compared in Python after the locked read; a TEXT-degraded
-  row compares by its UTF-8 bytes): ``False`` when the stored bytes are not
-  the expected ones, with nothing written. Clear-if-current also sets the
-  durable quarantine marker.
+  the stored bytes, compared in Python after the locked read (a TEXT-degraded
+  row compares by its UTF-8 bytes): ``False`` when no row is stored or its
+  bytes are not the expected ones, with nothing written. Otherwise the write
+  is fenced in SQL on the value read (:func:`replace_snapshot_if_stored`:
+  ``UPDATE ... SET session_snapshot = :data WHERE runtime_id = :rt AND
+  session_snapshot = :stored``; :func:`delete_snapshot_if_stored`: ``DELETE
+  ... WHERE`` the same), bound as read so a TEXT row matches too; a fence
+  that matches no row although the lock is held is
+  :class:`~agentkeep.errors.ConcurrentModification` (a writer bypassed the
+  lock) and nothing of the call stays written. Replace clears the quarantine
+  marker like every snapshot write; clear-if-current sets it.
 
 A caller-supplied snapshot that does not decode is ``WriteFailed`` and is
 refused before any database access (in the one-call form, before the unit
@@ -35,10 +42,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 
 from agentkeep.db import LockNamespace
-from agentkeep.runtime.access import RuntimeAccess
+from agentkeep.runtime.access import RuntimeAccess, as_bytes
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import TranscriptCommit
 from agentkeep.runtime.models import SessionSnapshotRow
@@ -50,11 +57,17 @@ from agentkeep.runtime.snapshot_rows import (
     previous_session,
     set_quarantine,
     snapshot_bytes,
+    stored_snapshot,
     upsert_snapshot,
 )
 from agentkeep.statements import Statement
 
-__all__ = ["SnapshotCalls", "SnapshotOps"]
+__all__ = [
+    "SnapshotCalls",
+    "SnapshotOps",
+    "delete_snapshot_if_stored",
+    "replace_snapshot_if_stored",
+]
 
 _T: Final = SessionSnapshotRow.__tablename__
 
@@ -65,6 +78,59 @@ _SAME_BYTES: Final = Statement(
     ),
     name="runtime.snapshot.same_bytes",
 )
+
+
+_STORED = (
+    SessionSnapshotRow.runtime_id == p("rt"),
+    SessionSnapshotRow.session_snapshot == p("stored"),
+)
+#: The fence of replace-if-current: only the row that still holds the value read.
+_REPLACE_IF_STORED: Final = Statement(
+    update(SessionSnapshotRow).values(session_snapshot=p("data")).where(*_STORED),
+    name="runtime.snapshot.replace_if_stored",
+)
+#: The fence of clear-if-current.
+_DELETE_IF_STORED: Final = Statement(
+    delete(SessionSnapshotRow).where(*_STORED), name="runtime.snapshot.delete_if_stored"
+)
+
+
+def _current_if(access: RuntimeAccess, runtime_id: str, expected: bytes) -> Any:
+    """The snapshot as stored if its bytes (TEXT as UTF-8) are ``expected``, else None."""
+    stored = stored_snapshot(access, runtime_id)
+    if stored is None:
+        return None
+    current = as_bytes(stored, table=_T, key=runtime_id, column="session_snapshot")
+    return stored if current == bytes(expected) else None
+
+
+def replace_snapshot_if_stored(
+    access: RuntimeAccess, runtime_id: str, stored: Any, data: bytes
+) -> None:
+    """Write ``data`` over the snapshot iff it still holds ``stored``; clear quarantine.
+
+    ``stored`` is the value as read under the lock. Takes no lock.
+
+    Raises:
+        ConcurrentModification: the row no longer holds ``stored`` (nothing written).
+        WriteFailed: a statement failed (a trigger abort).
+    """
+    access.fenced(
+        _REPLACE_IF_STORED,
+        {"rt": runtime_id, "stored": stored, "data": data},
+        f"{_T}[{runtime_id}]",
+    )
+    clear_quarantine(access, runtime_id)
+
+
+def delete_snapshot_if_stored(access: RuntimeAccess, runtime_id: str, stored: Any) -> None:
+    """Delete the snapshot iff it still holds ``stored`` (the value read under the lock).
+
+    Raises:
+        ConcurrentModification: the row no longer holds ``stored`` (nothing deleted).
+        WriteFailed: the DELETE failed (a trigger abort).
+    """
+    access.fenced(_DELETE_IF_STORED, {"rt": runtime_id, "stored": stored}, f"{_T}[{runtime_id}]")
 
 
 class SnapshotOps:
@@ -194,6 +260,8 @@ class SnapshotOps:
             WriteFailed: the replacement does not decode, or it carries an
                 intent that is not an identical pending outbox row.
             ReadFailed: a stored intent does not decode.
+            ConcurrentModification: the row changed between its locked read
+                and the fenced UPDATE (a writer bypassed the lock).
         """
         incoming = self._access.domain.decode_incoming_session(replacement)
         return self.apply_replace_if_current(runtime_id, expected_current, replacement, incoming)
@@ -204,12 +272,12 @@ class SnapshotOps:
         """:meth:`replace_session_snapshot_if_current` after the decode."""
         access = self._access
         access.begin_write(LockNamespace.RUNTIME, runtime_id)
-        current = snapshot_bytes(access, runtime_id)
-        if current is None or current != bytes(expected_current):
+        stored = _current_if(access, runtime_id, expected_current)
+        if stored is None:
             return False
         ensure_intents_already_outboxed(access, runtime_id, incoming)
         with access.atomic():
-            upsert_snapshot(access, runtime_id, data)
+            replace_snapshot_if_stored(access, runtime_id, stored, data)
         return True
 
     def clear_session_snapshot_if_current(self, runtime_id: str, expected_current: bytes) -> bool:
@@ -221,14 +289,16 @@ class SnapshotOps:
 
         Raises:
             WriteFailed: a statement failed.
+            ConcurrentModification: the row changed between its locked read
+                and the fenced DELETE (a writer bypassed the lock).
         """
         access = self._access
         access.begin_write(LockNamespace.RUNTIME, runtime_id)
-        current = snapshot_bytes(access, runtime_id)
-        if current is None or current != bytes(expected_current):
+        stored = _current_if(access, runtime_id, expected_current)
+        if stored is None:
             return False
         with access.atomic():
-            delete_snapshot(access, runtime_id)
+            delete_snapshot_if_stored(access, runtime_id, stored)
             set_quarantine(access, runtime_id)
         return True
 
