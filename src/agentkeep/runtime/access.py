@@ -37,6 +37,11 @@ owns the things no part hand-rolls:
 
 Payload columns are read through :func:`as_bytes`: a TEXT value in a payload
 column (a SQLite file edited by hand, spec §0.3) is returned as its UTF-8 bytes.
+A fence binds the value as it was read instead (:func:`stored_form`), so it
+matches a TEXT row too. The fences themselves live with their operations
+(:mod:`~agentkeep.runtime.input_cas`, :mod:`~agentkeep.runtime.snapshots`,
+:mod:`~agentkeep.runtime.mob`); :func:`upsert_replacing` builds the
+unconditional last-writer-wins upserts.
 """
 
 from __future__ import annotations

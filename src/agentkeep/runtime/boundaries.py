@@ -5,9 +5,19 @@ lock: the session snapshot (if any), the machine lifecycle (terminal form
 only), the compaction outbox rows of the snapshot's intents, the boundary
 receipt and the input states. All of it or none of it (I1).
 
-**The receipt is the idempotency fence**: it is a plain INSERT on
-``(runtime_id, run_id, sequence)``, so a second boundary with the same
-receipt key fails with ``WriteFailed`` and leaves nothing of itself.
+What lives here: :func:`prepare_boundary` (every check that needs no
+database, run before the unit opens in the one-call form), the repository
+part :class:`BoundaryOps` (``uow.runtime.boundaries``: the commits and
+:meth:`~BoundaryOps.load_boundary_receipt`), the supersession verdict and the
+receipt statements. The rows are written through the shared steps of the
+modules that own them (snapshot rows, lifecycle, outbox, inputs).
+
+**The receipt is the idempotency fence**, and it lives here: a plain INSERT
+on ``(runtime_id, run_id, sequence)`` (no ``ON CONFLICT``), so a second
+boundary with the same receipt key fails with ``WriteFailed`` and leaves
+nothing of itself. The outbox rows have their own insert-and-compare fence
+(:func:`~agentkeep.runtime.outbox.insert_outbox_intents`); the snapshot,
+lifecycle and input upserts are unconditional under the lock.
 
 **The supersession verdict** (§2.10 step 6): when the boundary save guard
 rejects the incoming snapshot against the stored head,

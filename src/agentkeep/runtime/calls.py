@@ -1,7 +1,7 @@
 """The base of the runtime store's one-call facade (``store.runtime``).
 
-Each ``store.runtime.<op>(...)`` runs the repository method of the same name
-in its own unit of work, retried as a whole on a transient busy error
+Each ``store.runtime.<op>(...)`` runs the repository operation of the same
+name in its own unit of work, retried as a whole on a transient busy error
 (:meth:`agentkeep.Store.call_write`). Work that needs no database (decoding
 a caller's snapshot, checking a batch's shape) runs *before* the unit opens,
 so a refused call never waits for the write lock.

@@ -31,6 +31,15 @@ durable COMMIT; raising at ``BEFORE_REOBSERVE`` is a failed re-read (the hook
 may also change the database there). :func:`synthetic_fault` builds the
 seed's three one-shot faults. The hook is per call, never global.
 
+What lives here: the repository part :class:`FinalizationOps`
+(``uow.runtime.finalization``: its two steps, reachable only there),
+:class:`FinalizationCalls` (the one-call operation, which drives the
+transaction and the verdict), the fault hooks and the tombstone statement.
+No compare-and-set here: the write lock serialises finalizations, the
+tombstone insert is ``ON CONFLICT DO NOTHING`` (a retry finds it in place),
+and the tombstone is itself the fence of every later ops write
+(:func:`~agentkeep.runtime.lifecycle.is_epoch_retired`).
+
 Finalization owns the end of its transaction, so it is a one-call operation
 (``store.runtime.commit_unregister_finalization``), not part of a caller's
 unit of work. Its async form (:mod:`agentkeep.aio`) lets a cancelled caller

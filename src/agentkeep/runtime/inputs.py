@@ -1,4 +1,4 @@
-"""Input states of a runtime and their batch compare-and-swap.
+"""Input states of a runtime: reads, upserts, and the part that runs the batch compare-and-swap.
 
 Spec runtime §1.1, §2.14–§2.15, §2.22–§2.23.
 
@@ -7,6 +7,12 @@ canonical JSON of a :class:`~agentkeep.runtime.domain.StoredInputState`. Rows
 are only ever upserted (last writer wins); reads decode fail-closed (a row
 without ``stored_input_state_version``, or one whose payload names another
 input, is :class:`~agentkeep.runtime.errors.ReadFailed`, never "absent").
+
+What lives here: the statements on ``runtime_input_states`` except the
+batch swap's, the steps other writers share as plain functions
+(:func:`encode_input_states`, :func:`upsert_input_states`,
+:func:`input_state_bytes`), and the repository part :class:`InputStateOps`
+(``uow.runtime.inputs``).
 
 Writes take the ``runtime:<id>`` write lock first (``BEGIN IMMEDIATE`` on
 SQLite, the runtime's advisory lock on Postgres), so every read-check-write

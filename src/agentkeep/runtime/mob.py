@@ -4,6 +4,11 @@ Both tables are global (keyed by mob id, not runtime-scoped) and hold opaque
 bytes. Every write takes the ``mob:<id>`` write lock first (``BEGIN
 IMMEDIATE`` on SQLite, the mob's advisory lock on Postgres).
 
+What lives here: the statements of both tables, the repository part
+:class:`MobHostOps` (``uow.runtime.mob_hosts``), its one-call forms, and the
+binding fences (:func:`replace_binding_if_stored`,
+:func:`delete_binding_if_stored`, below).
+
 Fences and outcomes:
 
 * :meth:`MobHostOps.put_mob_host_binding_if_absent` inserts a binding only if

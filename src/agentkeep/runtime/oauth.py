@@ -5,6 +5,10 @@ One global row (``id = 'auth_oauth_flow_state'``, not runtime-scoped) of
 OAuth write lock first (``BEGIN IMMEDIATE`` on SQLite, the OAuth advisory
 lock on Postgres):
 
+What lives here: the repository part :class:`OAuthOps` (``uow.runtime.oauth``),
+its one-call forms and the two statements. There is no compare-and-set, so
+no SQL fence: the OAuth write lock serialises every writer.
+
 * :meth:`OAuthOps.persist_auth_oauth_flow_snapshot` upserts the payload
   unconditionally;
 * :meth:`OAuthOps.update_auth_oauth_flow_snapshot` is a read-modify-write:

@@ -50,11 +50,23 @@ Choices where the spec is open (spec runtime §6 offers them):
   Refusals that need no database (undecodable snapshot, invalid intent, key
   mismatch, bad batch shape, non-UUID input id) are raised before the unit
   opens. Reads never create tables (the schema comes from migrations).
-* **TEXT in payload columns** is read as its UTF-8 bytes everywhere; the mob
-  binding compare-and-set compares after that normalisation (the seed's SQL
-  comparison silently missed TEXT rows); the identical-bytes fast path keeps
-  the seed's SQL comparison, so a TEXT row takes the slow path and is
-  rewritten as a BLOB.
+* **Fences in SQL.** A compare-and-set (input-state batch swap, snapshot
+  replace / clear if current, mob compare-and-put / delete / revoke)
+  compares in Python under the lock, then writes with ``UPDATE`` /
+  ``DELETE ... WHERE`` the value it read and checks the row count; each
+  fence lives in one module with its preparation and statement
+  (:mod:`~agentkeep.runtime.input_cas`, :mod:`~agentkeep.runtime.snapshots`,
+  :mod:`~agentkeep.runtime.mob`). A fence that matches nothing inside the
+  lock is :class:`~agentkeep.errors.ConcurrentModification`, raised as
+  itself (not a ``WriteFailed``): a writer bypassed the lock, a bug signal,
+  never retried. The operations' outcomes (Swapped / Stale, True / False)
+  are decided by the compare and are unchanged.
+* **TEXT in payload columns** is read as its UTF-8 bytes everywhere; the
+  compare-and-sets compare after that normalisation and bind their fence on
+  the value as stored, so a TEXT row matches (the seed's SQL comparison
+  silently missed TEXT rows); the identical-bytes fast path keeps the seed's
+  SQL comparison, so a TEXT row takes the slow path and is rewritten as a
+  BLOB.
 * **Units of work.** Inside ``store.write()``, an operation that can fail
   after writing runs in a SAVEPOINT, so a caught error leaves nothing of it.
 * **Fault injection** is a per-call hook at named points, never global state.
