@@ -104,12 +104,19 @@ class _Forward(Generic[P, T]):
 
     def __init__(self, part: str, method: Callable[Concatenate[Any, P], T]) -> None:
         self._part = part
+        self._method = method
         self._name = method.__name__
         self.__doc__ = method.__doc__
 
     def __set_name__(self, owner: type[Any], name: str) -> None:
-        if name != self._name:
-            raise TypeError(f"{owner.__name__}.{name} forwards to {self._part}.{self._name}")
+        # The declaration must name the operation of the part it forwards to.
+        part = owner.__dict__.get(self._part)
+        if (
+            name != self._name
+            or not isinstance(part, _Part)
+            or getattr(part.factory, name, None) is not self._method
+        ):
+            raise TypeError(f"{owner.__name__}.{name} does not forward to {self._part}.{name}")
 
     @overload
     def __get__(self, obj: None, owner: type[Any]) -> _Forward[P, T]: ...
@@ -127,7 +134,7 @@ class _Part(Generic[PartT]):
     """A part of the repository, built from the unit's access on first use, then kept."""
 
     def __init__(self, factory: Callable[[RuntimeAccess], PartT]) -> None:
-        self._factory = factory
+        self.factory = factory
         self._name = ""
 
     def __set_name__(self, owner: type[Any], name: str) -> None:
@@ -142,7 +149,7 @@ class _Part(Generic[PartT]):
     def __get__(self, obj: RuntimeRepository | None, owner: type[Any]) -> _Part[PartT] | PartT:
         if obj is None:
             return self
-        part = self._factory(obj.access)
+        part = self.factory(obj.access)
         # A non-data descriptor: the instance attribute shadows it from now on.
         obj.__dict__[self._name] = part
         return part
