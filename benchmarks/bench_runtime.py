@@ -10,10 +10,12 @@
 * ``store.runtime.load_session_snapshot`` of a ~10 KiB snapshot.
 
 Each is timed against raw ``sqlite3`` (the store's PRAGMAs, WAL) running the
-repository's own ``Sql`` constants in the same transaction shape
-(``BEGIN IMMEDIATE``, the same SELECTs, INSERTs and upserts, ``COMMIT``;
-the one-SELECT read runs without a transaction on both sides; batches of
-upserts go through ``executemany`` on both sides), with the payload bytes
+repository's own statements (its ``Statement`` constants, compiled as the
+store compiles them for sqlite3) in the same transaction shape
+(``BEGIN IMMEDIATE``, the same SELECTs, INSERTs, upserts and fenced
+UPDATEs, ``COMMIT``; the one-SELECT read runs without a transaction on both
+sides; batches of upserts and the CAS's fenced swap go through
+``executemany`` on both sides, the swap's row count checked on both), with the payload bytes
 encoded beforehand: the raw side is the SQL alone. Before timing, one call
 of each runs through the store and through the raw side on twin files with
 SQLite's trace callback on: the statement texts (literals included) must be
@@ -54,9 +56,11 @@ from agentkeep.runtime import (
     encode_receipt_sequence,
 )
 from agentkeep.runtime import boundaries as B
+from agentkeep.runtime import input_cas as C
 from agentkeep.runtime import inputs as I
 from agentkeep.runtime import snapshot_rows as S
-from agentkeep.runtime.inputs import encode_input_states, prepare_input_state_cas
+from agentkeep.runtime.input_cas import prepare_input_state_batch_cas
+from agentkeep.runtime.inputs import encode_input_states
 from agentkeep.runtime.receipts import encode_receipt
 
 DOMAIN: Final = ReferenceDomain()
@@ -80,8 +84,9 @@ GET_SNAPSHOT: Final = _sql(S._GET, ["rt"])
 UPSERT_SNAPSHOT: Final = _sql(S._UPSERT, ["rt", "data"])
 CLEAR_QUARANTINE: Final = _sql(S._CLEAR_QUARANTINE, ["rt"])
 INSERT_RECEIPT: Final = _sql(B._INSERT_RECEIPT, ["rt", "run", "seq", "data"])
-LOAD_INPUT: Final = _sql(I._LOAD_ONE, ["rt", "iid"])
 UPSERT_INPUT: Final = _sql(I._UPSERT, ["rt", "iid", "data"])
+CAS_READ: Final = _sql(C._READ, ["rt", "iid"])
+CAS_SWAP: Final = _sql(C._SWAP, ["rt", "iid", "stored", "data"])
 
 
 # --------------------------------------------------------------------------
@@ -210,20 +215,23 @@ def raw_boundary(conn: sqlite3.Connection, rt: str, b: Boundary) -> None:
 
 
 def raw_cas(conn: sqlite3.Connection, rt: str, rows: list[tuple[str, bytes, bytes]]) -> bool:
-    """The batch CAS's statements: lock, read every row, compare in Python, upsert every row."""
+    """The batch CAS's statements: lock, read every row, compare in Python, fenced swap."""
     conn.execute("BEGIN IMMEDIATE")
     all_expected = all_replacements = True
+    swaps = []
     for iid, expected, replacement in rows:
-        row = conn.execute(LOAD_INPUT, {"rt": rt, "iid": iid}).fetchone()
+        row = conn.execute(CAS_READ, {"rt": rt, "iid": iid}).fetchone()
         if row is None:
             conn.commit()
             return False
         all_expected = all_expected and row[0] == expected
         all_replacements = all_replacements and row[0] == replacement
+        swaps.append({"rt": rt, "iid": iid, "stored": row[0], "data": replacement})
     if all_replacements or not all_expected:
         conn.commit()
         return all_replacements
-    conn.executemany(UPSERT_INPUT, [{"rt": rt, "iid": iid, "data": r} for iid, _, r in rows])
+    if conn.executemany(CAS_SWAP, swaps).rowcount != len(swaps):
+        raise SystemExit("raw CAS: the fence missed a row")
     conn.commit()
     return True
 
@@ -458,7 +466,7 @@ def bench_cas(
             counters[1] += 1
 
     def prepare(i: int) -> object:
-        return prepare_input_state_cas(DOMAIN, *batch.store_args(i))
+        return prepare_input_state_batch_cas(DOMAIN, *batch.store_args(i))
 
     us = interleaved([lambda _r: store_loop, lambda _r: raw_loop, each(prepare)], n, rounds)
     if counters[0] != counters[1]:

@@ -662,15 +662,20 @@ class Driver:
             raise _translate_driver_error(exc) from exc
         return cur
 
-    def executemany(self, stmt: Statement | Sql, params: Sequence[Mapping[str, Any]]) -> None:
+    def executemany(self, stmt: Statement | Sql, params: Sequence[Mapping[str, Any]]) -> int:
         """Run ``stmt`` once per parameter set (one driver call: no per-row Python overhead).
 
-        For batches of INSERT / UPDATE / upsert statements whose results are
-        not needed. An error in any row fails the call; the unit's
-        transaction (or savepoint) decides what is undone.
+        For batches of INSERT / UPDATE / upsert statements whose rows are not
+        needed. An error in any row fails the call; the unit's transaction
+        (or savepoint) decides what is undone.
+
+        Returns:
+            The rows changed by all the parameter sets together (the summed
+            ``rowcount``, exact on both drivers for UPDATE / DELETE; never
+            for ``INSERT … ON CONFLICT``). 0 for no parameter sets.
         """
         if not params:
-            return
+            return 0
         if isinstance(stmt, Statement):
             form = stmt.compiled(self.target)
             sql: str = form.sql
@@ -680,10 +685,12 @@ class Driver:
         cur = self.raw.cursor()
         try:
             cur.executemany(sql, rows)
+            changed: int = cur.rowcount
         except self._error as exc:
             raise _translate_driver_error(exc) from exc
         finally:
             cur.close()
+        return changed
 
     @property
     def _sql_paramstyle(self) -> str:

@@ -22,9 +22,9 @@ from agentkeep.runtime.domain import (
     canonical_uuid,
     issue_delete_ops_finalization_authority,
     logical_runtime_id_for_session,
-    prepare_input_state_batch_cas,
 )
 from agentkeep.runtime.errors import InvalidInputStateBatchCas, ReadFailed, WriteFailed
+from agentkeep.runtime.input_cas import prepare_input_state_batch_cas
 
 from .builders import unversioned_lifecycle
 from .test_domain import D, to_bytes
@@ -76,7 +76,7 @@ def test_batch_cas_accepts_256_rows_in_expected_order() -> None:  # #10
         InputStatePersistenceRecord.from_machine_snapshot(s.with_recovery_count(7))
         for s in reversed(expected)
     ]
-    rows = D.prepare_input_state_batch_cas(expected, replacements)
+    rows = prepare_input_state_batch_cas(D, expected, replacements)
     assert [r.input_id for r in rows] == [s.input_id for s in expected]
     for row, st in zip(rows, expected, strict=True):
         assert row.expected_json == D.encode_input_state(st)
@@ -84,36 +84,36 @@ def test_batch_cas_accepts_256_rows_in_expected_order() -> None:  # #10
 
 
 def test_batch_cas_empty_batch() -> None:
-    assert prepare_input_state_batch_cas([], []) == ()
+    assert prepare_input_state_batch_cas(D, [], []) == ()
 
 
 def test_batch_cas_refuses_257_rows() -> None:
     expected = states(MAX_INPUT_STATE_BATCH_CAS + 1)
     with pytest.raises(InvalidInputStateBatchCas, match="exceed the maximum of 256"):
-        D.prepare_input_state_batch_cas(expected, expected)
+        prepare_input_state_batch_cas(D, expected, expected)
 
 
 def test_batch_cas_shape_errors() -> None:
     a, b, c = states(3)
     with pytest.raises(InvalidInputStateBatchCas, match="2 expected rows but 1"):
-        D.prepare_input_state_batch_cas([a, b], [a])
+        prepare_input_state_batch_cas(D, [a, b], [a])
     with pytest.raises(InvalidInputStateBatchCas, match="repeats in expected") as info:
-        D.prepare_input_state_batch_cas([a, a], [a, b])
+        prepare_input_state_batch_cas(D, [a, a], [a, b])
     assert a.input_id in info.value.reason
     with pytest.raises(InvalidInputStateBatchCas, match="repeats in replacements"):
-        D.prepare_input_state_batch_cas([a, b], [b, b])
+        prepare_input_state_batch_cas(D, [a, b], [b, b])
     with pytest.raises(InvalidInputStateBatchCas, match=f"expected input {b.input_id}"):
-        D.prepare_input_state_batch_cas([a, b], [a, c])
+        prepare_input_state_batch_cas(D, [a, b], [a, c])
     with pytest.raises(InvalidInputStateBatchCas, match=f"expected input {a.input_id}"):
         # same sizes and no repeats: a differing id set always lacks a replacement first
-        D.prepare_input_state_batch_cas([a], [c])
+        prepare_input_state_batch_cas(D, [a], [c])
 
 
 def test_batch_cas_encode_failure_is_write_failed() -> None:
     (a,) = states(1)
     bad = a.model_copy(update={"details": {"x": float("nan")}})
     with pytest.raises(WriteFailed):
-        D.prepare_input_state_batch_cas([a], [bad])
+        prepare_input_state_batch_cas(D, [a], [bad])
 
 
 # --------------------------------------------------------------------------

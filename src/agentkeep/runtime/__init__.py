@@ -8,7 +8,8 @@ Where things live: tables in :mod:`.models` (Alembic branch ``runtime``),
 domain rules behind :class:`RuntimeDomain` in :mod:`.domain` (the reference
 session model, guards and codecs in :mod:`.session_model`, :mod:`.guards`,
 :mod:`.records`), one module per concern for the operations (map in
-:mod:`.repository`), typed errors in :mod:`.errors`, the legacy v0.6.34
+:mod:`.repository`; the input-state batch compare-and-swap whole in
+:mod:`.input_cas`), typed errors in :mod:`.errors`, the legacy v0.6.34
 migrator in :mod:`.legacy`.
 """
 
@@ -55,7 +56,7 @@ from agentkeep.runtime.finalization import (
     FinalizationPoint,
     synthetic_fault,
 )
-from agentkeep.runtime.inputs import InputStateCasOutcome
+from agentkeep.runtime.input_cas import InputStateCasOutcome
 from agentkeep.runtime.receipts import (
     RunBoundaryReceipt,
     decode_receipt_sequence,

@@ -1,12 +1,15 @@
-"""What every runtime-store repository shares: the write lock, phase-mapped errors, bytes.
+"""What every part of the runtime repository shares: the write lock, phase-mapped errors, bytes.
 
-:class:`RuntimeAccess` is the base of the runtime repository's parts
+:class:`RuntimeAccess` is one unit of work's access to the runtime tables.
+The runtime repository (:class:`~agentkeep.runtime.repository.RuntimeRepository`)
+creates one per unit and hands it to each of its parts
 (:mod:`~agentkeep.runtime.snapshots`, :mod:`~agentkeep.runtime.boundaries`,
-...). It holds the unit of work's driver connection and the
-:class:`~agentkeep.runtime.domain.RuntimeDomain`, and owns the three things
-no part hand-rolls:
+...) and to the shared steps, which are plain functions taking it
+(``upsert_snapshot(access, runtime_id, data)``). It holds the unit's driver
+connection and the :class:`~agentkeep.runtime.domain.RuntimeDomain`, and
+owns the things no part hand-rolls:
 
-* **The write lock** (:meth:`RuntimeAccess._begin_write`): every write
+* **The write lock** (:meth:`RuntimeAccess.begin_write`): every write
   operation takes the lock of the aggregate it touches first — ``runtime:<id>``,
   ``mob:<id>`` or the OAuth singleton — through
   :func:`agentkeep.db.lock_aggregate` (``BEGIN IMMEDIATE`` already is it on
@@ -19,7 +22,14 @@ no part hand-rolls:
   stays :class:`~agentkeep.errors.StoreBusy` inside the unit, so the one-call
   facade can retry the whole unit; the facade reports it as ``WriteFailed``
   (writes) or ``ReadFailed`` (reads) once the retries are spent.
-* **All or nothing** (:meth:`RuntimeAccess._atomic`): an operation that can
+* **Fences in SQL** (:meth:`RuntimeAccess.fenced`): a compare-and-set
+  compares under the lock, then writes with ``UPDATE`` / ``DELETE ... WHERE``
+  the value it compared, and checks the row count. Under the lock the fence
+  always matches; a fence that matches nothing is
+  :class:`~agentkeep.errors.ConcurrentModification` (a writer bypassed the
+  lock: a bug signal, never retried). It is raised as itself — not mapped to
+  ``WriteFailed`` — by ``uow.runtime`` and by the one-call facade.
+* **All or nothing** (:meth:`RuntimeAccess.atomic`): an operation that can
   fail after it has written (a duplicate receipt after the snapshot upsert, a
   trigger abort in the middle of a batch) runs inside a SAVEPOINT when it is
   part of a caller's ``store.write()`` unit, so a caught error leaves nothing
@@ -27,6 +37,11 @@ no part hand-rolls:
 
 Payload columns are read through :func:`as_bytes`: a TEXT value in a payload
 column (a SQLite file edited by hand, spec §0.3) is returned as its UTF-8 bytes.
+A fence binds the value as it was read instead (:func:`stored_form`), so it
+matches a TEXT row too. The fences themselves live with their operations
+(:mod:`~agentkeep.runtime.input_cas`, :mod:`~agentkeep.runtime.snapshots`,
+:mod:`~agentkeep.runtime.mob`); :func:`upsert_replacing` builds the
+unconditional last-writer-wins upserts.
 """
 
 from __future__ import annotations
@@ -35,15 +50,60 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
-from agentkeep.db import Driver, Sql, lock_aggregate
-from agentkeep.errors import DatabaseError, ReadOnlyUnitOfWork, StoreBusy
+from sqlalchemy.engine import Dialect
+
+from agentkeep.db import Driver, lock_aggregate
+from agentkeep.errors import (
+    ConcurrentModification,
+    DatabaseError,
+    ReadOnlyUnitOfWork,
+    StoreBusy,
+)
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
+from agentkeep.statements import Statement, upsert
 
-__all__ = ["OAUTH_SINGLETON_ID", "RuntimeAccess", "as_bytes", "payload_bytes"]
+__all__ = [
+    "OAUTH_SINGLETON_ID",
+    "RuntimeAccess",
+    "as_bytes",
+    "payload_bytes",
+    "stored_form",
+    "upsert_replacing",
+]
 
 #: ``runtime_auth_oauth_flow_state.id`` of the one OAuth flow row (and its lock key).
 OAUTH_SINGLETON_ID: Final = "auth_oauth_flow_state"
+
+
+def upsert_replacing(
+    dialect: Dialect,
+    model: type[Any],
+    values: Mapping[str, Any],
+    *,
+    key: Sequence[Any],
+    replace: Sequence[str],
+) -> Any:
+    """``INSERT ... ON CONFLICT (key) DO UPDATE SET col = excluded.col`` for each of ``replace``.
+
+    The last-writer-wins upsert of the runtime's payload rows, built from the
+    model (use it inside a :class:`~agentkeep.statements.Statement` builder).
+    """
+    insert = upsert(dialect, model).values(**values)
+    return insert.on_conflict_do_update(
+        index_elements=list(key), set_={name: insert.excluded[name] for name in replace}
+    )
+
+
+def stored_form(value: Any) -> Any:
+    """A payload as the driver returned it, in a form that binds back to the same value.
+
+    ``memoryview`` (bytea on some drivers) becomes ``bytes``; ``bytes`` and
+    ``str`` (a TEXT value in a SQLite BLOB column) stay as they are. A fence
+    that compares in SQL binds this, so it matches the row it read, whatever
+    the storage class: on SQLite a TEXT value never equals a BLOB parameter.
+    """
+    return bytes(value) if isinstance(value, memoryview) else value
 
 
 def as_bytes(value: Any, *, table: str, key: str, column: str) -> bytes:
@@ -75,7 +135,7 @@ def payload_bytes(value: Any, what: str) -> bytes:
 
 
 class RuntimeAccess:
-    """Base of the runtime repository: driver, domain, lock, phase-mapped statements.
+    """One unit of work's access to the runtime tables: driver, domain, lock, statements.
 
     Attributes:
         db: the unit of work's driver connection, inside its transaction.
@@ -102,7 +162,7 @@ class RuntimeAccess:
 
     # -- the write lock ----------------------------------------------------
 
-    def _begin_write(self, namespace: int, key: str) -> None:
+    def begin_write(self, namespace: int, key: str) -> None:
         """Take the write lock of one aggregate (a :class:`~agentkeep.db.LockNamespace`).
 
         Raises:
@@ -120,7 +180,7 @@ class RuntimeAccess:
             raise WriteFailed(f"failed to take the {key} write lock: {exc}") from exc
 
     @contextmanager
-    def _atomic(self) -> Iterator[None]:
+    def atomic(self) -> Iterator[None]:
         """All of the block or none of it, also inside a caller's unit (see the module doc)."""
         if self.nested:
             with self.db.savepoint():
@@ -130,7 +190,7 @@ class RuntimeAccess:
 
     # -- statements, errors by phase -----------------------------------------
 
-    def _select(self, stmt: Sql, params: Mapping[str, Any], what: str) -> Any:
+    def select(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
         """Run a SELECT; return the cursor.
 
         Raises:
@@ -139,7 +199,7 @@ class RuntimeAccess:
         """
         return self._run(stmt, params, ReadFailed, f"failed to read {what}")
 
-    def _dml(self, stmt: Sql, params: Mapping[str, Any], what: str) -> Any:
+    def dml(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
         """Run an INSERT / UPDATE / DELETE; return the cursor (``rowcount``, ``RETURNING`` rows).
 
         Raises:
@@ -149,15 +209,35 @@ class RuntimeAccess:
         """
         return self._run(stmt, params, WriteFailed, f"failed to write {what}")
 
-    def _dml_many(self, stmt: Sql, params: Sequence[Mapping[str, Any]], what: str) -> None:
+    def fenced(self, stmt: Statement, params: Mapping[str, Any], what: str) -> None:
+        """Run an UPDATE / DELETE fenced in SQL on what was read under the lock: one row.
+
+        The statement's WHERE names the row and the value the operation read
+        and compared under the write lock, so it changes exactly one row
+        unless a writer that bypassed the lock changed it in between.
+
+        Raises:
+            ConcurrentModification: the fence matched no row (a bug signal,
+                never retried; the caller's savepoint or unit undoes the rest).
+            WriteFailed: the statement failed (a trigger abort).
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        if self.dml(stmt, params, what).rowcount != 1:
+            raise ConcurrentModification(f"{what} changed under the write lock")
+
+    def dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> int:
         """Run an INSERT / UPDATE / upsert once per parameter set, in one driver call.
+
+        Returns:
+            The rows changed, summed over the parameter sets (exact for
+            UPDATE / DELETE; meaningless for an upsert).
 
         Raises:
             WriteFailed: a row failed (``what`` says what was written).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
         try:
-            self.db.executemany(stmt, params)
+            return self.db.executemany(stmt, params)
         except StoreBusy:
             raise
         except DatabaseError as exc:
@@ -165,7 +245,7 @@ class RuntimeAccess:
 
     def _run(
         self,
-        stmt: Sql,
+        stmt: Statement,
         params: Mapping[str, Any],
         error: type[ReadFailed] | type[WriteFailed],
         context: str,
@@ -177,11 +257,11 @@ class RuntimeAccess:
         except DatabaseError as exc:
             raise error(f"{context}: {exc}") from exc
 
-    def _one_bytes(
-        self, stmt: Sql, params: Mapping[str, Any], *, table: str, key: str, column: str
+    def one_bytes(
+        self, stmt: Statement, params: Mapping[str, Any], *, table: str, key: str, column: str
     ) -> bytes | None:
         """Run a one-column, at-most-one-row SELECT of a payload; None when no row."""
-        row = self._select(stmt, params, f"{table}[{key}]").fetchone()
+        row = self.select(stmt, params, f"{table}[{key}]").fetchone()
         if row is None:
             return None
         return as_bytes(row[0], table=table, key=key, column=column)

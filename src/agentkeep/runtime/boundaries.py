@@ -5,9 +5,19 @@ lock: the session snapshot (if any), the machine lifecycle (terminal form
 only), the compaction outbox rows of the snapshot's intents, the boundary
 receipt and the input states. All of it or none of it (I1).
 
-**The receipt is the idempotency fence**: it is a plain INSERT on
-``(runtime_id, run_id, sequence)``, so a second boundary with the same
-receipt key fails with ``WriteFailed`` and leaves nothing of itself.
+What lives here: :func:`prepare_boundary` (every check that needs no
+database, run before the unit opens in the one-call form), the repository
+part :class:`BoundaryOps` (``uow.runtime.boundaries``: the commits and
+:meth:`~BoundaryOps.load_boundary_receipt`), the supersession verdict and the
+receipt statements. The rows are written through the shared steps of the
+modules that own them (snapshot rows, lifecycle, outbox, inputs).
+
+**The receipt is the idempotency fence**, and it lives here: a plain INSERT
+on ``(runtime_id, run_id, sequence)`` (no ``ON CONFLICT``), so a second
+boundary with the same receipt key fails with ``WriteFailed`` and leaves
+nothing of itself. The outbox rows have their own insert-and-compare fence
+(:func:`~agentkeep.runtime.outbox.insert_outbox_intents`); the snapshot,
+lifecycle and input upserts are unconditional under the lock.
 
 **The supersession verdict** (§2.10 step 6): when the boundary save guard
 rejects the incoming snapshot against the stored head,
@@ -35,7 +45,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import insert, select
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import RuntimeAccess
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import (
     CompactionIntent,
@@ -49,26 +63,34 @@ from agentkeep.runtime.errors import (
     SessionKeyMismatch,
     SessionSnapshotSuperseded,
 )
-from agentkeep.runtime.inputs import encode_input_states
-from agentkeep.runtime.lifecycle import LifecycleOps
+from agentkeep.runtime.inputs import encode_input_states, upsert_input_states
+from agentkeep.runtime.lifecycle import upsert_lifecycle
+from agentkeep.runtime.models import BoundaryReceiptRow as Receipt
+from agentkeep.runtime.outbox import insert_outbox_intents, reject_finalized_replays
 from agentkeep.runtime.receipts import (
     RunBoundaryReceipt,
     decode_receipt,
     encode_receipt,
     encode_receipt_sequence,
 )
-from agentkeep.runtime.snapshots import SnapshotOps
+from agentkeep.runtime.snapshot_rows import previous_session, upsert_snapshot
+from agentkeep.statements import Statement
 
 __all__ = ["BoundaryCalls", "BoundaryOps", "PreparedBoundary", "prepare_boundary"]
 
-_T: Final = "runtime_boundary_receipts"
-_INSERT_RECEIPT: Final = Sql(
-    "INSERT INTO runtime_boundary_receipts (runtime_id, run_id, sequence, receipt_json) "
-    "VALUES (:rt, :run, :seq, :data)"
+_T: Final = Receipt.__tablename__
+#: The idempotency fence: a plain INSERT, so a second receipt at the key fails.
+_INSERT_RECEIPT: Final = Statement(
+    insert(Receipt).values(
+        runtime_id=p("rt"), run_id=p("run"), sequence=p("seq"), receipt_json=p("data")
+    ),
+    name="runtime.receipt.insert",
 )
-_GET_RECEIPT: Final = Sql(
-    "SELECT receipt_json FROM runtime_boundary_receipts "
-    "WHERE runtime_id = :rt AND run_id = :run AND sequence = :seq"
+_GET_RECEIPT: Final = Statement(
+    select(Receipt.receipt_json).where(
+        Receipt.runtime_id == p("rt"), Receipt.run_id == p("run"), Receipt.sequence == p("seq")
+    ),
+    name="runtime.receipt.get",
 )
 
 
@@ -136,10 +158,32 @@ def prepare_boundary(
     )
 
 
-class BoundaryOps(SnapshotOps, LifecycleOps):
-    """Boundary commits and receipt reads."""
+def _supersession_verdict(access: RuntimeAccess, runtime_id: str, incoming: Any) -> bool:
+    """True to persist ``incoming``; raises when it is superseded or refused (§2.10 step 6)."""
+    domain = access.domain
+    _, previous = previous_session(access, runtime_id)
+    try:
+        domain.boundary_save_guard(incoming, previous)
+        return True
+    except GuardRejected as forward:
+        if previous is None:
+            raise
+        if domain.is_placeholder(previous):
+            return True  # the generated snapshot replaces the placeholder
+        try:
+            domain.boundary_save_guard(previous, incoming)
+        except GuardRejected:
+            raise forward from None  # neither succeeds the other: the forward error
+        raise SessionSnapshotSuperseded(runtime_id) from None
 
-    __slots__ = ()
+
+class BoundaryOps:
+    """Repository part (``uow.runtime.boundaries``): boundary commits and receipt reads."""
+
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     def atomic_apply(
         self,
@@ -170,7 +214,12 @@ class BoundaryOps(SnapshotOps, LifecycleOps):
         """
         self.apply_boundary(
             prepare_boundary(
-                self.domain, runtime_id, session_snapshot, receipt, input_updates, session_store_key
+                self._access.domain,
+                runtime_id,
+                session_snapshot,
+                receipt,
+                input_updates,
+                session_store_key,
             )
         )
 
@@ -195,7 +244,7 @@ class BoundaryOps(SnapshotOps, LifecycleOps):
         """
         self.apply_boundary(
             prepare_boundary(
-                self.domain,
+                self._access.domain,
                 runtime_id,
                 session_snapshot,
                 receipt,
@@ -207,18 +256,21 @@ class BoundaryOps(SnapshotOps, LifecycleOps):
 
     def apply_boundary(self, boundary: PreparedBoundary) -> None:
         """The database half of a boundary commit (after :func:`prepare_boundary`)."""
+        access = self._access
         rt = boundary.runtime_id
-        self._begin_write(LockNamespace.RUNTIME, rt)
-        self._reject_finalized_replays(rt, boundary.intents)
-        persist = boundary.session is not None and self._supersession_verdict(rt, boundary.session)
-        with self._atomic():
+        access.begin_write(LockNamespace.RUNTIME, rt)
+        reject_finalized_replays(access, rt, boundary.intents)
+        persist = boundary.session is not None and _supersession_verdict(
+            access, rt, boundary.session
+        )
+        with access.atomic():
             if persist:
                 assert boundary.snapshot is not None
-                self._upsert_snapshot(rt, boundary.snapshot)
+                upsert_snapshot(access, rt, boundary.snapshot)
             if boundary.lifecycle is not None:
-                self._upsert_lifecycle_bytes(rt, boundary.lifecycle)
-            self._insert_outbox_intents(rt, boundary.intents)
-            self._dml(
+                upsert_lifecycle(access, rt, boundary.lifecycle)
+            insert_outbox_intents(access, rt, boundary.intents)
+            access.dml(
                 _INSERT_RECEIPT,
                 {
                     "rt": rt,
@@ -228,24 +280,7 @@ class BoundaryOps(SnapshotOps, LifecycleOps):
                 },
                 f"{_T}[{boundary.receipt.run_id}:{boundary.receipt.sequence}]",
             )
-            self._upsert_encoded(rt, boundary.input_states)
-
-    def _supersession_verdict(self, runtime_id: str, incoming: Any) -> bool:
-        """True to persist ``incoming``; raises when it is superseded or refused (§2.10 step 6)."""
-        _, previous = self._previous_session(runtime_id)
-        try:
-            self.domain.boundary_save_guard(incoming, previous)
-            return True
-        except GuardRejected as forward:
-            if previous is None:
-                raise
-            if self.domain.is_placeholder(previous):
-                return True  # the generated snapshot replaces the placeholder
-            try:
-                self.domain.boundary_save_guard(previous, incoming)
-            except GuardRejected:
-                raise forward from None  # neither succeeds the other: the forward error
-            raise SessionSnapshotSuperseded(runtime_id) from None
+            upsert_input_states(access, rt, boundary.input_states)
 
     def load_boundary_receipt(
         self, runtime_id: str, run_id: str, sequence: int
@@ -257,7 +292,7 @@ class BoundaryOps(SnapshotOps, LifecycleOps):
             ReadFailed: the SELECT failed or the stored receipt does not decode.
         """
         key = f"{run_id}:{sequence}"
-        data = self._one_bytes(
+        data = self._access.one_bytes(
             _GET_RECEIPT,
             {"rt": runtime_id, "run": run_id, "seq": encode_receipt_sequence(sequence)},
             table=_T,
@@ -284,7 +319,7 @@ class BoundaryCalls(RuntimeCallsBase):
         prepared = prepare_boundary(
             self.domain, runtime_id, session_snapshot, receipt, input_updates, session_store_key
         )
-        self._write(lambda r: r.apply_boundary(prepared))
+        self._write(lambda r: r.boundaries.apply_boundary(prepared))
 
     def atomic_apply_with_machine_lifecycle(
         self,
@@ -305,11 +340,13 @@ class BoundaryCalls(RuntimeCallsBase):
             session_store_key,
             machine_lifecycle,
         )
-        self._write(lambda r: r.apply_boundary(prepared))
+        self._write(lambda r: r.boundaries.apply_boundary(prepared))
 
     def load_boundary_receipt(
         self, runtime_id: str, run_id: str, sequence: int
     ) -> RunBoundaryReceipt | None:
         """One-call form of :meth:`BoundaryOps.load_boundary_receipt`."""
         encode_receipt_sequence(sequence)  # refuse a bad sequence before the unit
-        return self._read(lambda r: r.load_boundary_receipt(runtime_id, run_id, sequence))
+        return self._read(
+            lambda r: r.boundaries.load_boundary_receipt(runtime_id, run_id, sequence)
+        )

@@ -1,7 +1,7 @@
 """The base of the runtime store's one-call facade (``store.runtime``).
 
-Each ``store.runtime.<op>(...)`` runs the repository method of the same name
-in its own unit of work, retried as a whole on a transient busy error
+Each ``store.runtime.<op>(...)`` runs the repository operation of the same
+name in its own unit of work, retried as a whole on a transient busy error
 (:meth:`agentkeep.Store.call_write`). Work that needs no database (decoding
 a caller's snapshot, checking a batch's shape) runs *before* the unit opens,
 so a refused call never waits for the write lock.
@@ -10,7 +10,10 @@ Errors keep the spec's variants (§0.2): a busy / lock-timeout error that
 outlasts the retries, or any driver failure outside a statement (connect,
 ``BEGIN``, ``COMMIT``), becomes :class:`~agentkeep.runtime.errors.WriteFailed`
 for a write and :class:`~agentkeep.runtime.errors.ReadFailed` for a read
-(the original error is chained as ``__cause__``).
+(the original error is chained as ``__cause__``). A compare-and-set fence
+that matched no row although the write lock was held is
+:class:`~agentkeep.errors.ConcurrentModification`, raised as itself (a bug
+signal: a writer bypassed the lock; not retried, not a ``WriteFailed``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentkeep.errors import DatabaseError
+from agentkeep.errors import ConcurrentModification, DatabaseError
 from agentkeep.runtime.domain import RuntimeDomain
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
 
@@ -47,6 +50,8 @@ class RuntimeCallsBase:
     def _write(self, fn: Callable[[RuntimeRepository], T]) -> T:
         try:
             return self._store.call_write(lambda repos: fn(repos.runtime))
+        except ConcurrentModification:
+            raise
         except DatabaseError as exc:
             raise WriteFailed(str(exc)) from exc
 

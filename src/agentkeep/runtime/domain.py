@@ -13,9 +13,10 @@ here:
 * :mod:`agentkeep.runtime.guards`: the save guards R1–R4 (§3.1), head
   coherence (§3.2), the transcript-rewrite guard (§3.3), the placeholder check
   (§2.0.14) and intent validation (§3.4).
-* :mod:`agentkeep.runtime.records`: input states and batch-CAS preparation
-  (§3.6, §3.10), machine lifecycle records (§3.7), ops snapshots (§3.8), the
-  unregister-finalization value and its authority token (§3.9).
+* :mod:`agentkeep.runtime.records`: input states (§3.10), machine lifecycle
+  records (§3.7), ops snapshots (§3.8), the unregister-finalization value and
+  its authority token (§3.9). The input-state batch compare-and-swap is not a
+  domain rule: it lives whole in :mod:`agentkeep.runtime.input_cas`.
 
 Errors. Decoding a caller-supplied value raises
 :class:`~agentkeep.runtime.errors.WriteFailed`; decoding a persisted value
@@ -40,7 +41,6 @@ Choices where the spec is open (each detailed in the module it concerns):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from agentkeep.errors import InvalidInput
@@ -56,7 +56,6 @@ from agentkeep.runtime.records import (
     MachineLifecycleCommit,
     MachineLifecycleStoreRecord,
     OpsSnapshot,
-    PreparedInputStateCas,
     RuntimeBinding,
     RuntimeState,
     StoredInputState,
@@ -64,7 +63,6 @@ from agentkeep.runtime.records import (
     UnregisterFinalizationCommit,
     encode_input_state,
     issue_delete_ops_finalization_authority,
-    prepare_input_state_batch_cas,
 )
 from agentkeep.runtime.session_model import (
     MAX_U63,
@@ -105,7 +103,6 @@ __all__ = [
     "MalformedHistory",
     "Message",
     "OpsSnapshot",
-    "PreparedInputStateCas",
     "ProjectionId",
     "ReferenceDomain",
     "RevisionBody",
@@ -123,7 +120,6 @@ __all__ = [
     "commit_fingerprint",
     "issue_delete_ops_finalization_authority",
     "logical_runtime_id_for_session",
-    "prepare_input_state_batch_cas",
     "revision_of",
 ]
 
@@ -197,14 +193,6 @@ class RuntimeDomain(Protocol[SessionT]):
 
     def decode_input_state(self, data: bytes) -> StoredInputState:
         """Decode a stored input state. Raises ReadFailed."""
-        ...
-
-    def prepare_input_state_batch_cas(
-        self,
-        expected: Sequence[StoredInputState],
-        replacements: Sequence[InputStatePersistenceRecord | StoredInputState],
-    ) -> tuple[PreparedInputStateCas, ...]:
-        """Validate and encode a batch CAS. Raises InvalidInputStateBatchCas."""
         ...
 
     def encode_lifecycle(self, snapshot: MachineLifecycleCommit) -> bytes:
@@ -363,14 +351,6 @@ class ReferenceDomain:
             return state
         except (DecodeProblem, InvalidInput) as exc:
             raise ReadFailed(f"failed to decode persisted input state: {exc}") from exc
-
-    def prepare_input_state_batch_cas(
-        self,
-        expected: Sequence[StoredInputState],
-        replacements: Sequence[InputStatePersistenceRecord | StoredInputState],
-    ) -> tuple[PreparedInputStateCas, ...]:
-        """See :func:`~agentkeep.runtime.records.prepare_input_state_batch_cas`."""
-        return prepare_input_state_batch_cas(expected, replacements)
 
     # -- lifecycle and ops -------------------------------------------------
 

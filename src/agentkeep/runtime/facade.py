@@ -1,9 +1,12 @@
 """``store.runtime``: the runtime store's operations, each in its own unit of work.
 
-Composed of the one-call part of each concern module (see
-:mod:`agentkeep.runtime.repository` for the map); the repositories hold the
-only implementation of every fence. :mod:`agentkeep.runtime.calls` says how
-errors and retries are reported.
+Composed of the one-call class of each concern module (``SnapshotCalls``,
+``BoundaryCalls``, ...; see :mod:`agentkeep.runtime.repository` for the
+map). Each runs, in its own unit, the operation of the repository part of
+its concern (the pre-encoded ``apply_*`` form when it did work before the
+unit opened); the parts and the fence modules hold the only implementation
+of every fence. :mod:`agentkeep.runtime.calls` says how errors and retries
+are reported.
 """
 
 from __future__ import annotations

@@ -31,6 +31,15 @@ durable COMMIT; raising at ``BEFORE_REOBSERVE`` is a failed re-read (the hook
 may also change the database there). :func:`synthetic_fault` builds the
 seed's three one-shot faults. The hook is per call, never global.
 
+What lives here: the repository part :class:`FinalizationOps`
+(``uow.runtime.finalization``: its two steps, reachable only there),
+:class:`FinalizationCalls` (the one-call operation, which drives the
+transaction and the verdict), the fault hooks and the tombstone statement.
+No compare-and-set here: the write lock serialises finalizations, the
+tombstone insert is ``ON CONFLICT DO NOTHING`` (a retry finds it in place),
+and the tombstone is itself the fence of every later ops write
+(:func:`~agentkeep.runtime.lifecycle.is_epoch_retired`).
+
 Finalization owns the end of its transaction, so it is a one-call operation
 (``store.runtime.commit_unregister_finalization``), not part of a caller's
 unit of work. Its async form (:mod:`agentkeep.aio`) lets a cancelled caller
@@ -44,8 +53,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from agentkeep.db import LockNamespace, Sql, retry_transient
+from sqlalchemy import bindparam as p
+
+from agentkeep.db import LockNamespace, retry_transient
 from agentkeep.errors import DatabaseError
+from agentkeep.runtime.access import RuntimeAccess
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import UnregisterFinalizationCommit
 from agentkeep.runtime.errors import (
@@ -54,7 +66,16 @@ from agentkeep.runtime.errors import (
     UnregisterFinalizationOutcomeUnknown,
     WriteFailed,
 )
-from agentkeep.runtime.lifecycle import LifecycleOps
+from agentkeep.runtime.inputs import input_state_bytes, upsert_input_states
+from agentkeep.runtime.lifecycle import (
+    delete_ops_row,
+    is_epoch_retired,
+    lifecycle_bytes,
+    ops_bytes,
+    upsert_lifecycle,
+)
+from agentkeep.runtime.models import RetiredOpsEpochRow
+from agentkeep.statements import Statement, upsert
 
 __all__ = [
     "FaultHook",
@@ -123,16 +144,29 @@ class FinalizationObservation:
     retired_marker_present: bool
 
 
-_RETIRE: Final = Sql(
-    "INSERT INTO runtime_retired_ops_epochs (runtime_id, epoch_id) VALUES (:rt, :epoch) "
-    "ON CONFLICT DO NOTHING"
+_RETIRED_TABLE: Final = RetiredOpsEpochRow.__tablename__
+#: The retired-epoch tombstone (never deleted; a second finalization finds it in place).
+_RETIRE: Final = Statement(
+    lambda d: (
+        upsert(d, RetiredOpsEpochRow)
+        .values(runtime_id=p("rt"), epoch_id=p("epoch"))
+        .on_conflict_do_nothing()
+    ),
+    name="runtime.retired_epoch.insert",
 )
 
 
-class FinalizationOps(LifecycleOps):
-    """The statements of unregister finalization (the transaction is driven by the facade)."""
+class FinalizationOps:
+    """Repository part (``uow.runtime.finalization``): the statements of unregister finalization.
 
-    __slots__ = ()
+    The transaction is driven by :meth:`FinalizationCalls.commit_unregister_finalization`,
+    the only caller of these two steps.
+    """
+
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     def observe_unregister_finalization(
         self, runtime_id: str, input_ids: Sequence[str], retired_epoch: str
@@ -142,11 +176,12 @@ class FinalizationOps(LifecycleOps):
         Raises:
             ReadFailed: a SELECT failed.
         """
+        access = self._access
         return FinalizationObservation(
-            self.load_machine_lifecycle_record(runtime_id),
-            tuple((iid, self._input_state_bytes(runtime_id, iid)) for iid in input_ids),
-            self._load_ops_bytes(runtime_id),
-            self._is_epoch_retired(runtime_id, retired_epoch),
+            lifecycle_bytes(access, runtime_id),
+            tuple((iid, input_state_bytes(access, runtime_id, iid)) for iid in input_ids),
+            ops_bytes(access, runtime_id),
+            is_epoch_retired(access, runtime_id, retired_epoch),
         )
 
     def write_unregister_finalization(
@@ -162,25 +197,26 @@ class FinalizationOps(LifecycleOps):
         The caller commits. Raises like :meth:`FinalizationCalls.commit_unregister_finalization`
         before its COMMIT.
         """
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
         ids = [iid for iid, _ in inputs]
         before = self.observe_unregister_finalization(runtime_id, ids, retired_epoch)
         final_ops: bytes | None = None
         if before.ops is not None:
             try:
-                epoch = self.domain.ops_epoch_of(before.ops)
+                epoch = access.domain.ops_epoch_of(before.ops)
             except ReadFailed as exc:
                 raise ReadFailed(
                     f"failed to decode ops epoch before unregister finalization: {exc.message}"
                 ) from exc
             final_ops = None if epoch == retired_epoch else before.ops
         final = FinalizationObservation(lifecycle, tuple(inputs), final_ops, True)
-        self._upsert_lifecycle_bytes(runtime_id, lifecycle)
-        self._upsert_encoded(runtime_id, inputs)
+        upsert_lifecycle(access, runtime_id, lifecycle)
+        upsert_input_states(access, runtime_id, inputs)
         _fault(hook, FinalizationPoint.AFTER_LIFECYCLE_WRITE)
-        self._dml(_RETIRE, {"rt": runtime_id, "epoch": retired_epoch}, "runtime_retired_ops_epochs")
+        access.dml(_RETIRE, {"rt": runtime_id, "epoch": retired_epoch}, _RETIRED_TABLE)
         if before.ops is not None and final_ops is None:
-            self._delete_ops_row(runtime_id)
+            delete_ops_row(access, runtime_id)
         _fault(hook, FinalizationPoint.AFTER_OPS_DELETE)
         return before, final
 
@@ -255,7 +291,7 @@ class FinalizationCalls(RuntimeCallsBase):
         try:
             hook(FinalizationPoint.BEFORE_REOBSERVE)
             observed = self._read(
-                lambda r: r.observe_unregister_finalization(runtime_id, ids, epoch),
+                lambda r: r.finalization.observe_unregister_finalization(runtime_id, ids, epoch),
                 single_statement=False,  # several SELECTs: one snapshot
             )
         except Exception as exc:
@@ -285,7 +321,7 @@ class FinalizationCalls(RuntimeCallsBase):
         with store.pooled_driver() as (driver, pooled):
             driver.begin(write=True)
             try:
-                repo = store.repositories(driver, write=True).runtime
+                repo = store.repositories(driver, write=True).runtime.finalization
                 before, final = repo.write_unregister_finalization(
                     runtime_id, lifecycle, inputs, epoch, hook
                 )

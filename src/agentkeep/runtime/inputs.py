@@ -1,4 +1,4 @@
-"""Input states of a runtime and their batch compare-and-swap.
+"""Input states of a runtime: reads, upserts, and the part that runs the batch compare-and-swap.
 
 Spec runtime §1.1, §2.14–§2.15, §2.22–§2.23.
 
@@ -8,31 +8,20 @@ are only ever upserted (last writer wins); reads decode fail-closed (a row
 without ``stored_input_state_version``, or one whose payload names another
 input, is :class:`~agentkeep.runtime.errors.ReadFailed`, never "absent").
 
+What lives here: the statements on ``runtime_input_states`` except the
+batch swap's, the steps other writers share as plain functions
+(:func:`encode_input_states`, :func:`upsert_input_states`,
+:func:`input_state_bytes`), and the repository part :class:`InputStateOps`
+(``uow.runtime.inputs``).
+
 Writes take the ``runtime:<id>`` write lock first (``BEGIN IMMEDIATE`` on
 SQLite, the runtime's advisory lock on Postgres), so every read-check-write
 below is race-free against every other writer of the runtime.
 
-The batch compare-and-swap (§2.23) is the adoption fence for a set of inputs:
-
-* the batch is validated and both sides encoded *before* the database
-  (:meth:`RuntimeDomain.prepare_input_state_batch_cas`): a bad shape is
-  :class:`~agentkeep.runtime.errors.InvalidInputStateBatchCas` and touches
-  nothing; an empty batch is :attr:`InputStateCasOutcome.SWAPPED` without
-  opening a connection;
-* under the lock each row is read in the order of ``expected``: a missing
-  row is :attr:`~InputStateCasOutcome.STALE` at once;
-* every row already equal to its replacement is
-  :attr:`~InputStateCasOutcome.SWAPPED` with no write (the idempotent retry
-  after a lost acknowledgement; checked before the expected values);
-* any row not equal to its expected value (including a half-swapped batch)
-  is :attr:`~InputStateCasOutcome.STALE` with no write;
-* otherwise every replacement is upserted, all or nothing (a failing row,
-  e.g. a trigger abort, is :class:`~agentkeep.runtime.errors.WriteFailed` and
-  no row of the batch stays written).
-
-Comparisons are exact byte comparisons in application code; a stored value
-is first normalised with :func:`~agentkeep.runtime.access.as_bytes`, so a
-TEXT-degraded SQLite row compares like its UTF-8 bytes.
+The batch compare-and-swap (§2.23), the adoption fence for a set of inputs,
+lives whole in :mod:`~agentkeep.runtime.input_cas` (its preparation, its
+fenced write and its outcomes); :meth:`InputStateOps.compare_and_swap_input_states_atomically`
+runs it. The upserts here have no fence: last writer wins.
 
 Input ids must be canonical (lower-case, hyphenated) UUIDs: any other id is
 :class:`~agentkeep.errors.InvalidInput` before the database is touched.
@@ -41,20 +30,28 @@ Input ids must be canonical (lower-case, hyphenated) UUIDs: any other id is
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from enum import StrEnum
 from typing import Any, Final, TypeAlias
 
-from agentkeep.db import LockNamespace, Sql
-from agentkeep.runtime.access import RuntimeAccess, as_bytes
+from sqlalchemy import bindparam as p
+from sqlalchemy import select
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import RuntimeAccess, as_bytes, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import (
     InputStatePersistenceRecord,
-    PreparedInputStateCas,
     RuntimeDomain,
     StoredInputState,
     canonical_uuid,
 )
 from agentkeep.runtime.errors import ReadFailed
+from agentkeep.runtime.input_cas import (
+    InputStateCasOutcome,
+    apply_input_state_batch_cas,
+    prepare_input_state_batch_cas,
+)
+from agentkeep.runtime.models import InputStateRow
+from agentkeep.statements import Statement
 
 __all__ = [
     "InputStateCalls",
@@ -62,36 +59,37 @@ __all__ = [
     "InputStateOps",
     "InputStateRecord",
     "encode_input_states",
-    "prepare_input_state_cas",
+    "input_state_bytes",
+    "upsert_input_states",
 ]
 
 #: What the input-state writers accept: a machine-authorized record or a bare state.
 InputStateRecord: TypeAlias = InputStatePersistenceRecord | StoredInputState
 
-_TABLE: Final = "runtime_input_states"
+_TABLE: Final = InputStateRow.__tablename__
 _COLUMN: Final = "state_json"
 
-_LOAD_ALL: Final = Sql(
-    "SELECT input_id, state_json FROM runtime_input_states "
-    "WHERE runtime_id = :rt ORDER BY input_id ASC"
+_OF_RUNTIME = InputStateRow.runtime_id == p("rt")
+_LOAD_ALL: Final = Statement(
+    select(InputStateRow.input_id, InputStateRow.state_json)
+    .where(_OF_RUNTIME)
+    .order_by(InputStateRow.input_id.asc()),
+    name="runtime.input.load_all",
 )
-_LOAD_ONE: Final = Sql(
-    "SELECT state_json FROM runtime_input_states WHERE runtime_id = :rt AND input_id = :iid"
+_LOAD_ONE: Final = Statement(
+    select(InputStateRow.state_json).where(_OF_RUNTIME, InputStateRow.input_id == p("iid")),
+    name="runtime.input.load_one",
 )
-_UPSERT: Final = Sql(
-    "INSERT INTO runtime_input_states (runtime_id, input_id, state_json) "
-    "VALUES (:rt, :iid, :data) "
-    "ON CONFLICT (runtime_id, input_id) DO UPDATE SET state_json = excluded.state_json"
+_UPSERT: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        InputStateRow,
+        {"runtime_id": p("rt"), "input_id": p("iid"), "state_json": p("data")},
+        key=[InputStateRow.runtime_id, InputStateRow.input_id],
+        replace=["state_json"],
+    ),
+    name="runtime.input.upsert",
 )
-
-
-class InputStateCasOutcome(StrEnum):
-    """The verdict of :meth:`InputStateOps.compare_and_swap_input_states_atomically`."""
-
-    #: Every row now holds its replacement (written by this call, or already).
-    SWAPPED = "swapped"
-    #: A row is missing or differs from its expected value; nothing was written.
-    STALE = "stale"
 
 
 def _stored(record: InputStateRecord) -> StoredInputState:
@@ -122,37 +120,54 @@ def encode_input_states(
     return tuple(encoded)
 
 
-def prepare_input_state_cas(
-    domain: RuntimeDomain[Any],
-    expected: Sequence[StoredInputState],
-    replacements: Sequence[InputStateRecord],
-) -> tuple[PreparedInputStateCas, ...]:
-    """Validate and encode a batch compare-and-swap (pure: no database), §2.23 step 1.
-
-    Args:
-        domain: supplies :meth:`~RuntimeDomain.prepare_input_state_batch_cas`.
-        expected: the rows the caller believes are stored.
-        replacements: the rows to store instead, one per expected input id.
-
-    Returns:
-        The prepared rows in the order of ``expected`` (empty for an empty batch).
+def input_state_bytes(access: RuntimeAccess, runtime_id: str, input_id: str) -> bytes | None:
+    """The stored bytes of one input state (TEXT as UTF-8), or None.
 
     Raises:
-        InvalidInputStateBatchCas: counts differ or exceed the maximum, an id
-            repeats, or the id sets differ.
-        InvalidInput: an input id is not a canonical UUID.
-        WriteFailed: a state does not encode.
+        ReadFailed: the SELECT failed, or the value is not bytes/text.
     """
-    prepared = domain.prepare_input_state_batch_cas(expected, replacements)
-    for row in prepared:
-        canonical_uuid(row.input_id, "input_id")
-    return prepared
+    return access.one_bytes(
+        _LOAD_ONE,
+        {"rt": runtime_id, "iid": input_id},
+        table=_TABLE,
+        key=f"{runtime_id}, {input_id}",
+        column=_COLUMN,
+    )
 
 
-class InputStateOps(RuntimeAccess):
-    """Repository part: input-state rows and the batch compare-and-swap."""
+def upsert_input_states(
+    access: RuntimeAccess, runtime_id: str, encoded: Iterable[tuple[str, bytes]]
+) -> None:
+    """Upsert encoded states in order (§2.0.12), inside the caller's locked transaction.
 
-    __slots__ = ()
+    Takes no lock and opens no savepoint: the caller holds the runtime's
+    write lock and makes its whole operation atomic. Encode first with
+    :func:`encode_input_states`.
+
+    Raises:
+        WriteFailed: an upsert failed.
+    """
+    rows = [{"rt": runtime_id, "iid": input_id, "data": data} for input_id, data in encoded]
+    access.dml_many(_UPSERT, rows, f"{_TABLE}[{runtime_id}] ({len(rows)} rows)")
+
+
+def _decode_row(
+    access: RuntimeAccess, runtime_id: str, input_id: str, value: Any
+) -> StoredInputState:
+    key = f"{runtime_id}, {input_id}"
+    state = access.domain.decode_input_state(as_bytes(value, table=_TABLE, key=key, column=_COLUMN))
+    if state.input_id != input_id:
+        raise ReadFailed(f"{_TABLE}[{key}].{_COLUMN} holds input {state.input_id}")
+    return state
+
+
+class InputStateOps:
+    """Repository part (``uow.runtime.inputs``): input-state rows and the batch compare-and-swap."""
+
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     # -- reads -------------------------------------------------------------
 
@@ -170,8 +185,9 @@ class InputStateOps(RuntimeAccess):
                 row fails the whole call; a missing ``stored_input_state_version``
                 is named in the message).
         """
-        rows = self._select(_LOAD_ALL, {"rt": runtime_id}, f"{_TABLE}[{runtime_id}]").fetchall()
-        return [self._decode_row(runtime_id, input_id, value) for input_id, value in rows]
+        access = self._access
+        rows = access.select(_LOAD_ALL, {"rt": runtime_id}, f"{_TABLE}[{runtime_id}]").fetchall()
+        return [_decode_row(access, runtime_id, input_id, value) for input_id, value in rows]
 
     def load_input_state(self, runtime_id: str, input_id: str) -> StoredInputState | None:
         """Load one input state, decoded fail-closed.
@@ -188,31 +204,8 @@ class InputStateOps(RuntimeAccess):
             ReadFailed: the SELECT failed or the row does not decode.
         """
         canonical_uuid(input_id, "input_id")
-        data = self._input_state_bytes(runtime_id, input_id)
-        return None if data is None else self._decode_row(runtime_id, input_id, data)
-
-    def _input_state_bytes(self, runtime_id: str, input_id: str) -> bytes | None:
-        """The stored bytes of one input state (TEXT as UTF-8), or None.
-
-        Raises:
-            ReadFailed: the SELECT failed, or the value is not bytes/text.
-        """
-        return self._one_bytes(
-            _LOAD_ONE,
-            {"rt": runtime_id, "iid": input_id},
-            table=_TABLE,
-            key=f"{runtime_id}, {input_id}",
-            column=_COLUMN,
-        )
-
-    def _decode_row(self, runtime_id: str, input_id: str, value: Any) -> StoredInputState:
-        key = f"{runtime_id}, {input_id}"
-        state = self.domain.decode_input_state(
-            as_bytes(value, table=_TABLE, key=key, column=_COLUMN)
-        )
-        if state.input_id != input_id:
-            raise ReadFailed(f"{_TABLE}[{key}].{_COLUMN} holds input {state.input_id}")
-        return state
+        data = input_state_bytes(self._access, runtime_id, input_id)
+        return None if data is None else _decode_row(self._access, runtime_id, input_id, data)
 
     # -- writes ------------------------------------------------------------
 
@@ -247,13 +240,14 @@ class InputStateOps(RuntimeAccess):
             WriteFailed: a state does not encode, or an upsert failed (none of
                 the rows stays written).
         """
-        self.apply_input_states(runtime_id, encode_input_states(self.domain, records))
+        self.apply_input_states(runtime_id, encode_input_states(self._access.domain, records))
 
     def apply_input_states(self, runtime_id: str, encoded: Sequence[tuple[str, bytes]]) -> None:
         """:meth:`persist_input_states_atomically` after :func:`encode_input_states`."""
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        with self._atomic():
-            self._upsert_encoded(runtime_id, encoded)
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        with access.atomic():
+            upsert_input_states(access, runtime_id, encoded)
 
     def compare_and_swap_input_states_atomically(
         self,
@@ -263,7 +257,8 @@ class InputStateOps(RuntimeAccess):
     ) -> InputStateCasOutcome:
         """Swap a batch of input states iff every row still holds its expected value (§2.23).
 
-        See the module docstring for the exact order of the checks.
+        See :mod:`~agentkeep.runtime.input_cas` for the exact order of the
+        checks and the fence.
 
         Args:
             runtime_id: the logical runtime id.
@@ -280,78 +275,13 @@ class InputStateOps(RuntimeAccess):
             InvalidInputStateBatchCas: the batch shape is invalid (nothing touched).
             InvalidInput: an input id is not a canonical UUID (nothing touched).
             ReadFailed: a row could not be read (or is not bytes).
-            WriteFailed: a replacement does not encode, or an upsert failed
+            WriteFailed: a replacement does not encode, or a write failed
                 (no row of the batch stays written).
+            ConcurrentModification: a row changed between its locked read
+                and the swap (a writer bypassed the lock; nothing stays written).
         """
-        prepared = prepare_input_state_cas(self.domain, expected, replacements)
-        return self.apply_input_state_batch_cas(runtime_id, prepared)
-
-    def apply_input_state_batch_cas(
-        self, runtime_id: str, prepared: Sequence[PreparedInputStateCas]
-    ) -> InputStateCasOutcome:
-        """Run steps 2–8 of §2.23 on an already prepared batch.
-
-        Use :meth:`compare_and_swap_input_states_atomically` unless the batch
-        was prepared (:func:`prepare_input_state_cas`) before the unit of work
-        opened. An empty batch returns SWAPPED without touching the database.
-
-        Args:
-            runtime_id: the logical runtime id.
-            prepared: the prepared rows, in the order of ``expected``.
-
-        Returns:
-            SWAPPED or STALE, as for :meth:`compare_and_swap_input_states_atomically`.
-
-        Raises:
-            InvalidInput: an input id is not a canonical UUID (nothing touched).
-            ReadFailed: a row could not be read (or is not bytes).
-            WriteFailed: an upsert failed (no row of the batch stays written).
-        """
-        if not prepared:
-            return InputStateCasOutcome.SWAPPED
-        for row in prepared:
-            canonical_uuid(row.input_id, "input_id")
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        all_expected = True
-        all_replacements = True
-        for row in prepared:
-            current = self._input_state_bytes(runtime_id, row.input_id)
-            if current is None:
-                return InputStateCasOutcome.STALE
-            all_expected = all_expected and current == row.expected_json
-            all_replacements = all_replacements and current == row.replacement_json
-        if all_replacements:
-            return InputStateCasOutcome.SWAPPED
-        if not all_expected:
-            return InputStateCasOutcome.STALE
-        with self._atomic():
-            self._upsert_encoded(
-                runtime_id, [(row.input_id, row.replacement_json) for row in prepared]
-            )
-        return InputStateCasOutcome.SWAPPED
-
-    # -- shared with the boundary and finalization writers -------------------
-
-    def _encode_states(self, states: Iterable[InputStateRecord]) -> tuple[tuple[str, bytes], ...]:
-        """Check and encode states with this repository's domain (:func:`encode_input_states`)."""
-        return encode_input_states(self.domain, states)
-
-    def _upsert_input_states(self, runtime_id: str, states: Sequence[StoredInputState]) -> None:
-        """Upsert ``states`` in order (§2.0.12), inside the caller's locked transaction.
-
-        Takes no lock and opens no savepoint: the caller holds the runtime's
-        write lock and makes its whole operation atomic. Every state is
-        checked and encoded before the first row is written.
-
-        Raises:
-            InvalidInput: an input id is not a canonical UUID (nothing written).
-            WriteFailed: a state does not encode, or an upsert failed.
-        """
-        self._upsert_encoded(runtime_id, encode_input_states(self.domain, states))
-
-    def _upsert_encoded(self, runtime_id: str, encoded: Iterable[tuple[str, bytes]]) -> None:
-        rows = [{"rt": runtime_id, "iid": input_id, "data": data} for input_id, data in encoded]
-        self._dml_many(_UPSERT, rows, f"{_TABLE}[{runtime_id}] ({len(rows)} rows)")
+        prepared = prepare_input_state_batch_cas(self._access.domain, expected, replacements)
+        return apply_input_state_batch_cas(self._access, runtime_id, prepared)
 
 
 class InputStateCalls(RuntimeCallsBase):
@@ -361,24 +291,24 @@ class InputStateCalls(RuntimeCallsBase):
 
     def load_input_states(self, runtime_id: str) -> list[StoredInputState]:
         """One-call form of :meth:`InputStateOps.load_input_states`."""
-        return self._read(lambda repo: repo.load_input_states(runtime_id))
+        return self._read(lambda repo: repo.inputs.load_input_states(runtime_id))
 
     def load_input_state(self, runtime_id: str, input_id: str) -> StoredInputState | None:
         """One-call form of :meth:`InputStateOps.load_input_state`."""
         canonical_uuid(input_id, "input_id")
-        return self._read(lambda repo: repo.load_input_state(runtime_id, input_id))
+        return self._read(lambda repo: repo.inputs.load_input_state(runtime_id, input_id))
 
     def persist_input_state(self, runtime_id: str, record: InputStateRecord) -> None:
         """One-call form of :meth:`InputStateOps.persist_input_state`."""
         encoded = encode_input_states(self.domain, (record,))  # refused before the unit opens
-        self._write(lambda repo: repo.apply_input_states(runtime_id, encoded))
+        self._write(lambda repo: repo.inputs.apply_input_states(runtime_id, encoded))
 
     def persist_input_states_atomically(
         self, runtime_id: str, records: Sequence[InputStateRecord]
     ) -> None:
         """One-call form of :meth:`InputStateOps.persist_input_states_atomically`."""
         encoded = encode_input_states(self.domain, records)  # refused before the unit opens
-        self._write(lambda repo: repo.apply_input_states(runtime_id, encoded))
+        self._write(lambda repo: repo.inputs.apply_input_states(runtime_id, encoded))
 
     def compare_and_swap_input_states_atomically(
         self,
@@ -391,7 +321,9 @@ class InputStateCalls(RuntimeCallsBase):
         The batch is prepared before the unit of work opens; an empty batch
         returns SWAPPED without opening a connection.
         """
-        prepared = prepare_input_state_cas(self.domain, expected, replacements)
+        prepared = prepare_input_state_batch_cas(self.domain, expected, replacements)
         if not prepared:
             return InputStateCasOutcome.SWAPPED
-        return self._write(lambda repo: repo.apply_input_state_batch_cas(runtime_id, prepared))
+        return self._write(
+            lambda repo: apply_input_state_batch_cas(repo.access, runtime_id, prepared)
+        )

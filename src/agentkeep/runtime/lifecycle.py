@@ -2,6 +2,11 @@
 
 Spec runtime §1.4–§1.6, §2.24–§2.25, §2.27–§2.30, §3.7–§3.8.
 
+:class:`LifecycleOps` is the repository part ``uow.runtime.lifecycle``; the
+row steps the boundary and finalization writers share are plain functions
+(:func:`upsert_lifecycle`, :func:`ops_bytes`, :func:`delete_ops_row`,
+:func:`is_epoch_retired`).
+
 * ``runtime_states`` holds one machine lifecycle record per runtime, written
   as the domain's current versioned encoding
   (:meth:`RuntimeDomain.encode_lifecycle`). :meth:`LifecycleOps.load_machine_lifecycle_record`
@@ -13,8 +18,9 @@ Spec runtime §1.4–§1.6, §2.24–§2.25, §2.27–§2.30, §3.7–§3.8.
   by its ``epoch_id``.
 * ``runtime_retired_ops_epochs`` holds tombstones of epochs retired by
   unregister finalization. This module never writes or deletes them; it
-  reads them as the fence of every ops write: a snapshot of a retired epoch
-  is refused with :class:`~agentkeep.runtime.errors.OpsLifecycleEpochRetired`,
+  reads them as the fence of every ops write (:func:`is_epoch_retired`, read
+  under the lock before the write): a snapshot of a retired epoch is refused
+  with :class:`~agentkeep.runtime.errors.OpsLifecycleEpochRetired`,
   across restarts.
 
 Every write takes the ``runtime:<id>`` write lock first, so the retired-epoch
@@ -28,41 +34,145 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, select
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import RuntimeAccess, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import MachineLifecycleCommit, OpsSnapshot, RuntimeState
 from agentkeep.runtime.errors import OpsLifecycleEpochRetired, ReadFailed
-from agentkeep.runtime.inputs import InputStateOps, InputStateRecord, encode_input_states
+from agentkeep.runtime.inputs import InputStateRecord, encode_input_states, upsert_input_states
+from agentkeep.runtime.models import OpsLifecycleRow, RetiredOpsEpochRow, RuntimeStateRow
+from agentkeep.statements import Statement, upsert
 
-__all__ = ["LifecycleCalls", "LifecycleOps"]
+__all__ = [
+    "LifecycleCalls",
+    "LifecycleOps",
+    "delete_ops_row",
+    "is_epoch_retired",
+    "lifecycle_bytes",
+    "ops_bytes",
+    "upsert_lifecycle",
+]
 
-_LIFECYCLE_TABLE: Final = "runtime_states"
-_OPS_TABLE: Final = "runtime_ops_lifecycle"
+_LIFECYCLE_TABLE: Final = RuntimeStateRow.__tablename__
+_OPS_TABLE: Final = OpsLifecycleRow.__tablename__
+_RETIRED_TABLE: Final = RetiredOpsEpochRow.__tablename__
 
-_LOAD_LIFECYCLE: Final = Sql("SELECT runtime_state_json FROM runtime_states WHERE runtime_id = :rt")
-_UPSERT_LIFECYCLE: Final = Sql(
-    "INSERT INTO runtime_states (runtime_id, runtime_state_json) VALUES (:rt, :data) "
-    "ON CONFLICT (runtime_id) DO UPDATE SET runtime_state_json = excluded.runtime_state_json"
+_OPS_OF = OpsLifecycleRow.runtime_id == p("rt")
+
+_LOAD_LIFECYCLE: Final = Statement(
+    select(RuntimeStateRow.runtime_state_json).where(RuntimeStateRow.runtime_id == p("rt")),
+    name="runtime.lifecycle.get",
 )
-_LOAD_OPS: Final = Sql("SELECT state_json FROM runtime_ops_lifecycle WHERE runtime_id = :rt")
-_UPSERT_OPS: Final = Sql(
-    "INSERT INTO runtime_ops_lifecycle (runtime_id, state_json) VALUES (:rt, :data) "
-    "ON CONFLICT (runtime_id) DO UPDATE SET state_json = excluded.state_json"
+_UPSERT_LIFECYCLE: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        RuntimeStateRow,
+        {"runtime_id": p("rt"), "runtime_state_json": p("data")},
+        key=[RuntimeStateRow.runtime_id],
+        replace=["runtime_state_json"],
+    ),
+    name="runtime.lifecycle.upsert",
 )
-_INSERT_OPS_IF_ABSENT: Final = Sql(
-    "INSERT INTO runtime_ops_lifecycle (runtime_id, state_json) VALUES (:rt, :data) "
-    "ON CONFLICT (runtime_id) DO NOTHING"
+_LOAD_OPS: Final = Statement(
+    select(OpsLifecycleRow.state_json).where(_OPS_OF), name="runtime.ops.get"
 )
-_DELETE_OPS: Final = Sql("DELETE FROM runtime_ops_lifecycle WHERE runtime_id = :rt")
-_IS_RETIRED: Final = Sql(
-    "SELECT 1 FROM runtime_retired_ops_epochs WHERE runtime_id = :rt AND epoch_id = :epoch"
+_UPSERT_OPS: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        OpsLifecycleRow,
+        {"runtime_id": p("rt"), "state_json": p("data")},
+        key=[OpsLifecycleRow.runtime_id],
+        replace=["state_json"],
+    ),
+    name="runtime.ops.upsert",
+)
+_INSERT_OPS_IF_ABSENT: Final = Statement(
+    lambda d: (
+        upsert(d, OpsLifecycleRow)
+        .values(runtime_id=p("rt"), state_json=p("data"))
+        .on_conflict_do_nothing(index_elements=[OpsLifecycleRow.runtime_id])
+    ),
+    name="runtime.ops.insert_if_absent",
+)
+_DELETE_OPS: Final = Statement(delete(OpsLifecycleRow).where(_OPS_OF), name="runtime.ops.delete")
+_IS_RETIRED: Final = Statement(
+    select(RetiredOpsEpochRow.epoch_id).where(
+        RetiredOpsEpochRow.runtime_id == p("rt"), RetiredOpsEpochRow.epoch_id == p("epoch")
+    ),
+    name="runtime.retired_epoch.exists",
 )
 
 
-class LifecycleOps(InputStateOps):
-    """Repository part: machine lifecycle records and ops-lifecycle snapshots."""
+def lifecycle_bytes(access: RuntimeAccess, runtime_id: str) -> bytes | None:
+    """The raw lifecycle record bytes of a runtime (TEXT as UTF-8), or None.
 
-    __slots__ = ()
+    Raises:
+        ReadFailed: the SELECT failed, or the value is not bytes/text.
+    """
+    return access.one_bytes(
+        _LOAD_LIFECYCLE,
+        {"rt": runtime_id},
+        table=_LIFECYCLE_TABLE,
+        key=runtime_id,
+        column="runtime_state_json",
+    )
+
+
+def upsert_lifecycle(access: RuntimeAccess, runtime_id: str, data: bytes) -> None:
+    """Upsert encoded lifecycle record bytes (the caller holds the runtime lock).
+
+    Raises:
+        WriteFailed: the upsert failed.
+    """
+    access.dml(
+        _UPSERT_LIFECYCLE, {"rt": runtime_id, "data": data}, f"{_LIFECYCLE_TABLE}[{runtime_id}]"
+    )
+
+
+def ops_bytes(access: RuntimeAccess, runtime_id: str) -> bytes | None:
+    """The raw ops snapshot bytes of a runtime, or None.
+
+    Raises:
+        ReadFailed: the SELECT failed, or the value is not bytes/text.
+    """
+    return access.one_bytes(
+        _LOAD_OPS, {"rt": runtime_id}, table=_OPS_TABLE, key=runtime_id, column="state_json"
+    )
+
+
+def delete_ops_row(access: RuntimeAccess, runtime_id: str) -> None:
+    """Delete the ops snapshot row (the caller holds the runtime lock).
+
+    Raises:
+        WriteFailed: the DELETE failed (a trigger abort).
+    """
+    access.dml(_DELETE_OPS, {"rt": runtime_id}, f"{_OPS_TABLE}[{runtime_id}]")
+
+
+def is_epoch_retired(access: RuntimeAccess, runtime_id: str, epoch_id: str) -> bool:
+    """True if ``(runtime_id, epoch_id)`` has a retired-epoch tombstone.
+
+    Raises:
+        ReadFailed: the SELECT failed.
+    """
+    row = access.select(
+        _IS_RETIRED,
+        {"rt": runtime_id, "epoch": epoch_id},
+        f"{_RETIRED_TABLE}[{runtime_id}, {epoch_id}]",
+    ).fetchone()
+    return row is not None
+
+
+class LifecycleOps:
+    """Repository part (``uow.runtime.lifecycle``): machine lifecycle and ops snapshots."""
+
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     # -- machine lifecycle (§2.24, §2.25, §3.7) ------------------------------
 
@@ -72,13 +182,7 @@ class LifecycleOps(InputStateOps):
         Raises:
             ReadFailed: the SELECT failed, or the value is not bytes/text.
         """
-        return self._one_bytes(
-            _LOAD_LIFECYCLE,
-            {"rt": runtime_id},
-            table=_LIFECYCLE_TABLE,
-            key=runtime_id,
-            column="runtime_state_json",
-        )
+        return lifecycle_bytes(self._access, runtime_id)
 
     def load_machine_lifecycle(self, runtime_id: str) -> MachineLifecycleCommit | None:
         """Load and strictly decode the lifecycle record (§3.7).
@@ -90,8 +194,8 @@ class LifecycleOps(InputStateOps):
             ReadFailed: the SELECT failed, or the record is not a current one
                 (a legacy bare string, an unversioned object, a corrupt value).
         """
-        data = self.load_machine_lifecycle_record(runtime_id)
-        return None if data is None else self.domain.decode_lifecycle(data)
+        data = lifecycle_bytes(self._access, runtime_id)
+        return None if data is None else self._access.domain.decode_lifecycle(data)
 
     def load_runtime_state(self, runtime_id: str) -> RuntimeState | None:
         """Load the runtime state of the lifecycle record (strict decode, §3.7).
@@ -126,20 +230,20 @@ class LifecycleOps(InputStateOps):
             WriteFailed: a value does not encode, or an upsert failed (nothing
                 of the call stays written).
         """
+        domain = self._access.domain
         self.apply_machine_lifecycle(
-            runtime_id,
-            self.domain.encode_lifecycle(commit),
-            encode_input_states(self.domain, input_states),
+            runtime_id, domain.encode_lifecycle(commit), encode_input_states(domain, input_states)
         )
 
     def apply_machine_lifecycle(
         self, runtime_id: str, data: bytes, inputs: Sequence[tuple[str, bytes]]
     ) -> None:
         """:meth:`commit_machine_lifecycle` after the encodes."""
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        with self._atomic():
-            self._upsert_lifecycle_bytes(runtime_id, data)
-            self._upsert_encoded(runtime_id, inputs)
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        with access.atomic():
+            upsert_lifecycle(access, runtime_id, data)
+            upsert_input_states(access, runtime_id, inputs)
 
     # -- ops lifecycle (§2.27–§2.30) -----------------------------------------
 
@@ -154,14 +258,16 @@ class LifecycleOps(InputStateOps):
                 this runtime (nothing written).
             ReadFailed: the retired-epoch check failed.
         """
-        self.apply_persist_ops(runtime_id, snapshot.epoch_id, self.domain.encode_ops(snapshot))
+        data = self._access.domain.encode_ops(snapshot)
+        self.apply_persist_ops(runtime_id, snapshot.epoch_id, data)
 
     def apply_persist_ops(self, runtime_id: str, epoch_id: str, data: bytes) -> None:
         """:meth:`persist_ops_lifecycle` after the encode (``data`` is epoch ``epoch_id``'s)."""
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        if self._is_epoch_retired(runtime_id, epoch_id):
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        if is_epoch_retired(access, runtime_id, epoch_id):
             raise OpsLifecycleEpochRetired(runtime_id, epoch_id)
-        self._dml(_UPSERT_OPS, {"rt": runtime_id, "data": data}, f"{_OPS_TABLE}[{runtime_id}]")
+        access.dml(_UPSERT_OPS, {"rt": runtime_id, "data": data}, f"{_OPS_TABLE}[{runtime_id}]")
 
     def initialize_ops_lifecycle_if_absent(
         self, runtime_id: str, candidate: OpsSnapshot
@@ -183,26 +289,26 @@ class LifecycleOps(InputStateOps):
                 stored snapshot's epoch is (naming that epoch); nothing written.
             ReadFailed: a SELECT failed, or the stored snapshot does not decode.
         """
-        return self.apply_initialize_ops(
-            runtime_id, candidate.epoch_id, self.domain.encode_ops(candidate)
-        )
+        data = self._access.domain.encode_ops(candidate)
+        return self.apply_initialize_ops(runtime_id, candidate.epoch_id, data)
 
     def apply_initialize_ops(self, runtime_id: str, epoch_id: str, data: bytes) -> OpsSnapshot:
         """:meth:`initialize_ops_lifecycle_if_absent` after the encode."""
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        if self._is_epoch_retired(runtime_id, epoch_id):
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        if is_epoch_retired(access, runtime_id, epoch_id):
             raise OpsLifecycleEpochRetired(runtime_id, epoch_id)
-        with self._atomic():
-            self._dml(
+        with access.atomic():
+            access.dml(
                 _INSERT_OPS_IF_ABSENT,
                 {"rt": runtime_id, "data": data},
                 f"{_OPS_TABLE}[{runtime_id}]",
             )
-            stored = self._load_ops_bytes(runtime_id)
+            stored = ops_bytes(access, runtime_id)
             if stored is None:
                 raise ReadFailed(f"{_OPS_TABLE}[{runtime_id}] is absent after its insert")
-            canonical = self.domain.decode_ops(stored)
-            if self._is_epoch_retired(runtime_id, canonical.epoch_id):
+            canonical = access.domain.decode_ops(stored)
+            if is_epoch_retired(access, runtime_id, canonical.epoch_id):
                 raise OpsLifecycleEpochRetired(runtime_id, canonical.epoch_id)
         return canonical
 
@@ -212,8 +318,8 @@ class LifecycleOps(InputStateOps):
         Raises:
             ReadFailed: the SELECT failed or the row does not decode.
         """
-        data = self._load_ops_bytes(runtime_id)
-        return None if data is None else self.domain.decode_ops(data)
+        data = ops_bytes(self._access, runtime_id)
+        return None if data is None else self._access.domain.decode_ops(data)
 
     def delete_ops_lifecycle(self, runtime_id: str) -> None:
         """Delete the runtime's ops snapshot, if any (§2.30). It does not retire its epoch.
@@ -221,51 +327,8 @@ class LifecycleOps(InputStateOps):
         Raises:
             WriteFailed: the DELETE failed.
         """
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        self._delete_ops_row(runtime_id)
-
-    # -- shared with the boundary and finalization writers -------------------
-
-    def _upsert_lifecycle_bytes(self, runtime_id: str, data: bytes) -> None:
-        """Upsert encoded lifecycle record bytes (the caller holds the runtime lock).
-
-        Raises:
-            WriteFailed: the upsert failed.
-        """
-        self._dml(
-            _UPSERT_LIFECYCLE, {"rt": runtime_id, "data": data}, f"{_LIFECYCLE_TABLE}[{runtime_id}]"
-        )
-
-    def _delete_ops_row(self, runtime_id: str) -> None:
-        """Delete the ops snapshot row (the caller holds the runtime lock).
-
-        Raises:
-            WriteFailed: the DELETE failed (a trigger abort).
-        """
-        self._dml(_DELETE_OPS, {"rt": runtime_id}, f"{_OPS_TABLE}[{runtime_id}]")
-
-    def _is_epoch_retired(self, runtime_id: str, epoch_id: str) -> bool:
-        """True if ``(runtime_id, epoch_id)`` has a retired-epoch tombstone.
-
-        Raises:
-            ReadFailed: the SELECT failed.
-        """
-        row = self._select(
-            _IS_RETIRED,
-            {"rt": runtime_id, "epoch": epoch_id},
-            f"runtime_retired_ops_epochs[{runtime_id}, {epoch_id}]",
-        ).fetchone()
-        return row is not None
-
-    def _load_ops_bytes(self, runtime_id: str) -> bytes | None:
-        """The raw ops snapshot bytes of a runtime, or None.
-
-        Raises:
-            ReadFailed: the SELECT failed, or the value is not bytes/text.
-        """
-        return self._one_bytes(
-            _LOAD_OPS, {"rt": runtime_id}, table=_OPS_TABLE, key=runtime_id, column="state_json"
-        )
+        self._access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        delete_ops_row(self._access, runtime_id)
 
 
 class LifecycleCalls(RuntimeCallsBase):
@@ -275,15 +338,15 @@ class LifecycleCalls(RuntimeCallsBase):
 
     def load_machine_lifecycle_record(self, runtime_id: str) -> bytes | None:
         """One-call form of :meth:`LifecycleOps.load_machine_lifecycle_record`."""
-        return self._read(lambda repo: repo.load_machine_lifecycle_record(runtime_id))
+        return self._read(lambda repo: repo.lifecycle.load_machine_lifecycle_record(runtime_id))
 
     def load_machine_lifecycle(self, runtime_id: str) -> MachineLifecycleCommit | None:
         """One-call form of :meth:`LifecycleOps.load_machine_lifecycle`."""
-        return self._read(lambda repo: repo.load_machine_lifecycle(runtime_id))
+        return self._read(lambda repo: repo.lifecycle.load_machine_lifecycle(runtime_id))
 
     def load_runtime_state(self, runtime_id: str) -> RuntimeState | None:
         """One-call form of :meth:`LifecycleOps.load_runtime_state`."""
-        return self._read(lambda repo: repo.load_runtime_state(runtime_id))
+        return self._read(lambda repo: repo.lifecycle.load_runtime_state(runtime_id))
 
     def commit_machine_lifecycle(
         self,
@@ -294,12 +357,14 @@ class LifecycleCalls(RuntimeCallsBase):
         """One-call form of :meth:`LifecycleOps.commit_machine_lifecycle`."""
         data = self.domain.encode_lifecycle(commit)  # refused before the unit opens
         inputs = encode_input_states(self.domain, input_states)
-        self._write(lambda repo: repo.apply_machine_lifecycle(runtime_id, data, inputs))
+        self._write(lambda repo: repo.lifecycle.apply_machine_lifecycle(runtime_id, data, inputs))
 
     def persist_ops_lifecycle(self, runtime_id: str, snapshot: OpsSnapshot) -> None:
         """One-call form of :meth:`LifecycleOps.persist_ops_lifecycle`."""
         data = self.domain.encode_ops(snapshot)  # refused before the unit opens
-        self._write(lambda repo: repo.apply_persist_ops(runtime_id, snapshot.epoch_id, data))
+        self._write(
+            lambda repo: repo.lifecycle.apply_persist_ops(runtime_id, snapshot.epoch_id, data)
+        )
 
     def initialize_ops_lifecycle_if_absent(
         self, runtime_id: str, candidate: OpsSnapshot
@@ -307,13 +372,13 @@ class LifecycleCalls(RuntimeCallsBase):
         """One-call form of :meth:`LifecycleOps.initialize_ops_lifecycle_if_absent`."""
         data = self.domain.encode_ops(candidate)  # refused before the unit opens
         return self._write(
-            lambda repo: repo.apply_initialize_ops(runtime_id, candidate.epoch_id, data)
+            lambda repo: repo.lifecycle.apply_initialize_ops(runtime_id, candidate.epoch_id, data)
         )
 
     def load_ops_lifecycle(self, runtime_id: str) -> OpsSnapshot | None:
         """One-call form of :meth:`LifecycleOps.load_ops_lifecycle`."""
-        return self._read(lambda repo: repo.load_ops_lifecycle(runtime_id))
+        return self._read(lambda repo: repo.lifecycle.load_ops_lifecycle(runtime_id))
 
     def delete_ops_lifecycle(self, runtime_id: str) -> None:
         """One-call form of :meth:`LifecycleOps.delete_ops_lifecycle`."""
-        self._write(lambda repo: repo.delete_ops_lifecycle(runtime_id))
+        self._write(lambda repo: repo.lifecycle.delete_ops_lifecycle(runtime_id))

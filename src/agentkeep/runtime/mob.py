@@ -4,6 +4,11 @@ Both tables are global (keyed by mob id, not runtime-scoped) and hold opaque
 bytes. Every write takes the ``mob:<id>`` write lock first (``BEGIN
 IMMEDIATE`` on SQLite, the mob's advisory lock on Postgres).
 
+What lives here: the statements of both tables, the repository part
+:class:`MobHostOps` (``uow.runtime.mob_hosts``), its one-call forms, and the
+binding fences (:func:`replace_binding_if_stored`,
+:func:`delete_binding_if_stored`, below).
+
 Fences and outcomes:
 
 * :meth:`MobHostOps.put_mob_host_binding_if_absent` inserts a binding only if
@@ -28,13 +33,21 @@ compare-and-put on such a row would return False although its bytes match.
 This port compares in application code instead: under the write lock it
 reads the stored value, normalises it with
 :func:`~agentkeep.runtime.access.as_bytes` (TEXT → its UTF-8 bytes) and
-compares that with ``expected``. The write then keeps an SQL fence on the
-value actually stored (``WHERE mob_id = :id AND record_json = :stored``,
-bound as read, ``str`` or ``bytes``), so it matches that row and nothing else;
-a TEXT-degraded row with matching text is therefore replaced (rewritten as a
-BLOB), deleted or revoked like any other. If the fence matches no row
-(only possible for a writer that bypasses the lock) the answer is False and
-nothing is written. On Postgres (``bytea``) the two comparisons are the same.
+compares that with ``expected``; absent or different: False, nothing written.
+
+**The fence** (:func:`replace_binding_if_stored`,
+:func:`delete_binding_if_stored`): the write is fenced in SQL on the value
+actually stored (``UPDATE`` / ``DELETE ... WHERE mob_id = :id AND
+record_json = :stored``, bound as read, ``str`` or ``bytes``), so it matches
+that row and nothing else; a TEXT-degraded row with matching text is
+therefore replaced (rewritten as a BLOB), deleted or revoked like any other.
+Under the lock the fence always matches one row. If it matches none (only a
+writer that bypasses the lock can cause that) the call raises
+:class:`~agentkeep.errors.ConcurrentModification` — a bug signal, not an
+outcome — and nothing of it stays written. On Postgres (``bytea``) the two
+comparisons are the same. :meth:`~MobHostOps.put_mob_host_binding_if_absent`
+needs no compare: its ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` is its
+fence, and "no row inserted" is its normal False.
 
 Payloads must be ``bytes`` (``bytearray`` / ``memoryview`` are copied): a
 ``str`` would be stored as TEXT on SQLite. Anything else is
@@ -45,42 +58,79 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, select, update
+
+from agentkeep.db import LockNamespace
 from agentkeep.errors import InvalidInput
-from agentkeep.runtime.access import RuntimeAccess, as_bytes
+from agentkeep.runtime.access import RuntimeAccess, as_bytes, stored_form, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
+from agentkeep.runtime.models import MobHostBindingRow as Binding
+from agentkeep.runtime.models import MobHostRevocationRow as Revocation
+from agentkeep.statements import Statement, upsert
 
-__all__ = ["MobHostCalls", "MobHostOps", "check_mob_id", "check_payload"]
+__all__ = [
+    "MobHostCalls",
+    "MobHostOps",
+    "check_mob_id",
+    "check_payload",
+    "delete_binding_if_stored",
+    "replace_binding_if_stored",
+    "stored_binding",
+]
 
-_BINDINGS: Final = "runtime_mob_host_bindings"
-_REVOCATIONS: Final = "runtime_mob_host_revocations"
+_BINDINGS: Final = Binding.__tablename__
+_REVOCATIONS: Final = Revocation.__tablename__
 
-_LOAD_BINDING: Final = Sql("SELECT record_json FROM runtime_mob_host_bindings WHERE mob_id = :id")
-_LIST_BINDINGS: Final = Sql(
-    "SELECT mob_id, record_json FROM runtime_mob_host_bindings ORDER BY mob_id"
+_BINDING_OF = Binding.mob_id == p("id")
+_REVOCATION_OF = Revocation.mob_id == p("id")
+
+_LOAD_BINDING: Final = Statement(
+    select(Binding.record_json).where(_BINDING_OF), name="runtime.mob.binding.get"
 )
-_INSERT_BINDING: Final = Sql(
-    "INSERT INTO runtime_mob_host_bindings (mob_id, record_json) VALUES (:id, :record) "
-    "ON CONFLICT (mob_id) DO NOTHING RETURNING 1"
+_LIST_BINDINGS: Final = Statement(
+    select(Binding.mob_id, Binding.record_json).order_by(Binding.mob_id),
+    name="runtime.mob.binding.list",
 )
-_REPLACE_BINDING: Final = Sql(
-    "UPDATE runtime_mob_host_bindings SET record_json = :next "
-    "WHERE mob_id = :id AND record_json = :stored"
+_INSERT_BINDING: Final = Statement(
+    lambda d: (
+        upsert(d, Binding)
+        .values(mob_id=p("id"), record_json=p("record"))
+        .on_conflict_do_nothing(index_elements=[Binding.mob_id])
+        .returning(Binding.mob_id)
+    ),
+    name="runtime.mob.binding.insert_if_absent",
 )
-_DELETE_BINDING: Final = Sql(
-    "DELETE FROM runtime_mob_host_bindings WHERE mob_id = :id AND record_json = :stored"
+_REPLACE_BINDING: Final = Statement(
+    update(Binding)
+    .values(record_json=p("next"))
+    .where(_BINDING_OF, Binding.record_json == p("stored")),
+    name="runtime.mob.binding.replace_if",
 )
-_LOAD_REVOCATION: Final = Sql(
-    "SELECT receipt_json FROM runtime_mob_host_revocations WHERE mob_id = :id"
+_DELETE_BINDING: Final = Statement(
+    delete(Binding).where(_BINDING_OF, Binding.record_json == p("stored")),
+    name="runtime.mob.binding.delete_if",
 )
-_LIST_REVOCATIONS: Final = Sql(
-    "SELECT mob_id, receipt_json FROM runtime_mob_host_revocations ORDER BY mob_id"
+_LOAD_REVOCATION: Final = Statement(
+    select(Revocation.receipt_json).where(_REVOCATION_OF), name="runtime.mob.revocation.get"
 )
-_UPSERT_REVOCATION: Final = Sql(
-    "INSERT INTO runtime_mob_host_revocations (mob_id, receipt_json) VALUES (:id, :receipt) "
-    "ON CONFLICT (mob_id) DO UPDATE SET receipt_json = excluded.receipt_json"
+_LIST_REVOCATIONS: Final = Statement(
+    select(Revocation.mob_id, Revocation.receipt_json).order_by(Revocation.mob_id),
+    name="runtime.mob.revocation.list",
 )
-_DELETE_REVOCATION: Final = Sql("DELETE FROM runtime_mob_host_revocations WHERE mob_id = :id")
+_UPSERT_REVOCATION: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        Revocation,
+        {"mob_id": p("id"), "receipt_json": p("receipt")},
+        key=[Revocation.mob_id],
+        replace=["receipt_json"],
+    ),
+    name="runtime.mob.revocation.upsert",
+)
+_DELETE_REVOCATION: Final = Statement(
+    delete(Revocation).where(_REVOCATION_OF), name="runtime.mob.revocation.delete"
+)
 
 
 def check_payload(value: Any, field: str) -> bytes:
@@ -107,10 +157,59 @@ def check_mob_id(mob_id: Any) -> str:
     return mob_id
 
 
-class MobHostOps(RuntimeAccess):
-    """Repository part: mob host bindings and revocation receipts."""
+def stored_binding(access: RuntimeAccess, mob_id: str) -> Any:
+    """The mob's binding exactly as stored (bytes, or str for a TEXT-degraded row), or None.
 
-    __slots__ = ()
+    Raises:
+        ReadFailed: the SELECT failed.
+    """
+    row = access.select(_LOAD_BINDING, {"id": mob_id}, f"{_BINDINGS}[{mob_id}]").fetchone()
+    return None if row is None else stored_form(row[0])
+
+
+def _binding_if(access: RuntimeAccess, mob_id: str, expected: bytes) -> Any:
+    """The binding as stored if its bytes (TEXT as UTF-8) equal ``expected``, else None."""
+    stored = stored_binding(access, mob_id)
+    if stored is None:
+        return None
+    if as_bytes(stored, table=_BINDINGS, key=mob_id, column="record_json") != expected:
+        return None
+    return stored
+
+
+def replace_binding_if_stored(
+    access: RuntimeAccess, mob_id: str, stored: Any, next_record: bytes
+) -> None:
+    """The fence of compare-and-put: write ``next_record`` iff the binding still is ``stored``.
+
+    Raises:
+        ConcurrentModification: the binding no longer holds ``stored``.
+        WriteFailed: the UPDATE failed.
+    """
+    access.fenced(
+        _REPLACE_BINDING,
+        {"id": mob_id, "next": next_record, "stored": stored},
+        f"{_BINDINGS}[{mob_id}]",
+    )
+
+
+def delete_binding_if_stored(access: RuntimeAccess, mob_id: str, stored: Any) -> None:
+    """The fence of delete and revoke: delete the binding iff it still is ``stored``.
+
+    Raises:
+        ConcurrentModification: the binding no longer holds ``stored``.
+        WriteFailed: the DELETE failed.
+    """
+    access.fenced(_DELETE_BINDING, {"id": mob_id, "stored": stored}, f"{_BINDINGS}[{mob_id}]")
+
+
+class MobHostOps:
+    """Repository part (``uow.runtime.mob_hosts``): mob host bindings and revocation receipts."""
+
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     # -- reads -------------------------------------------------------------
 
@@ -122,7 +221,7 @@ class MobHostOps(RuntimeAccess):
             ReadFailed: the SELECT failed, or the value is not bytes/text.
         """
         check_mob_id(mob_id)
-        return self._one_bytes(
+        return self._access.one_bytes(
             _LOAD_BINDING, {"id": mob_id}, table=_BINDINGS, key=mob_id, column="record_json"
         )
 
@@ -142,7 +241,7 @@ class MobHostOps(RuntimeAccess):
             ReadFailed: the SELECT failed, or the value is not bytes/text.
         """
         check_mob_id(mob_id)
-        return self._one_bytes(
+        return self._access.one_bytes(
             _LOAD_REVOCATION, {"id": mob_id}, table=_REVOCATIONS, key=mob_id, column="receipt_json"
         )
 
@@ -154,8 +253,8 @@ class MobHostOps(RuntimeAccess):
         """
         return self._list(_LIST_REVOCATIONS, _REVOCATIONS, "receipt_json")
 
-    def _list(self, stmt: Sql, table: str, column: str) -> list[tuple[str, bytes]]:
-        rows = self._select(stmt, {}, table).fetchall()
+    def _list(self, stmt: Statement, table: str, column: str) -> list[tuple[str, bytes]]:
+        rows = self._access.select(stmt, {}, table).fetchall()
         return [
             (mob_id, as_bytes(value, table=table, key=mob_id, column=column))
             for mob_id, value in rows
@@ -176,14 +275,14 @@ class MobHostOps(RuntimeAccess):
         """
         check_mob_id(mob_id)
         record = check_payload(record, "record")
-        self._begin_write(LockNamespace.MOB, mob_id)
-        with self._atomic():
-            inserted = self._dml(
+        self._access.begin_write(LockNamespace.MOB, mob_id)
+        with self._access.atomic():
+            inserted = self._access.dml(
                 _INSERT_BINDING, {"id": mob_id, "record": record}, f"{_BINDINGS}[{mob_id}]"
             ).fetchone()
             if inserted is None:
                 return False
-            self._dml(_DELETE_REVOCATION, {"id": mob_id}, f"{_REVOCATIONS}[{mob_id}]")
+            self._access.dml(_DELETE_REVOCATION, {"id": mob_id}, f"{_REVOCATIONS}[{mob_id}]")
         return True
 
     def compare_and_put_mob_host_binding(
@@ -199,20 +298,19 @@ class MobHostOps(RuntimeAccess):
             InvalidInput: ``mob_id`` is not a ``str`` or a record not bytes.
             ReadFailed: the binding could not be read.
             WriteFailed: the UPDATE failed.
+            ConcurrentModification: the binding changed between its locked
+                read and the fenced UPDATE (a writer bypassed the lock).
         """
         check_mob_id(mob_id)
         expected = check_payload(expected, "expected")
         next_record = check_payload(next_record, "next_record")
-        self._begin_write(LockNamespace.MOB, mob_id)
-        stored = self._stored_binding_if(mob_id, expected)
+        access = self._access
+        access.begin_write(LockNamespace.MOB, mob_id)
+        stored = _binding_if(access, mob_id, expected)
         if stored is None:
             return False
-        cur = self._dml(
-            _REPLACE_BINDING,
-            {"id": mob_id, "next": next_record, "stored": stored},
-            f"{_BINDINGS}[{mob_id}]",
-        )
-        return bool(cur.rowcount == 1)
+        replace_binding_if_stored(access, mob_id, stored, next_record)
+        return True
 
     def delete_mob_host_binding(self, mob_id: str, expected: bytes) -> bool:
         """Delete the mob's binding iff it holds exactly ``expected`` (no receipt is written).
@@ -225,14 +323,18 @@ class MobHostOps(RuntimeAccess):
             InvalidInput: ``mob_id`` is not a ``str`` or ``expected`` not bytes.
             ReadFailed: the binding could not be read.
             WriteFailed: the DELETE failed.
+            ConcurrentModification: the binding changed between its locked
+                read and the fenced DELETE (a writer bypassed the lock).
         """
         check_mob_id(mob_id)
         expected = check_payload(expected, "expected")
-        self._begin_write(LockNamespace.MOB, mob_id)
-        stored = self._stored_binding_if(mob_id, expected)
+        access = self._access
+        access.begin_write(LockNamespace.MOB, mob_id)
+        stored = _binding_if(access, mob_id, expected)
         if stored is None:
             return False
-        return self._delete_binding(mob_id, stored)
+        delete_binding_if_stored(access, mob_id, stored)
+        return True
 
     def revoke_mob_host_binding(self, mob_id: str, expected_binding: bytes, receipt: bytes) -> bool:
         """Delete the binding iff it holds exactly ``expected_binding`` and store ``receipt``.
@@ -248,35 +350,23 @@ class MobHostOps(RuntimeAccess):
             InvalidInput: ``mob_id`` is not a ``str`` or a record not bytes.
             ReadFailed: the binding could not be read.
             WriteFailed: a statement failed (nothing stays written).
+            ConcurrentModification: the binding changed between its locked
+                read and the fenced DELETE (nothing stays written).
         """
         check_mob_id(mob_id)
         expected_binding = check_payload(expected_binding, "expected_binding")
         receipt = check_payload(receipt, "receipt")
-        self._begin_write(LockNamespace.MOB, mob_id)
-        stored = self._stored_binding_if(mob_id, expected_binding)
+        access = self._access
+        access.begin_write(LockNamespace.MOB, mob_id)
+        stored = _binding_if(access, mob_id, expected_binding)
         if stored is None:
             return False
-        with self._atomic():
-            if not self._delete_binding(mob_id, stored):
-                return False
-            self._dml(
+        with access.atomic():
+            delete_binding_if_stored(access, mob_id, stored)
+            access.dml(
                 _UPSERT_REVOCATION, {"id": mob_id, "receipt": receipt}, f"{_REVOCATIONS}[{mob_id}]"
             )
         return True
-
-    def _stored_binding_if(self, mob_id: str, expected: bytes) -> Any:
-        """The binding value as stored (``bytes`` or ``str``) if its bytes equal ``expected``."""
-        row = self._select(_LOAD_BINDING, {"id": mob_id}, f"{_BINDINGS}[{mob_id}]").fetchone()
-        if row is None:
-            return None
-        stored = row[0]
-        if as_bytes(stored, table=_BINDINGS, key=mob_id, column="record_json") != expected:
-            return None
-        return bytes(stored) if isinstance(stored, memoryview) else stored
-
-    def _delete_binding(self, mob_id: str, stored: Any) -> bool:
-        cur = self._dml(_DELETE_BINDING, {"id": mob_id, "stored": stored}, f"{_BINDINGS}[{mob_id}]")
-        return bool(cur.rowcount == 1)
 
 
 class MobHostCalls(RuntimeCallsBase):
@@ -287,26 +377,28 @@ class MobHostCalls(RuntimeCallsBase):
     def load_mob_host_binding(self, mob_id: str) -> bytes | None:
         """One-call form of :meth:`MobHostOps.load_mob_host_binding`."""
         check_mob_id(mob_id)
-        return self._read(lambda repo: repo.load_mob_host_binding(mob_id))
+        return self._read(lambda repo: repo.mob_hosts.load_mob_host_binding(mob_id))
 
     def list_mob_host_bindings(self) -> list[tuple[str, bytes]]:
         """One-call form of :meth:`MobHostOps.list_mob_host_bindings`."""
-        return self._read(lambda repo: repo.list_mob_host_bindings())
+        return self._read(lambda repo: repo.mob_hosts.list_mob_host_bindings())
 
     def load_mob_host_revocation(self, mob_id: str) -> bytes | None:
         """One-call form of :meth:`MobHostOps.load_mob_host_revocation`."""
         check_mob_id(mob_id)
-        return self._read(lambda repo: repo.load_mob_host_revocation(mob_id))
+        return self._read(lambda repo: repo.mob_hosts.load_mob_host_revocation(mob_id))
 
     def list_mob_host_revocations(self) -> list[tuple[str, bytes]]:
         """One-call form of :meth:`MobHostOps.list_mob_host_revocations`."""
-        return self._read(lambda repo: repo.list_mob_host_revocations())
+        return self._read(lambda repo: repo.mob_hosts.list_mob_host_revocations())
 
     def put_mob_host_binding_if_absent(self, mob_id: str, record: bytes) -> bool:
         """One-call form of :meth:`MobHostOps.put_mob_host_binding_if_absent`."""
         check_mob_id(mob_id)
         record = check_payload(record, "record")
-        return self._write(lambda repo: repo.put_mob_host_binding_if_absent(mob_id, record))
+        return self._write(
+            lambda repo: repo.mob_hosts.put_mob_host_binding_if_absent(mob_id, record)
+        )
 
     def compare_and_put_mob_host_binding(
         self, mob_id: str, expected: bytes, next_record: bytes
@@ -316,14 +408,16 @@ class MobHostCalls(RuntimeCallsBase):
         expected = check_payload(expected, "expected")
         next_record = check_payload(next_record, "next_record")
         return self._write(
-            lambda repo: repo.compare_and_put_mob_host_binding(mob_id, expected, next_record)
+            lambda repo: repo.mob_hosts.compare_and_put_mob_host_binding(
+                mob_id, expected, next_record
+            )
         )
 
     def delete_mob_host_binding(self, mob_id: str, expected: bytes) -> bool:
         """One-call form of :meth:`MobHostOps.delete_mob_host_binding`."""
         check_mob_id(mob_id)
         expected = check_payload(expected, "expected")
-        return self._write(lambda repo: repo.delete_mob_host_binding(mob_id, expected))
+        return self._write(lambda repo: repo.mob_hosts.delete_mob_host_binding(mob_id, expected))
 
     def revoke_mob_host_binding(self, mob_id: str, expected_binding: bytes, receipt: bytes) -> bool:
         """One-call form of :meth:`MobHostOps.revoke_mob_host_binding`."""
@@ -331,5 +425,5 @@ class MobHostCalls(RuntimeCallsBase):
         expected_binding = check_payload(expected_binding, "expected_binding")
         receipt = check_payload(receipt, "receipt")
         return self._write(
-            lambda repo: repo.revoke_mob_host_binding(mob_id, expected_binding, receipt)
+            lambda repo: repo.mob_hosts.revoke_mob_host_binding(mob_id, expected_binding, receipt)
         )

@@ -5,6 +5,10 @@ One global row (``id = 'auth_oauth_flow_state'``, not runtime-scoped) of
 OAuth write lock first (``BEGIN IMMEDIATE`` on SQLite, the OAuth advisory
 lock on Postgres):
 
+What lives here: the repository part :class:`OAuthOps` (``uow.runtime.oauth``),
+its one-call forms and the two statements. There is no compare-and-set, so
+no SQL fence: the OAuth write lock serialises every writer.
+
 * :meth:`OAuthOps.persist_auth_oauth_flow_snapshot` upserts the payload
   unconditionally;
 * :meth:`OAuthOps.update_auth_oauth_flow_snapshot` is a read-modify-write:
@@ -20,29 +24,41 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from agentkeep.db import LockNamespace, Sql
-from agentkeep.runtime.access import OAUTH_SINGLETON_ID, RuntimeAccess
+from sqlalchemy import bindparam as p
+from sqlalchemy import select
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import OAUTH_SINGLETON_ID, RuntimeAccess, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.mob import check_payload
+from agentkeep.runtime.models import AuthOAuthFlowStateRow as Flow
+from agentkeep.statements import Statement
 
 __all__ = ["OAuthCalls", "OAuthOps", "OAuthFlowUpdate"]
 
 #: ``update(current payload or None) -> next payload``.
 OAuthFlowUpdate = Callable[[bytes | None], bytes]
 
-_TABLE: Final = "runtime_auth_oauth_flow_state"
+_TABLE: Final = Flow.__tablename__
 
-_LOAD: Final = Sql("SELECT state_json FROM runtime_auth_oauth_flow_state WHERE id = :id")
-_UPSERT: Final = Sql(
-    "INSERT INTO runtime_auth_oauth_flow_state (id, state_json) VALUES (:id, :data) "
-    "ON CONFLICT (id) DO UPDATE SET state_json = excluded.state_json"
+_LOAD: Final = Statement(
+    select(Flow.state_json).where(Flow.id == p("id")), name="runtime.oauth.get"
+)
+_UPSERT: Final = Statement(
+    lambda d: upsert_replacing(
+        d, Flow, {"id": p("id"), "state_json": p("data")}, key=[Flow.id], replace=["state_json"]
+    ),
+    name="runtime.oauth.upsert",
 )
 
 
-class OAuthOps(RuntimeAccess):
-    """Repository part: the OAuth flow singleton."""
+class OAuthOps:
+    """Repository part (``uow.runtime.oauth``): the OAuth flow singleton."""
 
-    __slots__ = ()
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     def persist_auth_oauth_flow_snapshot(self, snapshot: bytes) -> None:
         """Store the OAuth flow payload unconditionally.
@@ -52,7 +68,7 @@ class OAuthOps(RuntimeAccess):
             WriteFailed: the upsert failed.
         """
         data = check_payload(snapshot, "snapshot")
-        self._begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
+        self._access.begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
         self._write_singleton(data)
 
     def load_auth_oauth_flow_snapshot(self) -> bytes | None:
@@ -61,7 +77,7 @@ class OAuthOps(RuntimeAccess):
         Raises:
             ReadFailed: the SELECT failed, or the value is not bytes/text.
         """
-        return self._one_bytes(
+        return self._access.one_bytes(
             _LOAD,
             {"id": OAUTH_SINGLETON_ID},
             table=_TABLE,
@@ -83,13 +99,13 @@ class OAuthOps(RuntimeAccess):
             ReadFailed: the current payload could not be read.
             WriteFailed: the upsert failed.
         """
-        self._begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
+        self._access.begin_write(LockNamespace.OAUTH, OAUTH_SINGLETON_ID)
         current = self.load_auth_oauth_flow_snapshot()
         data = check_payload(update(current), "update result")
         self._write_singleton(data)
 
     def _write_singleton(self, data: bytes) -> None:
-        self._dml(
+        self._access.dml(
             _UPSERT, {"id": OAUTH_SINGLETON_ID, "data": data}, f"{_TABLE}[{OAUTH_SINGLETON_ID}]"
         )
 
@@ -110,11 +126,11 @@ class OAuthCalls(RuntimeCallsBase):
     def persist_auth_oauth_flow_snapshot(self, snapshot: bytes) -> None:
         """One-call form of :meth:`OAuthOps.persist_auth_oauth_flow_snapshot`."""
         data = check_payload(snapshot, "snapshot")
-        self._write(lambda repo: repo.persist_auth_oauth_flow_snapshot(data))
+        self._write(lambda repo: repo.oauth.persist_auth_oauth_flow_snapshot(data))
 
     def load_auth_oauth_flow_snapshot(self) -> bytes | None:
         """One-call form of :meth:`OAuthOps.load_auth_oauth_flow_snapshot`."""
-        return self._read(lambda repo: repo.load_auth_oauth_flow_snapshot())
+        return self._read(lambda repo: repo.oauth.load_auth_oauth_flow_snapshot())
 
     def update_auth_oauth_flow_snapshot(self, update: OAuthFlowUpdate) -> None:
         """One-call form of :meth:`OAuthOps.update_auth_oauth_flow_snapshot`.
@@ -134,7 +150,7 @@ class OAuthCalls(RuntimeCallsBase):
 
         failure: Exception | None = None
         try:
-            self._write(lambda repo: repo.update_auth_oauth_flow_snapshot(guarded))
+            self._write(lambda repo: repo.oauth.update_auth_oauth_flow_snapshot(guarded))
         except _CallbackRaised as carried:
             failure = carried.error
         if failure is not None:

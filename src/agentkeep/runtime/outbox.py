@@ -5,18 +5,24 @@ carrying its intent (only a boundary commit inserts rows), moves to
 ``finalized`` when the projection is acknowledged, and is never deleted: a
 finalized row is a tombstone that refuses every replay of its intent.
 
-The three checks every snapshot writer runs live here, one place each:
+The three checks every snapshot writer runs live here, one function each,
+taking the unit's :class:`~agentkeep.runtime.access.RuntimeAccess` (the
+caller holds the ``runtime:<id>`` write lock):
 
-* :meth:`OutboxOps._insert_outbox_intents` (boundary writers): insert each
-  intent if absent, then compare the stored intent *structurally*; a
-  different intent at the same key → ``WriteFailed("conflicting compaction
-  outbox intent for rewrite {revision}")``. The row's state is never changed.
-* :meth:`OutboxOps._reject_finalized_replays` (boundary writers, before the
+* :func:`insert_outbox_intents` (boundary writers): the outbox's fence.
+  Each intent is inserted if absent (``INSERT ... ON CONFLICT DO NOTHING``),
+  then the stored intent is compared *structurally*; a different intent at
+  the same key → ``WriteFailed("conflicting compaction outbox intent for
+  rewrite {revision}")``. The row's state is never changed.
+* :func:`reject_finalized_replays` (boundary writers, before the
   supersession verdict): a finalized row at an intent's key →
   ``WriteFailed("atomic session snapshot replays finalized compaction intent
   {revision}")``.
-* :meth:`OutboxOps._ensure_intents_already_outboxed` (non-boundary writers):
-  every intent must already be an identical *pending* row; they never insert.
+* :func:`ensure_intents_already_outboxed` (non-boundary writers): every
+  intent must already be an identical *pending* row; they never insert.
+
+:class:`OutboxOps` is the repository part with the pending list and
+finalization (``uow.runtime.outbox``).
 
 Invariants (I3, I4): rows are never deleted; ``state`` only moves ``pending``
 → ``finalized``; the ``intent_json`` of a key never changes; once a row is
@@ -28,36 +34,64 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from agentkeep.db import LockNamespace, Sql
-from agentkeep.runtime.access import as_bytes
+from sqlalchemy import bindparam as p
+from sqlalchemy import select, update
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import RuntimeAccess, as_bytes
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import CompactionIntent, ProjectionId
 from agentkeep.runtime.errors import RuntimeNotFound, WriteFailed
-from agentkeep.runtime.snapshot_rows import SnapshotRows
+from agentkeep.runtime.models import CompactionProjectionOutboxRow as Outbox
+from agentkeep.runtime.snapshot_rows import previous_session, upsert_snapshot
+from agentkeep.statements import Statement, upsert
 
-__all__ = ["OutboxCalls", "OutboxOps"]
+__all__ = [
+    "OutboxCalls",
+    "OutboxOps",
+    "ensure_intents_already_outboxed",
+    "insert_outbox_intents",
+    "reject_finalized_replays",
+]
 
-_T: Final = "runtime_compaction_projection_outbox"
-_KEY: Final = (
-    "runtime_id = :rt AND session_id = :sid AND parent_revision = :parent "
-    "AND revision = :rev AND commit_fingerprint = :fp"
+_T: Final = Outbox.__tablename__
+_KEY = (
+    Outbox.runtime_id == p("rt"),
+    Outbox.session_id == p("sid"),
+    Outbox.parent_revision == p("parent"),
+    Outbox.revision == p("rev"),
+    Outbox.commit_fingerprint == p("fp"),
 )
-_INSERT: Final = Sql(
-    "INSERT INTO runtime_compaction_projection_outbox (runtime_id, session_id, "
-    "parent_revision, revision, commit_fingerprint, intent_json, state) "
-    "VALUES (:rt, :sid, :parent, :rev, :fp, :intent, 'pending') ON CONFLICT DO NOTHING"
+_INSERT: Final = Statement(
+    lambda d: (
+        upsert(d, Outbox)
+        .values(
+            runtime_id=p("rt"),
+            session_id=p("sid"),
+            parent_revision=p("parent"),
+            revision=p("rev"),
+            commit_fingerprint=p("fp"),
+            intent_json=p("intent"),
+            state="pending",
+        )
+        .on_conflict_do_nothing()
+    ),
+    name="runtime.outbox.insert",
 )
-_GET: Final = Sql(
-    f"SELECT intent_json, state FROM runtime_compaction_projection_outbox WHERE {_KEY}"
+_GET: Final = Statement(
+    select(Outbox.intent_json, Outbox.state).where(*_KEY), name="runtime.outbox.get"
 )
-_EXISTS: Final = Sql(f"SELECT 1 FROM runtime_compaction_projection_outbox WHERE {_KEY}")
-_FINALIZE: Final = Sql(
-    f"UPDATE runtime_compaction_projection_outbox SET state = 'finalized' WHERE {_KEY}"
+_EXISTS: Final = Statement(select(Outbox.runtime_id).where(*_KEY), name="runtime.outbox.exists")
+_FINALIZE: Final = Statement(
+    update(Outbox).values(state="finalized").where(*_KEY), name="runtime.outbox.finalize"
 )
-_PENDING: Final = Sql(
-    "SELECT revision, intent_json FROM runtime_compaction_projection_outbox "
-    "WHERE runtime_id = :rt AND state = 'pending' "
-    "ORDER BY session_id, parent_revision, revision, commit_fingerprint"
+_PENDING: Final = Statement(
+    select(Outbox.revision, Outbox.intent_json)
+    .where(Outbox.runtime_id == p("rt"), Outbox.state == "pending")
+    .order_by(
+        Outbox.session_id, Outbox.parent_revision, Outbox.revision, Outbox.commit_fingerprint
+    ),
+    name="runtime.outbox.pending",
 )
 
 
@@ -71,84 +105,87 @@ def _key(runtime_id: str, pid: ProjectionId) -> dict[str, Any]:
     }
 
 
-class OutboxOps(SnapshotRows):
-    """The outbox checks of every snapshot writer, the pending list and finalization."""
+def _outbox_row(
+    access: RuntimeAccess, runtime_id: str, pid: ProjectionId
+) -> tuple[CompactionIntent, str] | None:
+    row = access.select(_GET, _key(runtime_id, pid), f"{_T}[{pid.revision}]").fetchone()
+    if row is None:
+        return None
+    data = as_bytes(row[0], table=_T, key=pid.revision, column="intent_json")
+    return access.domain.decode_compaction_intent(data), str(row[1])
 
-    __slots__ = ()
 
-    def _outbox_row(
-        self, runtime_id: str, pid: ProjectionId
-    ) -> tuple[CompactionIntent, str] | None:
-        row = self._select(_GET, _key(runtime_id, pid), f"{_T}[{pid.revision}]").fetchone()
-        if row is None:
-            return None
-        data = as_bytes(row[0], table=_T, key=pid.revision, column="intent_json")
-        return self.domain.decode_compaction_intent(data), str(row[1])
+def insert_outbox_intents(
+    access: RuntimeAccess, runtime_id: str, intents: Sequence[CompactionIntent]
+) -> None:
+    """Insert each intent if absent and compare the stored one (§2.0.8).
 
-    def _insert_outbox_intents(self, runtime_id: str, intents: Sequence[CompactionIntent]) -> None:
-        """Insert each intent if absent and compare the stored one (§2.0.8).
+    Raises:
+        WriteFailed: a different intent is stored at the same key, or a
+            statement failed.
+        ReadFailed: the stored intent does not decode.
+    """
+    for intent in intents:
+        pid = intent.projection
+        params = _key(runtime_id, pid)
+        params["intent"] = access.domain.encode_compaction_intent(intent)
+        access.dml(_INSERT, params, f"{_T}[{pid.revision}]")
+        stored = _outbox_row(access, runtime_id, pid)
+        if stored is None:  # inserted or present a moment ago, under our lock
+            raise WriteFailed(f"compaction outbox row for rewrite {pid.revision} vanished")
+        if stored[0] != intent:
+            raise WriteFailed(f"conflicting compaction outbox intent for rewrite {pid.revision}")
 
-        Raises:
-            WriteFailed: a different intent is stored at the same key, or a
-                statement failed.
-            ReadFailed: the stored intent does not decode.
-        """
-        for intent in intents:
-            pid = intent.projection
-            params = _key(runtime_id, pid)
-            params["intent"] = self.domain.encode_compaction_intent(intent)
-            self._dml(_INSERT, params, f"{_T}[{pid.revision}]")
-            stored = self._outbox_row(runtime_id, pid)
-            if stored is None:  # inserted or present a moment ago, under our lock
-                raise WriteFailed(f"compaction outbox row for rewrite {pid.revision} vanished")
-            if stored[0] != intent:
-                raise WriteFailed(
-                    f"conflicting compaction outbox intent for rewrite {pid.revision}"
-                )
 
-    def _reject_finalized_replays(
-        self, runtime_id: str, intents: Sequence[CompactionIntent]
-    ) -> None:
-        """Refuse a boundary snapshot that carries an acknowledged intent (§2.0.10).
+def reject_finalized_replays(
+    access: RuntimeAccess, runtime_id: str, intents: Sequence[CompactionIntent]
+) -> None:
+    """Refuse a boundary snapshot that carries an acknowledged intent (§2.0.10).
 
-        Raises:
-            WriteFailed: an intent's outbox row is finalized.
-            ReadFailed: the SELECT failed or the row does not decode.
-        """
-        for intent in intents:
-            stored = self._outbox_row(runtime_id, intent.projection)
-            if stored is not None and stored[1] == "finalized":
-                raise WriteFailed(
-                    "atomic session snapshot replays finalized compaction intent "
-                    f"{intent.projection.revision}"
-                )
+    Raises:
+        WriteFailed: an intent's outbox row is finalized.
+        ReadFailed: the SELECT failed or the row does not decode.
+    """
+    for intent in intents:
+        stored = _outbox_row(access, runtime_id, intent.projection)
+        if stored is not None and stored[1] == "finalized":
+            raise WriteFailed(
+                "atomic session snapshot replays finalized compaction intent "
+                f"{intent.projection.revision}"
+            )
 
-    def _ensure_intents_already_outboxed(self, runtime_id: str, session: Any) -> None:
-        """A non-boundary snapshot may carry only identical pending outbox intents (§2.0.9).
 
-        Raises:
-            WriteFailed: an intent is invalid (§3.4), has no outbox row, its
-                row is finalized, or the stored intent differs.
-            ReadFailed: a stored intent does not decode.
-        """
-        for intent in self.domain.validated_compaction_intents(session):
-            rev = intent.projection.revision
-            stored = self._outbox_row(runtime_id, intent.projection)
-            if stored is None:
-                raise WriteFailed(
-                    f"non-boundary snapshot introduces compaction intent {rev} "
-                    "without atomic outbox authority"
-                )
-            if stored[1] == "finalized":
-                raise WriteFailed(
-                    f"non-boundary snapshot replays finalized compaction intent {rev}"
-                )
-            if stored[0] != intent:
-                raise WriteFailed(
-                    f"non-boundary snapshot conflicts with compaction outbox rewrite {rev}"
-                )
+def ensure_intents_already_outboxed(access: RuntimeAccess, runtime_id: str, session: Any) -> None:
+    """A non-boundary snapshot may carry only identical pending outbox intents (§2.0.9).
 
-    # -- public operations -------------------------------------------------
+    Raises:
+        WriteFailed: an intent is invalid (§3.4), has no outbox row, its
+            row is finalized, or the stored intent differs.
+        ReadFailed: a stored intent does not decode.
+    """
+    for intent in access.domain.validated_compaction_intents(session):
+        rev = intent.projection.revision
+        stored = _outbox_row(access, runtime_id, intent.projection)
+        if stored is None:
+            raise WriteFailed(
+                f"non-boundary snapshot introduces compaction intent {rev} "
+                "without atomic outbox authority"
+            )
+        if stored[1] == "finalized":
+            raise WriteFailed(f"non-boundary snapshot replays finalized compaction intent {rev}")
+        if stored[0] != intent:
+            raise WriteFailed(
+                f"non-boundary snapshot conflicts with compaction outbox rewrite {rev}"
+            )
+
+
+class OutboxOps:
+    """Repository part (``uow.runtime.outbox``): the pending list and finalization."""
+
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     def load_pending_compaction_projections(self, runtime_id: str) -> list[CompactionIntent]:
         """The runtime's pending intents, ordered by their key (§2.12).
@@ -157,9 +194,10 @@ class OutboxOps(SnapshotRows):
             ReadFailed: the SELECT failed or any row does not decode (the
                 whole call fails; a corrupt row is never skipped).
         """
-        rows = self._select(_PENDING, {"rt": runtime_id}, _T).fetchall()
+        access = self._access
+        rows = access.select(_PENDING, {"rt": runtime_id}, _T).fetchall()
         return [
-            self.domain.decode_compaction_intent(
+            access.domain.decode_compaction_intent(
                 as_bytes(data, table=_T, key=str(rev), column="intent_json")
             )
             for rev, data in rows
@@ -182,16 +220,17 @@ class OutboxOps(SnapshotRows):
             ReadFailed: the stored snapshot does not decode.
             WriteFailed: a statement failed.
         """
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
         key = _key(runtime_id, projection)
-        if self._select(_EXISTS, key, f"{_T}[{projection.revision}]").fetchone() is None:
+        if access.select(_EXISTS, key, f"{_T}[{projection.revision}]").fetchone() is None:
             raise RuntimeNotFound("compaction outbox rewrite", projection.revision)
-        with self._atomic():
-            _, session = self._previous_session(runtime_id)
+        with access.atomic():
+            _, session = previous_session(access, runtime_id)
             if session is not None:
-                cleaned = self.domain.complete_compaction_intent(session, projection)
-                self._upsert_snapshot(runtime_id, self.domain.encode_session(cleaned))
-            self._dml(_FINALIZE, key, f"{_T}[{projection.revision}]")
+                cleaned = access.domain.complete_compaction_intent(session, projection)
+                upsert_snapshot(access, runtime_id, access.domain.encode_session(cleaned))
+            access.dml(_FINALIZE, key, f"{_T}[{projection.revision}]")
 
 
 class OutboxCalls(RuntimeCallsBase):
@@ -205,14 +244,10 @@ class OutboxCalls(RuntimeCallsBase):
 
     def load_pending_compaction_projections(self, runtime_id: str) -> list[CompactionIntent]:
         """One-call form of :meth:`OutboxOps.load_pending_compaction_projections`."""
-        return self._read(lambda r: r.load_pending_compaction_projections(runtime_id))
+        return self._read(lambda r: r.outbox.load_pending_compaction_projections(runtime_id))
 
     def mark_compaction_projection_finalized(
         self, runtime_id: str, projection: ProjectionId
     ) -> None:
         """One-call form of :meth:`OutboxOps.mark_compaction_projection_finalized`."""
-        self._write(lambda r: r.mark_compaction_projection_finalized(runtime_id, projection))
-
-    def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
-        """One-call form of :meth:`SnapshotRows.is_runtime_projection_quarantined`."""
-        return self._read(lambda r: r.is_runtime_projection_quarantined(runtime_id))
+        self._write(lambda r: r.outbox.mark_compaction_projection_finalized(runtime_id, projection))

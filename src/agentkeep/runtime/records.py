@@ -1,8 +1,9 @@
 """Runtime records of the reference domain (spec runtime §3.6–§3.10).
 
-Input states and their batch compare-and-swap preparation, machine lifecycle
-records, ops snapshots, the unregister-finalization value and its capability
-token.
+Input states (and the batch compare-and-swap's size limit; the batch's
+preparation lives with its fence in :mod:`agentkeep.runtime.input_cas`),
+machine lifecycle records, ops snapshots, the unregister-finalization value
+and its capability token.
 
 Choices where the spec is open:
 
@@ -21,14 +22,13 @@ Choices where the spec is open:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from agentkeep.errors import InvalidInput
-from agentkeep.runtime.errors import InvalidInputStateBatchCas, WriteFailed
+from agentkeep.runtime.errors import WriteFailed
 from agentkeep.runtime.session_model import MAX_U63, STRICT, canonical_bytes, canonical_uuid
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "MachineLifecycleCommit",
     "MachineLifecycleStoreRecord",
     "OpsSnapshot",
-    "PreparedInputStateCas",
     "RuntimeBinding",
     "RuntimeState",
     "StoredInputState",
@@ -49,17 +48,17 @@ __all__ = [
     "UnregisterFinalizationCommit",
     "encode_input_state",
     "issue_delete_ops_finalization_authority",
-    "prepare_input_state_batch_cas",
 ]
 
 STORED_INPUT_STATE_VERSION: Final = 1
 LIFECYCLE_RECORD_VERSION: Final = 3
 OPS_SNAPSHOT_VERSION: Final = 1
+#: The most rows one input-state batch compare-and-swap may hold (§3.6).
 MAX_INPUT_STATE_BATCH_CAS: Final = 256
 
 
 # --------------------------------------------------------------------------
-# Input states (§3.10) and batch CAS (§3.6)
+# Input states (§3.10)
 
 
 class StoredInputState(BaseModel):
@@ -116,15 +115,6 @@ class InputStatePersistenceRecord(BaseModel):
         return self.state
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedInputStateCas:
-    """One row of a prepared batch CAS: compare ``expected_json``, write ``replacement_json``."""
-
-    input_id: str
-    expected_json: bytes
-    replacement_json: bytes
-
-
 def encode_input_state(state: StoredInputState) -> bytes:
     """Encode ``state`` canonically.
 
@@ -135,57 +125,6 @@ def encode_input_state(state: StoredInputState) -> bytes:
         return canonical_bytes(state.model_dump(mode="json"))
     except ValueError as exc:
         raise WriteFailed(f"failed to encode input state {state.input_id}: {exc}") from exc
-
-
-def prepare_input_state_batch_cas(
-    expected: Sequence[StoredInputState],
-    replacements: Sequence[InputStatePersistenceRecord | StoredInputState],
-) -> tuple[PreparedInputStateCas, ...]:
-    """Validate a batch CAS and encode both sides, in the order of ``expected`` (§3.6).
-
-    An empty result means "Swapped" without touching the database.
-
-    Raises:
-        InvalidInputStateBatchCas: the counts differ, exceed
-            :data:`MAX_INPUT_STATE_BATCH_CAS`, an id repeats on either side, or
-            the two id sets differ.
-        WriteFailed: a state does not encode.
-    """
-    repl = [
-        r.into_stored() if isinstance(r, InputStatePersistenceRecord) else r for r in replacements
-    ]
-    if len(expected) != len(repl):
-        raise InvalidInputStateBatchCas(
-            f"{len(expected)} expected rows but {len(repl)} replacements"
-        )
-    if len(expected) > MAX_INPUT_STATE_BATCH_CAS:
-        raise InvalidInputStateBatchCas(
-            f"{len(expected)} rows exceed the maximum of {MAX_INPUT_STATE_BATCH_CAS}"
-        )
-    by_expected: dict[str, StoredInputState] = {}
-    for state in expected:
-        if state.input_id in by_expected:
-            raise InvalidInputStateBatchCas(f"input {state.input_id} repeats in expected")
-        by_expected[state.input_id] = state
-    by_replacement: dict[str, StoredInputState] = {}
-    for state in repl:
-        if state.input_id in by_replacement:
-            raise InvalidInputStateBatchCas(f"input {state.input_id} repeats in replacements")
-        by_replacement[state.input_id] = state
-    for input_id in by_expected:
-        if input_id not in by_replacement:
-            raise InvalidInputStateBatchCas(f"expected input {input_id} has no replacement")
-    for input_id in by_replacement:  # unreachable after the checks above; kept as a guard
-        if input_id not in by_expected:
-            raise InvalidInputStateBatchCas(f"replacement input {input_id} was not expected")
-    return tuple(
-        PreparedInputStateCas(
-            input_id=state.input_id,
-            expected_json=encode_input_state(state),
-            replacement_json=encode_input_state(by_replacement[state.input_id]),
-        )
-        for state in expected
-    )
 
 
 # --------------------------------------------------------------------------

@@ -1,102 +1,159 @@
 """The snapshot row and its quarantine marker, as every snapshot writer touches them.
 
-Spec runtime §1.3, §1.8, §2.0.6–§2.0.7. :class:`SnapshotRows` holds the
-statements on ``runtime_session_snapshots`` and ``runtime_projection_quarantine``
-that the snapshot writers (:mod:`~agentkeep.runtime.snapshots`), the boundary
-commits (:mod:`~agentkeep.runtime.boundaries`) and outbox finalization
-(:mod:`~agentkeep.runtime.outbox`) share. None of them takes a lock: the
-calling operation holds the ``runtime:<id>`` write lock.
+Spec runtime §1.3, §1.8, §2.0.6–§2.0.7. This module holds the statements on
+``runtime_session_snapshots`` and ``runtime_projection_quarantine`` that the
+snapshot writers (:mod:`~agentkeep.runtime.snapshots`), the boundary commits
+(:mod:`~agentkeep.runtime.boundaries`) and outbox finalization
+(:mod:`~agentkeep.runtime.outbox`) share, as plain functions of the unit's
+:class:`~agentkeep.runtime.access.RuntimeAccess`. None of them takes a lock:
+the calling operation holds the ``runtime:<id>`` write lock. No fence lives
+here; the snapshot compare-and-set fences are in
+:mod:`~agentkeep.runtime.snapshots`.
 
-Invariant kept here (I5): every snapshot write goes through
-:meth:`SnapshotRows._upsert_snapshot`, which deletes the quarantine marker in
-the same transaction, because a written snapshot is authoritative again.
+Invariant kept here (I5): every unconditional snapshot write goes through
+:func:`upsert_snapshot`, which deletes the quarantine marker in the same
+transaction, because a written snapshot is authoritative again.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from agentkeep.db import Sql
-from agentkeep.runtime.access import RuntimeAccess
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, exists, select
 
-__all__ = ["SnapshotRows"]
+from agentkeep.runtime.access import RuntimeAccess, stored_form, upsert_replacing
+from agentkeep.runtime.models import ProjectionQuarantineRow, SessionSnapshotRow
+from agentkeep.statements import Statement, upsert
 
-_T: Final = "runtime_session_snapshots"
+__all__ = [
+    "clear_quarantine",
+    "delete_snapshot",
+    "is_quarantined",
+    "previous_session",
+    "set_quarantine",
+    "snapshot_bytes",
+    "stored_snapshot",
+    "upsert_snapshot",
+]
 
-_GET: Final = Sql("SELECT session_snapshot FROM runtime_session_snapshots WHERE runtime_id = :rt")
-_UPSERT: Final = Sql(
-    "INSERT INTO runtime_session_snapshots (runtime_id, session_snapshot) VALUES (:rt, :data) "
-    "ON CONFLICT (runtime_id) DO UPDATE SET session_snapshot = excluded.session_snapshot"
+_T: Final = SessionSnapshotRow.__tablename__
+_Q: Final = ProjectionQuarantineRow.__tablename__
+
+_SNAPSHOT_OF = SessionSnapshotRow.runtime_id == p("rt")
+_QUARANTINE_OF = ProjectionQuarantineRow.runtime_id == p("rt")
+
+_GET: Final = Statement(
+    select(SessionSnapshotRow.session_snapshot).where(_SNAPSHOT_OF), name="runtime.snapshot.get"
 )
-_DELETE: Final = Sql("DELETE FROM runtime_session_snapshots WHERE runtime_id = :rt")
-_CLEAR_QUARANTINE: Final = Sql("DELETE FROM runtime_projection_quarantine WHERE runtime_id = :rt")
-_SET_QUARANTINE: Final = Sql(
-    "INSERT INTO runtime_projection_quarantine (runtime_id) VALUES (:rt) "
-    "ON CONFLICT (runtime_id) DO NOTHING"
+_UPSERT: Final = Statement(
+    lambda d: upsert_replacing(
+        d,
+        SessionSnapshotRow,
+        {"runtime_id": p("rt"), "session_snapshot": p("data")},
+        key=[SessionSnapshotRow.runtime_id],
+        replace=["session_snapshot"],
+    ),
+    name="runtime.snapshot.upsert",
 )
-_QUARANTINED: Final = Sql(
-    "SELECT EXISTS (SELECT 1 FROM runtime_projection_quarantine WHERE runtime_id = :rt)"
+_DELETE: Final = Statement(
+    delete(SessionSnapshotRow).where(_SNAPSHOT_OF), name="runtime.snapshot.delete"
+)
+_CLEAR_QUARANTINE: Final = Statement(
+    delete(ProjectionQuarantineRow).where(_QUARANTINE_OF), name="runtime.quarantine.clear"
+)
+_SET_QUARANTINE: Final = Statement(
+    lambda d: (
+        upsert(d, ProjectionQuarantineRow)
+        .values(runtime_id=p("rt"))
+        .on_conflict_do_nothing(index_elements=[ProjectionQuarantineRow.runtime_id])
+    ),
+    name="runtime.quarantine.set",
+)
+_QUARANTINED: Final = Statement(
+    select(exists().where(_QUARANTINE_OF)), name="runtime.quarantine.exists"
 )
 
 
-class SnapshotRows(RuntimeAccess):
-    """Row-level helpers on the snapshot and quarantine tables (no lock taken)."""
+def stored_snapshot(access: RuntimeAccess, runtime_id: str) -> Any:
+    """The snapshot exactly as stored (bytes, or str for a TEXT-degraded row), or None.
 
-    __slots__ = ()
+    What a compare-and-set binds into its SQL fence (see
+    :func:`~agentkeep.runtime.access.stored_form`).
 
-    def _snapshot_bytes(self, runtime_id: str) -> bytes | None:
-        """The stored snapshot bytes (TEXT read as UTF-8), or None.
+    Raises:
+        ReadFailed: the SELECT failed.
+    """
+    row = access.select(_GET, {"rt": runtime_id}, f"{_T}[{runtime_id}]").fetchone()
+    return None if row is None else stored_form(row[0])
 
-        Raises:
-            ReadFailed: the SELECT failed or the value is not bytes or text.
-        """
-        return self._one_bytes(
-            _GET, {"rt": runtime_id}, table=_T, key=runtime_id, column="session_snapshot"
-        )
 
-    def _previous_session(self, runtime_id: str) -> tuple[bytes | None, Any]:
-        """The stored snapshot's bytes and its decoded session (None, None when absent).
+def snapshot_bytes(access: RuntimeAccess, runtime_id: str) -> bytes | None:
+    """The stored snapshot bytes (TEXT read as UTF-8), or None.
 
-        Raises:
-            ReadFailed: the row does not decode (legacy, unversioned, corrupt):
-                fail-closed, never read as absent (§2.0.3).
-        """
-        data = self._snapshot_bytes(runtime_id)
-        if data is None:
-            return None, None
-        return data, self.domain.decode_persisted_session(data)
+    Raises:
+        ReadFailed: the SELECT failed or the value is not bytes or text.
+    """
+    return access.one_bytes(
+        _GET, {"rt": runtime_id}, table=_T, key=runtime_id, column="session_snapshot"
+    )
 
-    def _upsert_snapshot(self, runtime_id: str, data: bytes) -> None:
-        """Write the snapshot and clear the quarantine marker (§2.0.6).
 
-        Raises:
-            WriteFailed: a statement failed (a trigger abort on the snapshot row).
-        """
-        self._dml(_UPSERT, {"rt": runtime_id, "data": data}, f"{_T}[{runtime_id}]")
-        self._clear_quarantine(runtime_id)
+def previous_session(access: RuntimeAccess, runtime_id: str) -> tuple[bytes | None, Any]:
+    """The stored snapshot's bytes and its decoded session (None, None when absent).
 
-    def _delete_snapshot(self, runtime_id: str) -> None:
-        self._dml(_DELETE, {"rt": runtime_id}, f"{_T}[{runtime_id}]")
+    Raises:
+        ReadFailed: the row does not decode (legacy, unversioned, corrupt):
+            fail-closed, never read as absent (§2.0.3).
+    """
+    data = snapshot_bytes(access, runtime_id)
+    if data is None:
+        return None, None
+    return data, access.domain.decode_persisted_session(data)
 
-    def _clear_quarantine(self, runtime_id: str) -> None:
-        self._dml(
-            _CLEAR_QUARANTINE, {"rt": runtime_id}, f"runtime_projection_quarantine[{runtime_id}]"
-        )
 
-    def _set_quarantine(self, runtime_id: str) -> None:
-        self._dml(
-            _SET_QUARANTINE, {"rt": runtime_id}, f"runtime_projection_quarantine[{runtime_id}]"
-        )
+def upsert_snapshot(access: RuntimeAccess, runtime_id: str, data: bytes) -> None:
+    """Write the snapshot and clear the quarantine marker (§2.0.6).
 
-    def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
-        """Whether the runtime's snapshot was cleared as rejected and not written since (§2.21).
+    Raises:
+        WriteFailed: a statement failed (a trigger abort on the snapshot row).
+    """
+    access.dml(_UPSERT, {"rt": runtime_id, "data": data}, f"{_T}[{runtime_id}]")
+    clear_quarantine(access, runtime_id)
 
-        Returns:
-            True while the durable quarantine marker is set; False for a
-            fresh runtime or after any snapshot write.
 
-        Raises:
-            ReadFailed: the SELECT failed.
-        """
-        row = self._select(_QUARANTINED, {"rt": runtime_id}, "runtime_projection_quarantine")
-        return bool(row.fetchone()[0])
+def delete_snapshot(access: RuntimeAccess, runtime_id: str) -> None:
+    """Delete the snapshot row, if any (quarantine untouched).
+
+    Raises:
+        WriteFailed: the DELETE failed.
+    """
+    access.dml(_DELETE, {"rt": runtime_id}, f"{_T}[{runtime_id}]")
+
+
+def clear_quarantine(access: RuntimeAccess, runtime_id: str) -> None:
+    """Delete the runtime's quarantine marker, if any.
+
+    Raises:
+        WriteFailed: the DELETE failed.
+    """
+    access.dml(_CLEAR_QUARANTINE, {"rt": runtime_id}, f"{_Q}[{runtime_id}]")
+
+
+def set_quarantine(access: RuntimeAccess, runtime_id: str) -> None:
+    """Set the runtime's durable quarantine marker (idempotent).
+
+    Raises:
+        WriteFailed: the INSERT failed.
+    """
+    access.dml(_SET_QUARANTINE, {"rt": runtime_id}, f"{_Q}[{runtime_id}]")
+
+
+def is_quarantined(access: RuntimeAccess, runtime_id: str) -> bool:
+    """True while the runtime's quarantine marker is set.
+
+    Raises:
+        ReadFailed: the SELECT failed.
+    """
+    row = access.select(_QUARANTINED, {"rt": runtime_id}, _Q)
+    return bool(row.fetchone()[0])

@@ -1,10 +1,12 @@
-"""Non-boundary session-snapshot writes and reads (spec runtime §2.8–§2.9, §2.17–§2.20).
+"""Non-boundary session-snapshot writes and reads (spec runtime §2.8–§2.9, §2.17–§2.21).
 
-The snapshot row is the runtime's authoritative session (its head). Every
+:class:`SnapshotOps` is the repository part ``uow.runtime.snapshots``. The
+snapshot row is the runtime's authoritative session (its head). Every
 writer here takes the ``runtime:<id>`` write lock first, holds the incoming
 snapshot to outbox authority (it may carry only identical *pending* outbox
-intents, :meth:`~agentkeep.runtime.outbox.OutboxOps._ensure_intents_already_outboxed`),
-and writes through the one upsert that also clears quarantine.
+intents, :func:`~agentkeep.runtime.outbox.ensure_intents_already_outboxed`),
+and writes through the one upsert that also clears quarantine
+(:mod:`~agentkeep.runtime.snapshot_rows`).
 
 Fences and outcomes:
 
@@ -18,10 +20,17 @@ Fences and outcomes:
   :class:`~agentkeep.runtime.errors.TranscriptRevisionConflict`.
 * :meth:`SnapshotOps.replace_session_snapshot_if_current` /
   :meth:`SnapshotOps.clear_session_snapshot_if_current` — compare-and-set on
-  the stored bytes (compared in Python after the locked read; a TEXT-degraded
-  row compares by its UTF-8 bytes): ``False`` when the stored bytes are not
-  the expected ones, with nothing written. Clear-if-current also sets the
-  durable quarantine marker.
+  the stored bytes, compared in Python after the locked read (a TEXT-degraded
+  row compares by its UTF-8 bytes): ``False`` when no row is stored or its
+  bytes are not the expected ones, with nothing written. Otherwise the write
+  is fenced in SQL on the value read (:func:`replace_snapshot_if_stored`:
+  ``UPDATE ... SET session_snapshot = :data WHERE runtime_id = :rt AND
+  session_snapshot = :stored``; :func:`delete_snapshot_if_stored`: ``DELETE
+  ... WHERE`` the same), bound as read so a TEXT row matches too; a fence
+  that matches no row although the lock is held is
+  :class:`~agentkeep.errors.ConcurrentModification` (a writer bypassed the
+  lock) and nothing of the call stays written. Replace clears the quarantine
+  marker like every snapshot write; clear-if-current sets it.
 
 A caller-supplied snapshot that does not decode is ``WriteFailed`` and is
 refused before any database access (in the one-call form, before the unit
@@ -32,22 +41,105 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from agentkeep.db import LockNamespace, Sql
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, select, update
+
+from agentkeep.db import LockNamespace
+from agentkeep.runtime.access import RuntimeAccess, as_bytes
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import TranscriptCommit
-from agentkeep.runtime.outbox import OutboxOps
+from agentkeep.runtime.models import SessionSnapshotRow
+from agentkeep.runtime.outbox import ensure_intents_already_outboxed
+from agentkeep.runtime.snapshot_rows import (
+    clear_quarantine,
+    delete_snapshot,
+    is_quarantined,
+    previous_session,
+    set_quarantine,
+    snapshot_bytes,
+    stored_snapshot,
+    upsert_snapshot,
+)
+from agentkeep.statements import Statement
 
-__all__ = ["SnapshotCalls", "SnapshotOps"]
+__all__ = [
+    "SnapshotCalls",
+    "SnapshotOps",
+    "delete_snapshot_if_stored",
+    "replace_snapshot_if_stored",
+]
 
-_SAME_BYTES: Final = Sql(
-    "SELECT 1 FROM runtime_session_snapshots WHERE runtime_id = :rt AND session_snapshot = :data"
+_T: Final = SessionSnapshotRow.__tablename__
+
+#: The identical-bytes fast path (an SQL comparison: a TEXT row never matches).
+_SAME_BYTES: Final = Statement(
+    select(SessionSnapshotRow.runtime_id).where(
+        SessionSnapshotRow.runtime_id == p("rt"), SessionSnapshotRow.session_snapshot == p("data")
+    ),
+    name="runtime.snapshot.same_bytes",
 )
 
 
-class SnapshotOps(OutboxOps):
-    """Session-snapshot commits, rewrites, compare-and-set replacement and clears."""
+_STORED = (
+    SessionSnapshotRow.runtime_id == p("rt"),
+    SessionSnapshotRow.session_snapshot == p("stored"),
+)
+#: The fence of replace-if-current: only the row that still holds the value read.
+_REPLACE_IF_STORED: Final = Statement(
+    update(SessionSnapshotRow).values(session_snapshot=p("data")).where(*_STORED),
+    name="runtime.snapshot.replace_if_stored",
+)
+#: The fence of clear-if-current.
+_DELETE_IF_STORED: Final = Statement(
+    delete(SessionSnapshotRow).where(*_STORED), name="runtime.snapshot.delete_if_stored"
+)
 
-    __slots__ = ()
+
+def _current_if(access: RuntimeAccess, runtime_id: str, expected: bytes) -> Any:
+    """The snapshot as stored if its bytes (TEXT as UTF-8) are ``expected``, else None."""
+    stored = stored_snapshot(access, runtime_id)
+    if stored is None:
+        return None
+    current = as_bytes(stored, table=_T, key=runtime_id, column="session_snapshot")
+    return stored if current == bytes(expected) else None
+
+
+def replace_snapshot_if_stored(
+    access: RuntimeAccess, runtime_id: str, stored: Any, data: bytes
+) -> None:
+    """Write ``data`` over the snapshot iff it still holds ``stored``; clear quarantine.
+
+    ``stored`` is the value as read under the lock. Takes no lock.
+
+    Raises:
+        ConcurrentModification: the row no longer holds ``stored`` (nothing written).
+        WriteFailed: a statement failed (a trigger abort).
+    """
+    access.fenced(
+        _REPLACE_IF_STORED,
+        {"rt": runtime_id, "stored": stored, "data": data},
+        f"{_T}[{runtime_id}]",
+    )
+    clear_quarantine(access, runtime_id)
+
+
+def delete_snapshot_if_stored(access: RuntimeAccess, runtime_id: str, stored: Any) -> None:
+    """Delete the snapshot iff it still holds ``stored`` (the value read under the lock).
+
+    Raises:
+        ConcurrentModification: the row no longer holds ``stored`` (nothing deleted).
+        WriteFailed: the DELETE failed (a trigger abort).
+    """
+    access.fenced(_DELETE_IF_STORED, {"rt": runtime_id, "stored": stored}, f"{_T}[{runtime_id}]")
+
+
+class SnapshotOps:
+    """Repository part: snapshot commits, rewrites, compare-and-set replacement, clears."""
+
+    __slots__ = ("_access",)
+
+    def __init__(self, access: RuntimeAccess) -> None:
+        self._access = access
 
     # -- commit ------------------------------------------------------------
 
@@ -64,28 +156,26 @@ class SnapshotOps(OutboxOps):
                 save guard rejects it against the stored head; a write failed.
             ReadFailed: the stored head does not decode (legacy/unversioned).
         """
-        self.apply_session_snapshot(
-            runtime_id, session_snapshot, self.domain.decode_incoming_session(session_snapshot)
-        )
+        incoming = self._access.domain.decode_incoming_session(session_snapshot)
+        self.apply_session_snapshot(runtime_id, session_snapshot, incoming)
 
     def apply_session_snapshot(self, runtime_id: str, data: bytes, incoming: Any) -> None:
         """:meth:`commit_session_snapshot` after the decode (``incoming`` decodes ``data``)."""
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        self._ensure_intents_already_outboxed(runtime_id, incoming)
-        same = self._select(
-            _SAME_BYTES, {"rt": runtime_id, "data": data}, "runtime_session_snapshots"
-        ).fetchone()
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        ensure_intents_already_outboxed(access, runtime_id, incoming)
+        same = access.select(_SAME_BYTES, {"rt": runtime_id, "data": data}, _T).fetchone()
         if same is not None:
             # Identical bytes: continuity is proven; only head coherence is
             # left. No UPDATE of the row (a BEFORE UPDATE trigger never fires).
-            self.domain.head_coherence_guard(incoming)
-            with self._atomic():
-                self._clear_quarantine(runtime_id)
+            access.domain.head_coherence_guard(incoming)
+            with access.atomic():
+                clear_quarantine(access, runtime_id)
             return
-        _, previous = self._previous_session(runtime_id)
-        self.domain.boundary_save_guard(incoming, previous)
-        with self._atomic():
-            self._upsert_snapshot(runtime_id, data)
+        _, previous = previous_session(access, runtime_id)
+        access.domain.boundary_save_guard(incoming, previous)
+        with access.atomic():
+            upsert_snapshot(access, runtime_id, data)
 
     def commit_session_transcript_rewrite_snapshot(
         self, runtime_id: str, session_snapshot: bytes, commit: TranscriptCommit
@@ -105,23 +195,20 @@ class SnapshotOps(OutboxOps):
                 rewrite guard refuses it; a write failed.
             ReadFailed: the stored head does not decode.
         """
-        self.apply_transcript_rewrite(
-            runtime_id,
-            session_snapshot,
-            self.domain.decode_incoming_session(session_snapshot),
-            commit,
-        )
+        incoming = self._access.domain.decode_incoming_session(session_snapshot)
+        self.apply_transcript_rewrite(runtime_id, session_snapshot, incoming, commit)
 
     def apply_transcript_rewrite(
         self, runtime_id: str, data: bytes, incoming: Any, commit: TranscriptCommit
     ) -> None:
         """:meth:`commit_session_transcript_rewrite_snapshot` after the decode."""
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        self._ensure_intents_already_outboxed(runtime_id, incoming)
-        _, previous = self._previous_session(runtime_id)
-        self.domain.rewrite_save_guard(incoming, previous, commit)
-        with self._atomic():
-            self._upsert_snapshot(runtime_id, data)
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        ensure_intents_already_outboxed(access, runtime_id, incoming)
+        _, previous = previous_session(access, runtime_id)
+        access.domain.rewrite_save_guard(incoming, previous, commit)
+        with access.atomic():
+            upsert_snapshot(access, runtime_id, data)
 
     # -- reads and clears ----------------------------------------------------
 
@@ -131,7 +218,19 @@ class SnapshotOps(OutboxOps):
         Raises:
             ReadFailed: the SELECT failed.
         """
-        return self._snapshot_bytes(runtime_id)
+        return snapshot_bytes(self._access, runtime_id)
+
+    def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
+        """Whether the runtime's snapshot was cleared as rejected and not written since (§2.21).
+
+        Returns:
+            True while the durable quarantine marker is set; False for a
+            fresh runtime or after any snapshot write.
+
+        Raises:
+            ReadFailed: the SELECT failed.
+        """
+        return is_quarantined(self._access, runtime_id)
 
     def clear_session_snapshot(self, runtime_id: str) -> None:
         """Delete the snapshot row unconditionally (§2.18); quarantine and outbox untouched.
@@ -139,9 +238,10 @@ class SnapshotOps(OutboxOps):
         Raises:
             WriteFailed: the DELETE failed.
         """
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        with self._atomic():
-            self._delete_snapshot(runtime_id)
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        with access.atomic():
+            delete_snapshot(access, runtime_id)
 
     def replace_session_snapshot_if_current(
         self, runtime_id: str, expected_current: bytes, replacement: bytes
@@ -160,25 +260,24 @@ class SnapshotOps(OutboxOps):
             WriteFailed: the replacement does not decode, or it carries an
                 intent that is not an identical pending outbox row.
             ReadFailed: a stored intent does not decode.
+            ConcurrentModification: the row changed between its locked read
+                and the fenced UPDATE (a writer bypassed the lock).
         """
-        return self.apply_replace_if_current(
-            runtime_id,
-            expected_current,
-            replacement,
-            self.domain.decode_incoming_session(replacement),
-        )
+        incoming = self._access.domain.decode_incoming_session(replacement)
+        return self.apply_replace_if_current(runtime_id, expected_current, replacement, incoming)
 
     def apply_replace_if_current(
         self, runtime_id: str, expected_current: bytes, data: bytes, incoming: Any
     ) -> bool:
         """:meth:`replace_session_snapshot_if_current` after the decode."""
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        current = self._snapshot_bytes(runtime_id)
-        if current is None or current != bytes(expected_current):
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        stored = _current_if(access, runtime_id, expected_current)
+        if stored is None:
             return False
-        self._ensure_intents_already_outboxed(runtime_id, incoming)
-        with self._atomic():
-            self._upsert_snapshot(runtime_id, data)
+        ensure_intents_already_outboxed(access, runtime_id, incoming)
+        with access.atomic():
+            replace_snapshot_if_stored(access, runtime_id, stored, data)
         return True
 
     def clear_session_snapshot_if_current(self, runtime_id: str, expected_current: bytes) -> bool:
@@ -190,14 +289,17 @@ class SnapshotOps(OutboxOps):
 
         Raises:
             WriteFailed: a statement failed.
+            ConcurrentModification: the row changed between its locked read
+                and the fenced DELETE (a writer bypassed the lock).
         """
-        self._begin_write(LockNamespace.RUNTIME, runtime_id)
-        current = self._snapshot_bytes(runtime_id)
-        if current is None or current != bytes(expected_current):
+        access = self._access
+        access.begin_write(LockNamespace.RUNTIME, runtime_id)
+        stored = _current_if(access, runtime_id, expected_current)
+        if stored is None:
             return False
-        with self._atomic():
-            self._delete_snapshot(runtime_id)
-            self._set_quarantine(runtime_id)
+        with access.atomic():
+            delete_snapshot_if_stored(access, runtime_id, stored)
+            set_quarantine(access, runtime_id)
         return True
 
 
@@ -209,7 +311,9 @@ class SnapshotCalls(RuntimeCallsBase):
     def commit_session_snapshot(self, runtime_id: str, session_snapshot: bytes) -> None:
         """One-call form of :meth:`SnapshotOps.commit_session_snapshot`."""
         incoming = self.domain.decode_incoming_session(session_snapshot)
-        self._write(lambda r: r.apply_session_snapshot(runtime_id, session_snapshot, incoming))
+        self._write(
+            lambda r: r.snapshots.apply_session_snapshot(runtime_id, session_snapshot, incoming)
+        )
 
     def commit_session_transcript_rewrite_snapshot(
         self, runtime_id: str, session_snapshot: bytes, commit: TranscriptCommit
@@ -217,16 +321,22 @@ class SnapshotCalls(RuntimeCallsBase):
         """One-call form of :meth:`SnapshotOps.commit_session_transcript_rewrite_snapshot`."""
         incoming = self.domain.decode_incoming_session(session_snapshot)
         self._write(
-            lambda r: r.apply_transcript_rewrite(runtime_id, session_snapshot, incoming, commit)
+            lambda r: r.snapshots.apply_transcript_rewrite(
+                runtime_id, session_snapshot, incoming, commit
+            )
         )
 
     def load_session_snapshot(self, runtime_id: str) -> bytes | None:
         """One-call form of :meth:`SnapshotOps.load_session_snapshot`."""
-        return self._read(lambda r: r.load_session_snapshot(runtime_id))
+        return self._read(lambda r: r.snapshots.load_session_snapshot(runtime_id))
+
+    def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
+        """One-call form of :meth:`SnapshotOps.is_runtime_projection_quarantined`."""
+        return self._read(lambda r: r.snapshots.is_runtime_projection_quarantined(runtime_id))
 
     def clear_session_snapshot(self, runtime_id: str) -> None:
         """One-call form of :meth:`SnapshotOps.clear_session_snapshot`."""
-        self._write(lambda r: r.clear_session_snapshot(runtime_id))
+        self._write(lambda r: r.snapshots.clear_session_snapshot(runtime_id))
 
     def replace_session_snapshot_if_current(
         self, runtime_id: str, expected_current: bytes, replacement: bytes
@@ -234,7 +344,7 @@ class SnapshotCalls(RuntimeCallsBase):
         """One-call form of :meth:`SnapshotOps.replace_session_snapshot_if_current`."""
         incoming = self.domain.decode_incoming_session(replacement)
         return self._write(
-            lambda r: r.apply_replace_if_current(
+            lambda r: r.snapshots.apply_replace_if_current(
                 runtime_id, expected_current, replacement, incoming
             )
         )
@@ -242,5 +352,5 @@ class SnapshotCalls(RuntimeCallsBase):
     def clear_session_snapshot_if_current(self, runtime_id: str, expected_current: bytes) -> bool:
         """One-call form of :meth:`SnapshotOps.clear_session_snapshot_if_current`."""
         return self._write(
-            lambda r: r.clear_session_snapshot_if_current(runtime_id, expected_current)
+            lambda r: r.snapshots.clear_session_snapshot_if_current(runtime_id, expected_current)
         )
