@@ -24,6 +24,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 
 import agentkeep
+from agentkeep.legacy.connections import _PG_AUDIT_DDL, _SQLITE_AUDIT_DDL
 from agentkeep.statements import CompileTarget, Statement, UncompilableStatement
 
 
@@ -103,6 +104,8 @@ def test_every_statement_prepares_against_the_migrated_schema(backend: str, migr
         path = migrated.removeprefix("sqlite:///")
         conn = sqlite3.connect(path)
         try:
+            for ddl in _SQLITE_AUDIT_DDL:  # the legacy migrator's own table
+                conn.execute(ddl)
             for stmt in STATEMENTS:
                 if stmt.name.startswith("advisory_lock"):
                     continue  # Postgres functions: taken only on Postgres
@@ -118,6 +121,8 @@ def test_every_statement_prepares_against_the_migrated_schema(backend: str, migr
         engine = create_engine(migrated)
         try:
             with engine.connect() as conn:
+                for ddl in _PG_AUDIT_DDL:  # the legacy migrator's own table (rolled back)
+                    conn.exec_driver_sql(ddl)
                 for i, stmt in enumerate(STATEMENTS):
                     sql = stmt.compiled(target).sql
                     try:

@@ -24,7 +24,7 @@ error. A refusal prints one line on stderr, ``agentkeep <command>: <reason>``,
 and no traceback.
 
 ``agentkeep migrate-legacy runtime [URL] [--apply] [--json] [--progress]``
-runs :func:`agentkeep.runtime.legacy.migrate_v0_6_34_completed_idle`: a dry
+runs :func:`agentkeep.legacy.migrator.migrate_v0_6_34_completed_idle`: a dry
 run by default, one atomic migration with ``--apply`` (stop every process
 using the database first). URL may also be a plain SQLite file path. It
 prints the report as a table (``--json``: the report's JSON form) on stdout.
@@ -208,13 +208,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate_legacy_runtime(args: argparse.Namespace) -> int:
-    from agentkeep.runtime.legacy import (
+    from agentkeep.legacy.migrator import (
         LegacyMigrationBlocked,
         LegacyMigrationProgress,
         LegacyV0634MigrationReport,
         migrate_v0_6_34_completed_idle,
     )
-    from agentkeep.runtime.legacy_report import render_table
+    from agentkeep.legacy.report import render_table
 
     verbs = {"check": "checked", "migrate": "migrated"}
 

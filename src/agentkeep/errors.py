@@ -27,6 +27,10 @@ other class has; the most caught ones are also importable from ``agentkeep``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentkeep.legacy.report import LegacyV0634MigrationReport
 
 __all__ = [
     "AgentkeepError",
@@ -46,6 +50,7 @@ __all__ = [
     "InvalidInput",
     "InvalidInputStateBatchCas",
     "JoinedTransactionStale",
+    "LegacyMigrationBlocked",
     "LegacySchemaMismatch",
     "NodeAlreadyExists",
     "NotFound",
@@ -742,3 +747,21 @@ class GuardRejected(WriteFailed):
         self.rule = rule
         self.detail = detail
         super().__init__(f"transcript {rule} violation: {detail}")
+
+
+class LegacyMigrationBlocked(ReadFailed):
+    """An apply refused because at least one runtime is Blocked; nothing was written.
+
+    The text is ``legacy migration blocked for runtime(s): A, B`` (ids joined
+    by ", " in runtime id order); it is a ReadFailed, as in the original store.
+
+    Attributes:
+        runtime_ids: the blocked runtimes, in runtime id order.
+        report: the preflight report (``applied`` False) that blocked the apply,
+            with the detail of every Blocked item.
+    """
+
+    def __init__(self, report: LegacyV0634MigrationReport) -> None:
+        self.report = report
+        self.runtime_ids = report.blocked_runtime_ids()
+        super().__init__(f"legacy migration blocked for runtime(s): {', '.join(self.runtime_ids)}")

@@ -9,8 +9,9 @@ domain rules behind :class:`RuntimeDomain` in :mod:`.domain` (the reference
 session model, guards and codecs in :mod:`.session_model`, :mod:`.guards`,
 :mod:`.records`), one module per concern for the operations (map in
 :mod:`.repository`; the input-state batch compare-and-swap whole in
-:mod:`.input_cas`), typed errors in :mod:`.errors`, the legacy v0.6.34
-migrator in :mod:`.legacy`.
+:mod:`.input_cas`), typed errors in :mod:`.errors`. The legacy v0.6.34
+migrator lives in :mod:`agentkeep.legacy`; its entry point
+``migrate_v0_6_34_completed_idle`` is re-exported here.
 """
 
 from __future__ import annotations
@@ -104,3 +105,9 @@ __all__ = [
     "logical_runtime_id_for_session",
     "synthetic_fault",
 ]
+
+# The legacy migrator's entry point, where users of the runtime store look for it
+# (imported last: agentkeep.legacy imports this package's modules).
+from agentkeep.legacy import migrate_v0_6_34_completed_idle  # noqa: E402
+
+__all__ += ["migrate_v0_6_34_completed_idle"]

@@ -26,13 +26,13 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 
+from agentkeep.legacy.migrator import LegacyV0634MigrationDisposition
 from agentkeep.runtime.domain import (
     MachineLifecycleCommit,
     ReferenceDomain,
     Session,
     StoredInputState,
 )
-from agentkeep.runtime.legacy import LegacyV0634MigrationDisposition
 
 #: The reference codec (the migrator's; expected decoder messages come from it too).
 DOMAIN = ReferenceDomain()

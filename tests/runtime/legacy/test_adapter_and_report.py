@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from agentkeep.runtime.domain import ReferenceDomain, StoredInputState
-from agentkeep.runtime.errors import ReadFailed, RuntimeInternalError, WriteFailed
-from agentkeep.runtime.legacy import (
+from agentkeep.legacy.adapter import DEFAULT_MAX_COMPLETED, LEGACY_IDLE_RECORD
+from agentkeep.legacy.migrator import (
     LegacyBlocked,
     LegacyMigrationBlocked,
     LegacyV0634Adapter,
@@ -23,8 +22,9 @@ from agentkeep.runtime.legacy import (
     ReferenceLegacyV0634Adapter,
     migrate_v0_6_34_completed_idle,
 )
-from agentkeep.runtime.legacy_adapter import DEFAULT_MAX_COMPLETED, LEGACY_IDLE_RECORD
-from agentkeep.runtime.legacy_report import render_table
+from agentkeep.legacy.report import render_table
+from agentkeep.runtime.domain import ReferenceDomain, StoredInputState
+from agentkeep.runtime.errors import ReadFailed, RuntimeInternalError, WriteFailed
 
 from . import _legacy_db as F
 from ._legacy_db import LegacyDb

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from agentkeep.runtime.errors import WriteFailed
-from agentkeep.runtime.legacy import (
+from agentkeep.legacy.migrator import (
     LegacyV0634MigrationDisposition,
     LegacyV0634MigrationItem,
     migrate_v0_6_34_completed_idle,
 )
+from agentkeep.runtime.errors import WriteFailed
 
 from . import _legacy_db as F
 from ._legacy_db import LegacyDb

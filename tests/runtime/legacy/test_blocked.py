@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from agentkeep.runtime.domain import OpsSnapshot
-from agentkeep.runtime.errors import ReadFailed
-from agentkeep.runtime.legacy import (
+from agentkeep.legacy.migrator import (
     LegacyMigrationBlocked,
     LegacyV0634MigrationItem,
     migrate_v0_6_34_completed_idle,
 )
+from agentkeep.runtime.domain import OpsSnapshot
+from agentkeep.runtime.errors import ReadFailed
 
 from . import _legacy_db as F
 from ._legacy_db import DOMAIN, D, LegacyDb

@@ -17,13 +17,13 @@ import textwrap
 
 import pytest
 
-from agentkeep.runtime.domain import ReferenceDomain
-from agentkeep.runtime.errors import ReadFailed
-from agentkeep.runtime.legacy import (
+from agentkeep.legacy.migrator import (
     LegacyMigrationProgress,
     LegacyV0634MigrationDisposition,
     migrate_v0_6_34_completed_idle,
 )
+from agentkeep.runtime.domain import ReferenceDomain
+from agentkeep.runtime.errors import ReadFailed
 
 from . import _legacy_db as F
 from ._legacy_db import LegacyDb
@@ -35,7 +35,7 @@ WAIT_S = 120
 _CHILD = textwrap.dedent(
     """
     import sys
-    from agentkeep.runtime.legacy import migrate_v0_6_34_completed_idle
+    from agentkeep.legacy.migrator import migrate_v0_6_34_completed_idle
 
     target, pause_at = sys.argv[1], int(sys.argv[2])
 

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
-from agentkeep.runtime.errors import ReadFailed, WriteFailed
-from agentkeep.runtime.legacy import (
+from agentkeep.legacy.migrator import (
     LegacyMigrationProgress,
     LegacyV0634MigrationDisposition,
     LegacyV0634MigrationItem,
     LegacyV0634MigrationReport,
     migrate_v0_6_34_completed_idle,
 )
+from agentkeep.runtime.errors import ReadFailed, WriteFailed
 
 from . import _legacy_db as F
 from ._legacy_db import LegacyDb

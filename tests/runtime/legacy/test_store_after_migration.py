@@ -14,12 +14,12 @@ from __future__ import annotations
 import pytest
 
 from agentkeep import migrations
-from agentkeep.runtime.errors import ReadFailed
-from agentkeep.runtime.legacy import (
+from agentkeep.legacy.migrator import (
     LegacyV0634MigrationDisposition,
     LegacyV0634MigrationItem,
     migrate_v0_6_34_completed_idle,
 )
+from agentkeep.runtime.errors import ReadFailed
 from agentkeep.store import Store
 
 from . import _legacy_db as F

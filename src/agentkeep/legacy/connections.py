@@ -46,18 +46,22 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from sqlalchemy.engine import make_url
+from sqlalchemy import Column, LargeBinary, MetaData, Table, Text
+from sqlalchemy.dialects import sqlite as _sqlite_dialect
+from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import ArgumentError
 
 from agentkeep.errors import InvalidInput
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
+from agentkeep.statements import CompileTarget, Statement
 
 __all__ = [
+    "AUDIT",
     "AUDIT_TABLE",
     "LOCKED_TABLES",
     "LegacyConnection",
@@ -79,6 +83,20 @@ LOCKED_TABLES: Final = (
 )
 
 _APPEND_ONLY: Final = "legacy migration audit rows are append-only"
+
+#: The audit table, for the migrator's statements. It is not one of the store's
+#: models (the migrator creates it with the DDL below, verbatim), so it has a
+#: MetaData of its own that the drift check never sees.
+AUDIT: Final = Table(
+    AUDIT_TABLE,
+    MetaData(),
+    Column("runtime_id", Text, primary_key=True),
+    Column("table_name", Text, primary_key=True),
+    Column("row_key", Text, primary_key=True),
+    Column("original_record", LargeBinary, nullable=False),
+    Column("migrated_record", LargeBinary),
+    Column("action", Text, nullable=False),
+)
 
 #: §1.12, verbatim (one statement per entry: sqlite3 runs one at a time).
 _SQLITE_AUDIT_DDL: Final = (
@@ -164,19 +182,19 @@ def resolve_target(url_or_path: str | os.PathLike[str]) -> SqliteTarget | Postgr
 class LegacyConnection(Protocol):
     """One migrator connection with its transaction already open (see the module docstring)."""
 
-    #: Appended to ``ORDER BY`` text keys for byte order (``COLLATE "C"`` on Postgres).
-    collate: str
+    #: What the migrator's statements are compiled for on this connection.
+    target: CompileTarget
 
     def table_exists(self, table: str) -> bool:
         """True if ``table`` exists. Raises ReadFailed."""
         ...
 
-    def select(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run a query with ``?`` placeholders; return all rows. Raises ReadFailed."""
+    def select(self, stmt: Statement, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Run a query; return all rows. Raises ReadFailed."""
         ...
 
-    def write(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """Run a DML statement with ``?`` placeholders; return the row count. Raises WriteFailed."""
+    def write(self, stmt: Statement, params: Mapping[str, Any]) -> int:
+        """Run a DML statement; return the row count. Raises WriteFailed."""
         ...
 
     def create_audit_table(self) -> None:
@@ -201,36 +219,44 @@ def _missing(shown: str) -> ReadFailed:
 
 
 class _SqliteConnection:
-    collate = ""
+    target = CompileTarget.of(_sqlite_dialect.dialect(paramstyle="named"))
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
     def table_exists(self, table: str) -> bool:
-        rows = self.select(
+        rows = self._select(
             "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)",
             (table,),
         )
         return bool(rows[0][0])
 
-    def select(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def select(self, stmt: Statement, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        form = stmt.compiled(self.target)
+        return self._select(form.sql, form.bind(params))
+
+    def _select(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
         try:
-            return [tuple(r) for r in self._conn.execute(sql, tuple(params)).fetchall()]
+            return [tuple(r) for r in self._conn.execute(sql, params).fetchall()]
         except sqlite3.Error as exc:
             raise ReadFailed(str(exc)) from exc
 
-    def write(self, sql: str, params: Sequence[Any] = ()) -> int:
+    def write(self, stmt: Statement, params: Mapping[str, Any]) -> int:
+        form = stmt.compiled(self.target)
+        return self._write(form.sql, form.bind(params))
+
+    def _write(self, sql: str, params: Any = ()) -> int:
         try:
-            return self._conn.execute(sql, tuple(params)).rowcount
+            return self._conn.execute(sql, params).rowcount
         except sqlite3.Error as exc:
             raise WriteFailed(str(exc)) from exc
 
     def create_audit_table(self) -> None:
         for statement in _SQLITE_AUDIT_DDL:
-            self.write(statement)
+            self._write(statement)
 
     def commit(self) -> None:
-        self.write("COMMIT")
+        self._write("COMMIT")
 
     def close(self) -> None:
         self._conn.close()
@@ -268,8 +294,15 @@ def _sqlite_run(conn: sqlite3.Connection, sql: str, error: type[ReadFailed | Wri
 # Postgres
 
 
+def _psycopg_dialect() -> Dialect:
+    from sqlalchemy.dialects.postgresql import psycopg
+
+    dialect: Dialect = psycopg.dialect()  # type: ignore[no-untyped-call]
+    return dialect
+
+
 class _PostgresConnection:
-    collate = ' COLLATE "C"'
+    target = CompileTarget.of(_psycopg_dialect())
 
     def __init__(self, conn: Any) -> None:
         import psycopg
@@ -278,24 +311,32 @@ class _PostgresConnection:
         self._error: type[Exception] = psycopg.Error
 
     def table_exists(self, table: str) -> bool:
-        return bool(self.select("SELECT to_regclass(?) IS NOT NULL", (table,))[0][0])
+        return bool(self._select(_pg_sql("SELECT to_regclass(?) IS NOT NULL"), (table,))[0][0])
 
-    def select(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def select(self, stmt: Statement, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        form = stmt.compiled(self.target)
+        return self._select(form.sql, form.bind(params))
+
+    def _select(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
         try:
-            return [tuple(r) for r in self._conn.execute(_pg_sql(sql), tuple(params)).fetchall()]
+            return [tuple(r) for r in self._conn.execute(sql, params).fetchall()]
         except self._error as exc:
             raise ReadFailed(str(exc).strip()) from exc
 
-    def write(self, sql: str, params: Sequence[Any] = ()) -> int:
+    def write(self, stmt: Statement, params: Mapping[str, Any]) -> int:
+        form = stmt.compiled(self.target)
+        return self._write(form.sql, form.bind(params))
+
+    def _write(self, sql: str, params: Any = None) -> int:
         try:
-            rowcount: int = self._conn.execute(_pg_sql(sql), tuple(params) or None).rowcount
+            rowcount: int = self._conn.execute(sql, params).rowcount
         except self._error as exc:
             raise WriteFailed(str(exc).strip()) from exc
         return rowcount
 
     def create_audit_table(self) -> None:
         for statement in _PG_AUDIT_DDL:
-            self.write(statement)
+            self._write(_pg_sql(statement))
 
     def commit(self) -> None:
         try:

@@ -18,7 +18,7 @@ current record), ``would_migrate`` or ``blocked`` (with the exact detail).
 
 **Apply**: takes the exclusive lock without waiting (WriteFailed when another
 connection is in the way), runs the same preflight inside that transaction,
-refuses with :class:`~agentkeep.runtime.legacy_report.LegacyMigrationBlocked`
+refuses with :class:`~agentkeep.legacy.report.LegacyMigrationBlocked`
 (a ReadFailed, ``legacy migration blocked for runtime(s): A, B``) when any
 runtime is blocked, else creates the append-only audit table
 ``runtime_legacy_v0_6_34_audit`` (§1.12; plpgsql triggers on Postgres, which
@@ -28,7 +28,7 @@ deletes a zero ops record; then commits. WouldMigrate items become Migrated.
 Applying again reports those runtimes ``current``. Session snapshots,
 receipts, the ``sessions`` table and everything else are never written.
 Locks, fences and error variants are described in
-:mod:`agentkeep.runtime.legacy_backends`.
+:mod:`agentkeep.legacy.connections`.
 
 **Preflight**, per runtime (first matching rule wins): a current lifecycle is
 Current; anything but the exact bytes ``"idle"`` is Blocked; then the
@@ -53,7 +53,7 @@ under ``details``: ``history``, ``created_at``, ``updated_at``, ``durability``,
 ``recovery_lane`` (null). Dropped (absent): ``policy``, ``runtime_semantics``,
 ``reconstruction_source``, ``persisted_input`` (and upstream's
 ``interaction_terminal_outbox``, which v0.6.34 did not have). The conversions
-live behind :class:`~agentkeep.runtime.legacy_adapter.LegacyV0634Adapter`.
+live behind :class:`~agentkeep.legacy.adapter.LegacyV0634Adapter`.
 
 Choices where the spec is open:
 
@@ -75,27 +75,25 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import Any, Final
 
-from agentkeep.runtime.access import payload_bytes
-from agentkeep.runtime.errors import (
-    ReadFailed,
-    RuntimeInternalError,
-    RuntimeStoreError,
-    WriteFailed,
-)
-from agentkeep.runtime.legacy_adapter import (
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Dialect
+
+from agentkeep.legacy.adapter import (
     LegacyBlocked,
     LegacyV0634Adapter,
     ReferenceLegacyV0634Adapter,
 )
-from agentkeep.runtime.legacy_backends import (
-    AUDIT_TABLE,
+from agentkeep.legacy.connections import (
+    AUDIT,
     LegacyConnection,
     open_for_apply,
     open_for_dry_run,
     resolve_target,
 )
-from agentkeep.runtime.legacy_report import (
+from agentkeep.legacy.report import (
     LegacyMigrationBlocked,
     LegacyMigrationProgress,
     LegacyV0634MigrationDisposition,
@@ -103,6 +101,21 @@ from agentkeep.runtime.legacy_report import (
     LegacyV0634MigrationReport,
     ProgressCallback,
 )
+from agentkeep.runtime.access import payload_bytes
+from agentkeep.runtime.errors import (
+    ReadFailed,
+    RuntimeInternalError,
+    RuntimeStoreError,
+    WriteFailed,
+)
+from agentkeep.runtime.models import (
+    BoundaryReceiptRow,
+    InputStateRow,
+    OpsLifecycleRow,
+    RuntimeStateRow,
+    SessionSnapshotRow,
+)
+from agentkeep.statements import Statement
 
 __all__ = [
     "LegacyBlocked",
@@ -115,6 +128,74 @@ __all__ = [
     "ReferenceLegacyV0634Adapter",
     "migrate_v0_6_34_completed_idle",
 ]
+
+
+def _byte_order(column: Any, dialect: Dialect) -> Any:
+    """``column`` ordered by its bytes: ``COLLATE "C"`` on Postgres (SQLite's default)."""
+    return column.collate("C") if dialect.name == "postgresql" else column
+
+
+# The migrator's statements, built from the runtime store's models and compiled
+# for the migrator's own connections (agentkeep.legacy.connections).
+_RID: Any = p("rid")
+_LIFECYCLES: Final = Statement(
+    lambda d: select(RuntimeStateRow.runtime_id, RuntimeStateRow.runtime_state_json).order_by(
+        _byte_order(RuntimeStateRow.runtime_id, d)
+    ),
+    name="legacy.lifecycles",
+)
+_SNAPSHOT: Final = Statement(
+    select(SessionSnapshotRow.session_snapshot).where(SessionSnapshotRow.runtime_id == _RID),
+    name="legacy.snapshot",
+)
+_RECEIPTS: Final = Statement(
+    lambda d: (
+        select(
+            BoundaryReceiptRow.run_id, BoundaryReceiptRow.sequence, BoundaryReceiptRow.receipt_json
+        )
+        .where(BoundaryReceiptRow.runtime_id == _RID)
+        .order_by(_byte_order(BoundaryReceiptRow.run_id, d), BoundaryReceiptRow.sequence)
+    ),
+    name="legacy.receipts",
+)
+_INPUTS: Final = Statement(
+    lambda d: (
+        select(InputStateRow.input_id, InputStateRow.state_json)
+        .where(InputStateRow.runtime_id == _RID)
+        .order_by(_byte_order(InputStateRow.input_id, d))
+    ),
+    name="legacy.inputs",
+)
+_OPS: Final = Statement(
+    select(OpsLifecycleRow.state_json).where(OpsLifecycleRow.runtime_id == _RID),
+    name="legacy.ops",
+)
+_AUDIT_INSERT: Final = Statement(
+    insert(AUDIT).values(
+        runtime_id=_RID,
+        table_name=p("table"),
+        row_key=p("key"),
+        original_record=p("original"),
+        migrated_record=p("migrated"),
+        action=p("action"),
+    ),
+    name="legacy.audit_insert",
+)
+_SET_LIFECYCLE: Final = Statement(
+    update(RuntimeStateRow)
+    .values(runtime_state_json=p("data"))
+    .where(RuntimeStateRow.runtime_id == _RID),
+    name="legacy.set_lifecycle",
+)
+_SET_INPUT: Final = Statement(
+    update(InputStateRow)
+    .values(state_json=p("data"))
+    .where(InputStateRow.runtime_id == _RID, InputStateRow.input_id == p("iid")),
+    name="legacy.set_input",
+)
+_DELETE_OPS: Final = Statement(
+    delete(OpsLifecycleRow).where(OpsLifecycleRow.runtime_id == _RID), name="legacy.delete_ops"
+)
 
 _D = LegacyV0634MigrationDisposition
 _MISMATCH = "mixed current-format companion under a bare v0.6.34 lifecycle is unsupported"
@@ -222,10 +303,7 @@ def _preflight(
 ) -> _Preflight:
     if not conn.table_exists("runtime_states"):
         return _Preflight(items=(), runtimes=())
-    raw = conn.select(
-        "SELECT runtime_id, runtime_state_json FROM runtime_states "
-        f"ORDER BY runtime_id{conn.collate}"
-    )
+    raw = conn.select(_LIFECYCLES, {})
     rows = sorted(
         (
             _text(rid, "runtime_states.runtime_id"),
@@ -286,19 +364,12 @@ def _companions(
 ) -> tuple[tuple[_PreparedInput, ...], bytes | None]:
     """Check the companion rows in spec order; raise LegacyBlocked at the first failure."""
     if "runtime_session_snapshots" in tables:
-        rows = conn.select(
-            "SELECT session_snapshot FROM runtime_session_snapshots WHERE runtime_id = ?",
-            (runtime_id,),
-        )
+        rows = conn.select(_SNAPSHOT, {"rid": runtime_id})
         if rows:
             what = f"runtime_session_snapshots.session_snapshot of runtime {runtime_id}"
             adapter.check_session_snapshot(runtime_id, payload_bytes(rows[0][0], what))
     if "runtime_boundary_receipts" in tables:
-        for run_id, sequence, receipt in conn.select(
-            "SELECT run_id, sequence, receipt_json FROM runtime_boundary_receipts "
-            f"WHERE runtime_id = ? ORDER BY run_id{conn.collate}, sequence",
-            (runtime_id,),
-        ):
+        for run_id, sequence, receipt in conn.select(_RECEIPTS, {"rid": runtime_id}):
             run_text = _text(run_id, "runtime_boundary_receipts.run_id")
             if type(sequence) is not int:
                 raise ReadFailed(f"receipt sequence of run {run_text} is not an INTEGER")
@@ -306,11 +377,7 @@ def _companions(
             adapter.check_receipt(run_text, sequence, payload_bytes(receipt, what))
     inputs: list[_PreparedInput] = []
     if "runtime_input_states" in tables:
-        for input_id, state in conn.select(
-            "SELECT input_id, state_json FROM runtime_input_states "
-            f"WHERE runtime_id = ? ORDER BY input_id{conn.collate}",
-            (runtime_id,),
-        ):
+        for input_id, state in conn.select(_INPUTS, {"rid": runtime_id}):
             key = _text(input_id, "runtime_input_states.input_id")
             original = payload_bytes(state, f"runtime_input_states.state_json of input {key}")
             if adapter.is_current_input(original):
@@ -318,9 +385,7 @@ def _companions(
             inputs.append(_PreparedInput(key, original, adapter.convert_input(key, original)))
     zero_ops: bytes | None = None
     if "runtime_ops_lifecycle" in tables:
-        rows = conn.select(
-            "SELECT state_json FROM runtime_ops_lifecycle WHERE runtime_id = ?", (runtime_id,)
-        )
+        rows = conn.select(_OPS, {"rid": runtime_id})
         if rows:
             ops = payload_bytes(
                 rows[0][0], f"runtime_ops_lifecycle.state_json of runtime {runtime_id}"
@@ -336,57 +401,69 @@ def _companions(
 # Apply
 
 
-_AUDIT_INSERT = (
-    f"INSERT INTO {AUDIT_TABLE} "
-    "(runtime_id, table_name, row_key, original_record, migrated_record, action) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
-)
+def _audit(
+    conn: LegacyConnection,
+    rid: str,
+    table: str,
+    key: str,
+    original: bytes,
+    migrated: bytes | None,
+    action: str,
+) -> None:
+    conn.write(
+        _AUDIT_INSERT,
+        {
+            "rid": rid,
+            "table": table,
+            "key": key,
+            "original": original,
+            "migrated": migrated,
+            "action": action,
+        },
+    )
 
 
-def _write_one(conn: LegacyConnection, sql: str, params: tuple[object, ...], what: str) -> None:
-    count = conn.write(sql, params)
+def _write_one(
+    conn: LegacyConnection, stmt: Statement, params: dict[str, object], what: str
+) -> None:
+    count = conn.write(stmt, params)
     if count != 1:
         raise WriteFailed(f"{what} changed {count} rows under the migration lock, expected 1")
 
 
 def _write_runtime(conn: LegacyConnection, runtime: _PreparedRuntime) -> None:
     rid = runtime.runtime_id
-    conn.write(
-        _AUDIT_INSERT,
-        (
-            rid,
-            "runtime_states",
-            "singleton",
-            runtime.original_lifecycle,
-            runtime.migrated_lifecycle,
-            "replace",
-        ),
+    _audit(
+        conn,
+        rid,
+        "runtime_states",
+        "singleton",
+        runtime.original_lifecycle,
+        runtime.migrated_lifecycle,
+        "replace",
     )
     _write_one(
         conn,
-        "UPDATE runtime_states SET runtime_state_json = ? WHERE runtime_id = ?",
-        (runtime.migrated_lifecycle, rid),
+        _SET_LIFECYCLE,
+        {"rid": rid, "data": runtime.migrated_lifecycle},
         f"lifecycle of runtime {rid}",
     )
     for item in runtime.inputs:
-        conn.write(
-            _AUDIT_INSERT,
-            (rid, "runtime_input_states", item.input_id, item.original, item.migrated, "replace"),
+        _audit(
+            conn,
+            rid,
+            "runtime_input_states",
+            item.input_id,
+            item.original,
+            item.migrated,
+            "replace",
         )
         _write_one(
             conn,
-            "UPDATE runtime_input_states SET state_json = ? WHERE runtime_id = ? AND input_id = ?",
-            (item.migrated, rid, item.input_id),
+            _SET_INPUT,
+            {"rid": rid, "iid": item.input_id, "data": item.migrated},
             f"input {item.input_id} of runtime {rid}",
         )
     if runtime.zero_ops is not None:
-        conn.write(
-            _AUDIT_INSERT,
-            (rid, "runtime_ops_lifecycle", "singleton", runtime.zero_ops, None, "delete"),
-        )
-        _write_one(
-            conn,
-            "DELETE FROM runtime_ops_lifecycle WHERE runtime_id = ?",
-            (rid,),
-            f"ops record of runtime {rid}",
-        )
+        _audit(conn, rid, "runtime_ops_lifecycle", "singleton", runtime.zero_ops, None, "delete")
+        _write_one(conn, _DELETE_OPS, {"rid": rid}, f"ops record of runtime {rid}")

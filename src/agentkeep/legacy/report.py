@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
 
-from agentkeep.runtime.errors import ReadFailed
+from agentkeep.errors import LegacyMigrationBlocked
 
 __all__ = [
     "LegacyMigrationBlocked",
@@ -147,25 +147,6 @@ class LegacyMigrationProgress:
 
 #: A progress callback. An exception it raises aborts the call; an apply rolls back.
 ProgressCallback: TypeAlias = Callable[[LegacyMigrationProgress], None]
-
-
-class LegacyMigrationBlocked(ReadFailed):
-    """An apply refused because at least one runtime is Blocked; nothing was written.
-
-    The text is the spec's ``legacy migration blocked for runtime(s): A, B``
-    (ids joined by ", " in runtime id order), and the variant is ReadFailed as
-    in the seed.
-
-    Attributes:
-        runtime_ids: the blocked runtimes, in runtime id order.
-        report: the preflight report (``applied`` False) that blocked the apply,
-            with the detail of every Blocked item.
-    """
-
-    def __init__(self, report: LegacyV0634MigrationReport) -> None:
-        self.report = report
-        self.runtime_ids = report.blocked_runtime_ids()
-        super().__init__(f"legacy migration blocked for runtime(s): {', '.join(self.runtime_ids)}")
 
 
 def render_table(report: LegacyV0634MigrationReport) -> list[str]:

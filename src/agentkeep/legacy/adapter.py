@@ -1,7 +1,7 @@
 """The domain seam of the v0.6.34 legacy migrator (spec runtime §2.39, §3.12).
 
 :class:`LegacyV0634Adapter` is every decision the migrator takes about the
-*content* of a row; the migrator (:mod:`agentkeep.runtime.legacy`) owns the
+*content* of a row; the migrator (:mod:`agentkeep.legacy.migrator`) owns the
 connection, the order of the checks, the locks and the writes.
 :class:`ReferenceLegacyV0634Adapter` is the shipped implementation over a
 :class:`~agentkeep.runtime.domain.RuntimeDomain` (the
@@ -45,6 +45,14 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol
 
+from agentkeep.legacy.shapes import (
+    DecodeProblem,
+    LegacyInput,
+    LegacyOps,
+    LegacyReceipt,
+    decode_strict,
+    variant_name,
+)
 from agentkeep.runtime.domain import (
     InputStatePersistenceRecord,
     MachineLifecycleCommit,
@@ -56,14 +64,6 @@ from agentkeep.runtime.domain import (
     logical_runtime_id_for_session,
 )
 from agentkeep.runtime.errors import RuntimeStoreError
-from agentkeep.runtime.legacy_shapes import (
-    DecodeProblem,
-    LegacyInput,
-    LegacyOps,
-    LegacyReceipt,
-    decode_strict,
-    variant_name,
-)
 
 __all__ = [
     "DEFAULT_MAX_COMPLETED",
