@@ -39,7 +39,7 @@ from typing import Any
 from _common import best_us, raw_connect, sqlite_form
 
 from agentkeep import Store
-from agentkeep.db import Driver, Sql
+from agentkeep.db import Driver
 from agentkeep.migrations import upgrade
 from agentkeep.sessions import checkpoints as C
 from agentkeep.sessions import commits as K
@@ -59,16 +59,13 @@ from agentkeep.statements import Compiled, Statement
 OWNER = LeaseOwnerIdentity(owner_id="bench", incarnation_id="bench")
 
 
-def _form(stmt: Statement | Sql) -> Compiled:
+def _form(stmt: Statement) -> Compiled:
     """A repository statement as the store runs it on sqlite3 (text and binding)."""
-    if isinstance(stmt, Statement):
-        return sqlite_form(stmt)
-    # A statement not yet built from the models (db.Sql): its named text, nothing fixed.
-    return Compiled(stmt.render("named"), None, None)
+    return sqlite_form(stmt)
 
 
 #: The repository statements of one commit, in the store's order (raw_commit runs them).
-COMMIT_STATEMENTS: tuple[Statement | Sql, ...] = (
+COMMIT_STATEMENTS: tuple[Statement, ...] = (
     L._GET,
     K._GET_HEAD_COUNTERS,
     C._PUT,
@@ -77,7 +74,7 @@ COMMIT_STATEMENTS: tuple[Statement | Sql, ...] = (
     K._PUT_HEAD,
 )
 #: The repository statements of one active-path load, in the store's order (raw_load).
-LOAD_STATEMENTS: tuple[Statement | Sql, ...] = (K._GET_HEAD, K.ACTIVE_PATH, C._GET, K._GET_USAGE)
+LOAD_STATEMENTS: tuple[Statement, ...] = (K._GET_HEAD, K.ACTIVE_PATH, C._GET, K._GET_USAGE)
 
 
 def check_same_statements(what: str, call: Callable[[], object], expected: Sequence[Any]) -> None:
@@ -85,7 +82,7 @@ def check_same_statements(what: str, call: Callable[[], object], expected: Seque
     seen: list[Any] = []
     real = Driver.execute
 
-    def spy(self: Driver, stmt: Statement | Sql, params: Any) -> Any:
+    def spy(self: Driver, stmt: Statement, params: Any) -> Any:
         seen.append(stmt)
         return real(self, stmt, params)
 

@@ -16,10 +16,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentkeep import RunRecord, StepEntry, Store
-from agentkeep.db import Sql
+from sqlalchemy import bindparam, func, select
 
-_LEN = Sql("SELECT length(step_entries_json) FROM runs WHERE id = :id")
+from agentkeep import RunRecord, StepEntry, Store
+from agentkeep.runs.models import Run
+from agentkeep.statements import Statement
+
+_LEN = Statement(
+    select(func.length(Run.step_entries_json)).where(Run.id == bindparam("id")),
+    name="bench.step_log_length",
+)
 
 
 def _per_call_us(fn: object, n: int) -> float:
