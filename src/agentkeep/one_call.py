@@ -18,14 +18,24 @@ method's docstring for ``help()``. The one-call method is built on first
 access and kept on the facade instance, so a call costs what a hand-written
 forwarder costs.
 
+``_repository`` may be a dotted path (``"runtime.inputs"``: the input-state
+part of the runtime repository); each forwarder uses the path of the class
+that declares it, so a facade composed of several such classes by
+inheritance (``store.runtime``) reaches each part. A facade that reports
+errors its own way overrides :meth:`OneCalls._call_write` /
+:meth:`OneCalls._call_read` (the runtime store maps driver failures to
+``WriteFailed`` / ``ReadFailed`` there).
+
 Operations that do more than forward (a refusal before the unit opens, an
-error mapping, auto-GC after a commit) stay ordinary methods of the facade.
+encode done once outside the unit, auto-GC after a commit) stay ordinary
+methods of the facade.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -46,26 +56,47 @@ class OneCalls:
     :func:`read` and :func:`write`.
     """
 
-    #: The attribute of :class:`~agentkeep.unit_of_work.Repositories` to call into.
+    #: The attribute (or dotted path) of :class:`~agentkeep.unit_of_work.Repositories`
+    #: to call into.
     _repository: str = ""
+    #: Default of :func:`read`'s ``single_statement`` for this facade's reads.
+    _single_statement_reads: bool = False
 
     def __init__(self, store: Store) -> None:
         self._store = store
+
+    def _call_write(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(repositories)`` in a one-call write unit (:meth:`Store.call_write`)."""
+        return self._store.call_write(fn)
+
+    def _call_read(self, fn: Callable[[Any], T], *, single_statement: bool) -> T:
+        """Run ``fn(repositories)`` in a one-call read unit (:meth:`Store.call_read`)."""
+        return self._store.call_read(fn, single_statement=single_statement)
 
 
 class _Forwarder(Generic[P, T]):
     """A descriptor that becomes the one-call form of ``method`` on a facade instance."""
 
-    __slots__ = ("_kind", "_method", "_name", "_signature")
+    __slots__ = ("_kind", "_method", "_name", "_path", "_signature", "_single")
 
-    def __init__(self, method: Callable[Concatenate[Any, P], T], kind: str) -> None:
+    def __init__(
+        self, method: Callable[Concatenate[Any, P], T], kind: str, single: bool | None = None
+    ) -> None:
         self._method = method
         self._kind = kind
+        self._single = single
         self._name = method.__name__
+        self._path: Callable[[Any], Any] | None = None
         self._signature: inspect.Signature | None = None
 
     def __set_name__(self, owner: type[OneCalls], name: str) -> None:
         self._name = name
+        path = owner.__dict__.get("_repository") or owner._repository
+        if not path:
+            raise TypeError(f"{owner.__name__}.{name}: the facade class sets no _repository")
+        self._path = operator.attrgetter(path)
+        if self._single is None:
+            self._single = bool(owner.__dict__.get("_single_statement_reads", False))
 
     @overload
     def __get__(self, obj: None, owner: type[OneCalls]) -> _Forwarder[P, T]: ...
@@ -90,23 +121,20 @@ class _Forwarder(Generic[P, T]):
 
     def _bind(self, obj: OneCalls) -> Callable[P, T]:
         method = self._method
-        repository = type(obj)._repository
-        store = obj._store
+        part = self._path
+        assert part is not None  # set by __set_name__
         if self._kind == "write":
-            run = store.call_write
+            run = obj._call_write
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
-                return run(lambda r: method(getattr(r, repository), *args, **kwargs))
+                return run(lambda r: method(part(r), *args, **kwargs))
 
         else:
-            single = self._kind == "read1"
-            run_read = store.call_read
+            single = bool(self._single)
+            run_read = obj._call_read
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
-                return run_read(
-                    lambda r: method(getattr(r, repository), *args, **kwargs),
-                    single_statement=single,
-                )
+                return run_read(lambda r: method(part(r), *args, **kwargs), single_statement=single)
 
         functools.update_wrapper(call, method)
         if self._signature is None:  # the method's signature without ``self``
@@ -122,7 +150,7 @@ def write(method: Callable[Concatenate[Any, P], T]) -> _Forwarder[P, T]:
 
 
 def read(
-    method: Callable[Concatenate[Any, P], T], *, single_statement: bool = False
+    method: Callable[Concatenate[Any, P], T], *, single_statement: bool | None = None
 ) -> _Forwarder[P, T]:
     """The one-call form of a repository read: its own read unit (one snapshot).
 
@@ -130,6 +158,7 @@ def read(
         method: the repository method.
         single_statement: the method runs exactly one SELECT, so the unit
             skips the explicit snapshot transaction (see
-            :meth:`agentkeep.Store.call_read`).
+            :meth:`agentkeep.Store.call_read`). Default: the facade class's
+            ``_single_statement_reads``.
     """
-    return _Forwarder(method, "read1" if single_statement else "read")
+    return _Forwarder(method, "read", single_statement)

@@ -305,7 +305,7 @@ class BoundaryOps:
 class BoundaryCalls(RuntimeCallsBase):
     """One-call forms of the boundary operations (checks before the unit opens)."""
 
-    __slots__ = ()
+    _repository = "runtime.boundaries"
 
     def atomic_apply(
         self,

@@ -22,25 +22,44 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentkeep.errors import ConcurrentModification, DatabaseError
+from agentkeep.one_call import OneCalls
 from agentkeep.runtime.domain import RuntimeDomain
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
 
 if TYPE_CHECKING:
     from agentkeep.runtime.repository import RuntimeRepository
-    from agentkeep.store import Store
 
 __all__ = ["RuntimeCallsBase"]
 
 T = TypeVar("T")
 
 
-class RuntimeCallsBase:
-    """Runs one runtime repository call per unit of work, with the spec's error variants."""
+class RuntimeCallsBase(OneCalls):
+    """Runs one runtime repository call per unit of work, with the runtime's error variants.
 
-    __slots__ = ("_store",)
+    Pure forwarders are declared with :func:`agentkeep.one_call.read` /
+    :func:`~agentkeep.one_call.write` on the part named by the class's
+    ``_repository`` (``"runtime.snapshots"``, ...); runtime reads skip the
+    snapshot transaction by default (each is one SELECT). Operations that
+    refuse input or encode before the unit opens call :meth:`_write` /
+    :meth:`_read` themselves.
+    """
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    _single_statement_reads = True
+
+    def _call_write(self, fn: Callable[[Any], T]) -> T:
+        try:
+            return self._store.call_write(fn)
+        except ConcurrentModification:
+            raise
+        except DatabaseError as exc:
+            raise WriteFailed(str(exc)) from exc
+
+    def _call_read(self, fn: Callable[[Any], T], *, single_statement: bool) -> T:
+        try:
+            return self._store.call_read(fn, single_statement=single_statement)
+        except DatabaseError as exc:
+            raise ReadFailed(str(exc)) from exc
 
     @property
     def domain(self) -> RuntimeDomain[Any]:
@@ -48,18 +67,9 @@ class RuntimeCallsBase:
         return self._store.runtime_domain
 
     def _write(self, fn: Callable[[RuntimeRepository], T]) -> T:
-        try:
-            return self._store.call_write(lambda repos: fn(repos.runtime))
-        except ConcurrentModification:
-            raise
-        except DatabaseError as exc:
-            raise WriteFailed(str(exc)) from exc
+        """Run ``fn(uow.runtime)`` in a one-call write unit, errors mapped as above."""
+        return self._call_write(lambda repos: fn(repos.runtime))
 
     def _read(self, fn: Callable[[RuntimeRepository], T], *, single_statement: bool = True) -> T:
         """Run a read; every runtime read is one SELECT unless it says otherwise."""
-        try:
-            return self._store.call_read(
-                lambda repos: fn(repos.runtime), single_statement=single_statement
-            )
-        except DatabaseError as exc:
-            raise ReadFailed(str(exc)) from exc
+        return self._call_read(lambda repos: fn(repos.runtime), single_statement=single_statement)

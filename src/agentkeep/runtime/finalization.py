@@ -238,7 +238,7 @@ def _no_fault(_point: FinalizationPoint) -> None:
 class FinalizationCalls(RuntimeCallsBase):
     """``store.runtime.commit_unregister_finalization``."""
 
-    __slots__ = ()
+    _repository = "runtime.finalization"
 
     def commit_unregister_finalization(
         self,

@@ -36,6 +36,7 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import select
 
 from agentkeep.db import LockNamespace
+from agentkeep.one_call import read
 from agentkeep.runtime.access import RuntimeAccess, as_bytes, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import (
@@ -287,11 +288,9 @@ class InputStateOps:
 class InputStateCalls(RuntimeCallsBase):
     """One-call part: each input-state operation in its own unit of work."""
 
-    __slots__ = ()
+    _repository = "runtime.inputs"
 
-    def load_input_states(self, runtime_id: str) -> list[StoredInputState]:
-        """One-call form of :meth:`InputStateOps.load_input_states`."""
-        return self._read(lambda repo: repo.inputs.load_input_states(runtime_id))
+    load_input_states = read(InputStateOps.load_input_states)
 
     def load_input_state(self, runtime_id: str, input_id: str) -> StoredInputState | None:
         """One-call form of :meth:`InputStateOps.load_input_state`."""

@@ -38,6 +38,7 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import delete, select
 
 from agentkeep.db import LockNamespace
+from agentkeep.one_call import read, write
 from agentkeep.runtime.access import RuntimeAccess, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import MachineLifecycleCommit, OpsSnapshot, RuntimeState
@@ -334,19 +335,13 @@ class LifecycleOps:
 class LifecycleCalls(RuntimeCallsBase):
     """One-call part: each lifecycle and ops operation in its own unit of work."""
 
-    __slots__ = ()
+    _repository = "runtime.lifecycle"
 
-    def load_machine_lifecycle_record(self, runtime_id: str) -> bytes | None:
-        """One-call form of :meth:`LifecycleOps.load_machine_lifecycle_record`."""
-        return self._read(lambda repo: repo.lifecycle.load_machine_lifecycle_record(runtime_id))
-
-    def load_machine_lifecycle(self, runtime_id: str) -> MachineLifecycleCommit | None:
-        """One-call form of :meth:`LifecycleOps.load_machine_lifecycle`."""
-        return self._read(lambda repo: repo.lifecycle.load_machine_lifecycle(runtime_id))
-
-    def load_runtime_state(self, runtime_id: str) -> RuntimeState | None:
-        """One-call form of :meth:`LifecycleOps.load_runtime_state`."""
-        return self._read(lambda repo: repo.lifecycle.load_runtime_state(runtime_id))
+    load_machine_lifecycle_record = read(LifecycleOps.load_machine_lifecycle_record)
+    load_machine_lifecycle = read(LifecycleOps.load_machine_lifecycle)
+    load_runtime_state = read(LifecycleOps.load_runtime_state)
+    load_ops_lifecycle = read(LifecycleOps.load_ops_lifecycle)
+    delete_ops_lifecycle = write(LifecycleOps.delete_ops_lifecycle)
 
     def commit_machine_lifecycle(
         self,
@@ -374,11 +369,3 @@ class LifecycleCalls(RuntimeCallsBase):
         return self._write(
             lambda repo: repo.lifecycle.apply_initialize_ops(runtime_id, candidate.epoch_id, data)
         )
-
-    def load_ops_lifecycle(self, runtime_id: str) -> OpsSnapshot | None:
-        """One-call form of :meth:`LifecycleOps.load_ops_lifecycle`."""
-        return self._read(lambda repo: repo.lifecycle.load_ops_lifecycle(runtime_id))
-
-    def delete_ops_lifecycle(self, runtime_id: str) -> None:
-        """One-call form of :meth:`LifecycleOps.delete_ops_lifecycle`."""
-        self._write(lambda repo: repo.lifecycle.delete_ops_lifecycle(runtime_id))

@@ -63,6 +63,7 @@ from sqlalchemy import delete, select, update
 
 from agentkeep.db import LockNamespace
 from agentkeep.errors import InvalidInput
+from agentkeep.one_call import read
 from agentkeep.runtime.access import RuntimeAccess, as_bytes, stored_form, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.models import MobHostBindingRow as Binding
@@ -372,25 +373,20 @@ class MobHostOps:
 class MobHostCalls(RuntimeCallsBase):
     """One-call part: each mob-host operation in its own unit of work."""
 
-    __slots__ = ()
+    _repository = "runtime.mob_hosts"
+
+    list_mob_host_bindings = read(MobHostOps.list_mob_host_bindings)
+    list_mob_host_revocations = read(MobHostOps.list_mob_host_revocations)
 
     def load_mob_host_binding(self, mob_id: str) -> bytes | None:
         """One-call form of :meth:`MobHostOps.load_mob_host_binding`."""
         check_mob_id(mob_id)
         return self._read(lambda repo: repo.mob_hosts.load_mob_host_binding(mob_id))
 
-    def list_mob_host_bindings(self) -> list[tuple[str, bytes]]:
-        """One-call form of :meth:`MobHostOps.list_mob_host_bindings`."""
-        return self._read(lambda repo: repo.mob_hosts.list_mob_host_bindings())
-
     def load_mob_host_revocation(self, mob_id: str) -> bytes | None:
         """One-call form of :meth:`MobHostOps.load_mob_host_revocation`."""
         check_mob_id(mob_id)
         return self._read(lambda repo: repo.mob_hosts.load_mob_host_revocation(mob_id))
-
-    def list_mob_host_revocations(self) -> list[tuple[str, bytes]]:
-        """One-call form of :meth:`MobHostOps.list_mob_host_revocations`."""
-        return self._read(lambda repo: repo.mob_hosts.list_mob_host_revocations())
 
     def put_mob_host_binding_if_absent(self, mob_id: str, record: bytes) -> bool:
         """One-call form of :meth:`MobHostOps.put_mob_host_binding_if_absent`."""

@@ -28,6 +28,7 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import select
 
 from agentkeep.db import LockNamespace
+from agentkeep.one_call import read
 from agentkeep.runtime.access import OAUTH_SINGLETON_ID, RuntimeAccess, upsert_replacing
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.mob import check_payload
@@ -121,16 +122,14 @@ class _CallbackRaised(Exception):
 class OAuthCalls(RuntimeCallsBase):
     """One-call part: each OAuth flow operation in its own unit of work."""
 
-    __slots__ = ()
+    _repository = "runtime.oauth"
+
+    load_auth_oauth_flow_snapshot = read(OAuthOps.load_auth_oauth_flow_snapshot)
 
     def persist_auth_oauth_flow_snapshot(self, snapshot: bytes) -> None:
         """One-call form of :meth:`OAuthOps.persist_auth_oauth_flow_snapshot`."""
         data = check_payload(snapshot, "snapshot")
         self._write(lambda repo: repo.oauth.persist_auth_oauth_flow_snapshot(data))
-
-    def load_auth_oauth_flow_snapshot(self) -> bytes | None:
-        """One-call form of :meth:`OAuthOps.load_auth_oauth_flow_snapshot`."""
-        return self._read(lambda repo: repo.oauth.load_auth_oauth_flow_snapshot())
 
     def update_auth_oauth_flow_snapshot(self, update: OAuthFlowUpdate) -> None:
         """One-call form of :meth:`OAuthOps.update_auth_oauth_flow_snapshot`.

@@ -38,6 +38,7 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import select, update
 
 from agentkeep.db import LockNamespace
+from agentkeep.one_call import read, write
 from agentkeep.runtime.access import RuntimeAccess, as_bytes
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import CompactionIntent, ProjectionId
@@ -236,18 +237,11 @@ class OutboxOps:
 class OutboxCalls(RuntimeCallsBase):
     """One-call forms of the outbox operations."""
 
-    __slots__ = ()
+    _repository = "runtime.outbox"
+
+    load_pending_compaction_projections = read(OutboxOps.load_pending_compaction_projections)
+    mark_compaction_projection_finalized = write(OutboxOps.mark_compaction_projection_finalized)
 
     def supports_compaction_projection_outbox(self) -> bool:
         """True: this store commits compaction intents and their outbox rows atomically (§2.3)."""
         return True
-
-    def load_pending_compaction_projections(self, runtime_id: str) -> list[CompactionIntent]:
-        """One-call form of :meth:`OutboxOps.load_pending_compaction_projections`."""
-        return self._read(lambda r: r.outbox.load_pending_compaction_projections(runtime_id))
-
-    def mark_compaction_projection_finalized(
-        self, runtime_id: str, projection: ProjectionId
-    ) -> None:
-        """One-call form of :meth:`OutboxOps.mark_compaction_projection_finalized`."""
-        self._write(lambda r: r.outbox.mark_compaction_projection_finalized(runtime_id, projection))

@@ -45,6 +45,7 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import delete, select, update
 
 from agentkeep.db import LockNamespace
+from agentkeep.one_call import read, write
 from agentkeep.runtime.access import RuntimeAccess, as_bytes
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import TranscriptCommit
@@ -306,7 +307,12 @@ class SnapshotOps:
 class SnapshotCalls(RuntimeCallsBase):
     """One-call forms of the snapshot operations (decoding before the unit opens)."""
 
-    __slots__ = ()
+    _repository = "runtime.snapshots"
+
+    load_session_snapshot = read(SnapshotOps.load_session_snapshot)
+    is_runtime_projection_quarantined = read(SnapshotOps.is_runtime_projection_quarantined)
+    clear_session_snapshot = write(SnapshotOps.clear_session_snapshot)
+    clear_session_snapshot_if_current = write(SnapshotOps.clear_session_snapshot_if_current)
 
     def commit_session_snapshot(self, runtime_id: str, session_snapshot: bytes) -> None:
         """One-call form of :meth:`SnapshotOps.commit_session_snapshot`."""
@@ -326,18 +332,6 @@ class SnapshotCalls(RuntimeCallsBase):
             )
         )
 
-    def load_session_snapshot(self, runtime_id: str) -> bytes | None:
-        """One-call form of :meth:`SnapshotOps.load_session_snapshot`."""
-        return self._read(lambda r: r.snapshots.load_session_snapshot(runtime_id))
-
-    def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
-        """One-call form of :meth:`SnapshotOps.is_runtime_projection_quarantined`."""
-        return self._read(lambda r: r.snapshots.is_runtime_projection_quarantined(runtime_id))
-
-    def clear_session_snapshot(self, runtime_id: str) -> None:
-        """One-call form of :meth:`SnapshotOps.clear_session_snapshot`."""
-        self._write(lambda r: r.snapshots.clear_session_snapshot(runtime_id))
-
     def replace_session_snapshot_if_current(
         self, runtime_id: str, expected_current: bytes, replacement: bytes
     ) -> bool:
@@ -347,10 +341,4 @@ class SnapshotCalls(RuntimeCallsBase):
             lambda r: r.snapshots.apply_replace_if_current(
                 runtime_id, expected_current, replacement, incoming
             )
-        )
-
-    def clear_session_snapshot_if_current(self, runtime_id: str, expected_current: bytes) -> bool:
-        """One-call form of :meth:`SnapshotOps.clear_session_snapshot_if_current`."""
-        return self._write(
-            lambda r: r.snapshots.clear_session_snapshot_if_current(runtime_id, expected_current)
         )
