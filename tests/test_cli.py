@@ -35,6 +35,7 @@ from agentkeep.errors import LegacySchemaMismatch
 from agentkeep.runs.adoption import detect_runs_revision
 from agentkeep.runs.domain import RunRecord
 from agentkeep.store import Store
+from tests.support import raw_exec, raw_rows
 
 HEAD = migrate.head_revisions()
 HEAD_TEXT = ", ".join(HEAD)
@@ -48,17 +49,6 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def raw(url: str, sql: str) -> list[tuple[Any, ...]]:
-    """Run one statement with a plain SQLAlchemy engine (committed); return its rows."""
-    engine = create_engine(url)
-    try:
-        with engine.begin() as conn:
-            result = conn.execute(text(sql))
-            return [tuple(r) for r in result] if result.returns_rows else []
-    finally:
-        engine.dispose()
 
 
 def state(url: str) -> dict[str, Any]:
@@ -104,7 +94,7 @@ def test_upgrade_empty_database_then_current_reports_head(
         assert err.startswith("agentkeep current: ")
         assert "does not exist" in err and "agentkeep upgrade" in err
         assert not sqlite_path(fresh_url).exists()
-        raw(fresh_url, "SELECT 1")  # now an empty database file
+        raw_rows(fresh_url, "SELECT 1")  # now an empty database file
     code, out, err = run_cli(capsys, "current", fresh_url)
     assert (code, err) == (0, "")
     assert out.startswith("none (un-versioned or empty)")
@@ -161,7 +151,7 @@ def test_check_reports_no_drift_then_a_dropped_index(
     assert (code, err) == (0, "")
     assert out == "no drift: the database matches the models at head\n"
 
-    raw(fresh_url, "DROP INDEX ix_runs_created_at_seq")
+    raw_exec(fresh_url, "DROP INDEX ix_runs_created_at_seq")
     code, out, err = run_cli(capsys, "check", fresh_url)
 
     assert code == 1
@@ -175,7 +165,7 @@ def test_check_reports_no_drift_then_a_dropped_index(
 def test_check_on_empty_database_says_not_migrated_in_one_line(
     fresh_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    raw(fresh_url, "SELECT 1")  # SQLite: an existing, empty file
+    raw_rows(fresh_url, "SELECT 1")  # SQLite: an existing, empty file
     code, out, err = run_cli(capsys, "check", fresh_url)
     assert (code, err) == (1, "")
     assert out == f"{migrate.NOT_MIGRATED}\n"
@@ -203,7 +193,7 @@ def test_upgrade_refuses_unknown_revision_and_changes_nothing(
     migrate.upgrade(fresh_url)
     with Store.open(fresh_url) as store:
         store.runs.create(RunRecord.new("R-1", "T-1", 10))
-    raw(fresh_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = 'zzzz_9999'")
+    raw_exec(fresh_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = 'zzzz_9999'")
     before = state(fresh_url)
 
     code, out, err = run_cli(capsys, "upgrade", fresh_url)
@@ -499,7 +489,7 @@ def test_sqlite_missing_file_is_an_error_and_is_not_created(
 def test_current_and_check_on_a_database_ahead_of_this_code(
     db_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    raw(db_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = 'zzzz_9999'")
+    raw_exec(db_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = 'zzzz_9999'")
     try:
         code, out, err = run_cli(capsys, "current", db_url)
         assert (code, err) == (2, "")
@@ -516,13 +506,13 @@ def test_current_and_check_on_a_database_ahead_of_this_code(
             assert "zzzz_9999" in err and "nothing was changed" in err, argv
         assert state(db_url) == before
     finally:
-        raw(db_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = '{HEAD[0]}'")
+        raw_exec(db_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = '{HEAD[0]}'")
 
 
 def test_stamp_accepts_tables_that_match_and_refuses_ones_that_do_not(
     db_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    raw(db_url, f"DELETE FROM {migrate.VERSION_TABLE}")  # head-shaped tables, no stamp
+    raw_exec(db_url, f"DELETE FROM {migrate.VERSION_TABLE}")  # head-shaped tables, no stamp
     try:
         before = state(db_url)
         # Stamped at runs_0005, upgrading would add seq again: refused, nothing changed.

@@ -19,6 +19,7 @@ from agentkeep import migrations as migrate
 from agentkeep.errors import LegacySchemaMismatch, SchemaBehind, SchemaNewer
 from agentkeep.runs.domain import RunRecord
 from agentkeep.store import Store
+from tests.support import plain_engine, raw_exec, raw_rows
 
 from . import _legacy as L
 from ._alembic_cli import REPO_ROOT, run_alembic
@@ -70,24 +71,8 @@ OUR_TABLES = {"runs", "runs_seq_counter"} | SESSION_TABLES | RUNTIME_TABLES
 # Helpers (work on either backend)
 
 
-def _engine(url: str) -> sa.Engine:
-    """A plain engine without agentkeep hooks: an observer, and a foreign writer."""
-    return sa.create_engine(url, poolclass=sa.pool.NullPool)
-
-
-def raw(url: str, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-    """One statement in its own committed transaction, outside agentkeep."""
-    engine = _engine(url)
-    try:
-        with engine.begin() as conn:
-            result = conn.execute(sa.text(sql), params or {})
-            return [tuple(r) for r in result] if result.returns_rows else []
-    finally:
-        engine.dispose()
-
-
 def tables(url: str) -> set[str]:
-    engine = _engine(url)
+    engine = plain_engine(url)
     try:
         return set(sa.inspect(engine).get_table_names())
     finally:
@@ -96,7 +81,7 @@ def tables(url: str) -> set[str]:
 
 def schema(url: str) -> dict[str, Any]:
     """Columns (type, nullability, default) and indexes of every table."""
-    engine = _engine(url)
+    engine = plain_engine(url)
     try:
         insp = sa.inspect(engine)
         out: dict[str, Any] = {}
@@ -116,7 +101,7 @@ def schema(url: str) -> dict[str, Any]:
 
 
 def runs_columns(url: str) -> set[str]:
-    engine = _engine(url)
+    engine = plain_engine(url)
     try:
         return {c["name"] for c in sa.inspect(engine).get_columns("runs")}
     finally:
@@ -133,11 +118,13 @@ def state(url: str) -> dict[str, Any]:
     s: dict[str, Any] = {"schema": schema(url)}
     if migrate.VERSION_TABLE in s["schema"]:
         if sqlite_path(url) is None:  # xmin changes whenever the row is rewritten
-            s["version"] = raw(
+            s["version"] = raw_rows(
                 url, f"SELECT version_num, xmin::text FROM {migrate.VERSION_TABLE} ORDER BY 1"
             )
         else:
-            s["version"] = raw(url, f"SELECT version_num FROM {migrate.VERSION_TABLE} ORDER BY 1")
+            s["version"] = raw_rows(
+                url, f"SELECT version_num FROM {migrate.VERSION_TABLE} ORDER BY 1"
+            )
     path = sqlite_path(url)
     if path is not None:
         s["sha256"] = L.sha256(path)
@@ -145,11 +132,11 @@ def state(url: str) -> dict[str, Any]:
 
 
 def insert_l0_row(url: str, run_id: str, created_at: int) -> None:
-    raw(
+    raw_exec(
         url,
         "INSERT INTO runs (id, task_id, status, step_entries_json, created_at, updated_at)"
         " VALUES (:id, 'T-1', '\"pending\"', '[]', :c, :c)",
-        {"id": run_id, "c": created_at},
+        params={"id": run_id, "c": created_at},
     )
 
 
@@ -192,7 +179,7 @@ def test_head_to_base_and_back(fresh_url: str, backend: str) -> None:
     assert migrate.current(fresh_url) == ()
     assert tables(fresh_url) <= {migrate.VERSION_TABLE}
     if backend == "postgres":
-        assert raw(fresh_url, "SELECT relname FROM pg_class WHERE relkind = 'S'") == []
+        assert raw_rows(fresh_url, "SELECT relname FROM pg_class WHERE relkind = 'S'") == []
     else:
         path = sqlite_path(fresh_url)
         assert path is not None
@@ -204,7 +191,7 @@ def test_head_to_base_and_back(fresh_url: str, backend: str) -> None:
 
     assert migrate.upgrade(fresh_url) == migrate.head_revisions()
     assert migrate.check(fresh_url) == []
-    assert raw(fresh_url, "SELECT COUNT(*) FROM runs") == [(0,)]
+    assert raw_rows(fresh_url, "SELECT COUNT(*) FROM runs") == [(0,)]
 
 
 def test_step_by_step_up_and_down(fresh_url: str) -> None:
@@ -215,7 +202,7 @@ def test_step_by_step_up_and_down(fresh_url: str) -> None:
         assert runs_columns(fresh_url) == REV_COLUMNS[rev]
         if i == 0:
             insert_l0_row(fresh_url, "R-1", 10)
-        assert raw(fresh_url, "SELECT id, created_at FROM runs") == [("R-1", 10)]
+        assert raw_rows(fresh_url, "SELECT id, created_at FROM runs") == [("R-1", 10)]
         seen[rev] = schema(fresh_url)
     # At the end of the runs chain, the other branches bring the database to head...
     assert migrate.upgrade(fresh_url) == migrate.head_revisions()
@@ -224,7 +211,7 @@ def test_step_by_step_up_and_down(fresh_url: str) -> None:
     assert migrate.downgrade(fresh_url, "sessions@base") == (CHAIN[-1], "runtime_0002")
     assert migrate.downgrade(fresh_url, "runtime@base") == (CHAIN[-1],)
     assert schema(fresh_url) == seen[CHAIN[-1]]
-    assert raw(fresh_url, "SELECT degradations_json, next_generation FROM runs") == [("[]", 0)]
+    assert raw_rows(fresh_url, "SELECT degradations_json, next_generation FROM runs") == [("[]", 0)]
 
     for rev in reversed(CHAIN[:-1]):
         assert migrate.downgrade(fresh_url, rev) == (rev,)
@@ -232,7 +219,7 @@ def test_step_by_step_up_and_down(fresh_url: str) -> None:
         assert runs_columns(fresh_url) == REV_COLUMNS[rev]
         # Downgrading lands on exactly the schema the upgrade built at that revision.
         assert schema(fresh_url) == seen[rev], rev
-        assert raw(fresh_url, "SELECT id, created_at FROM runs") == [("R-1", 10)]
+        assert raw_rows(fresh_url, "SELECT id, created_at FROM runs") == [("R-1", 10)]
     assert migrate.downgrade(fresh_url, "base") == ()
     assert "runs" not in tables(fresh_url)
 
@@ -260,9 +247,11 @@ def test_unknown_revision_is_refused_and_nothing_changes(
     migrate.upgrade(fresh_url)
     insert_l0_row(fresh_url, "R-1", 10)
     if stamp == "extra_row":
-        raw(fresh_url, f"INSERT INTO {migrate.VERSION_TABLE} (version_num) VALUES ('zzzz_9999')")
+        raw_exec(
+            fresh_url, f"INSERT INTO {migrate.VERSION_TABLE} (version_num) VALUES ('zzzz_9999')"
+        )
     else:
-        raw(fresh_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = 'zzzz_9999'")
+        raw_exec(fresh_url, f"UPDATE {migrate.VERSION_TABLE} SET version_num = 'zzzz_9999'")
     before = state(fresh_url)
 
     with pytest.raises(SchemaNewer) as info:
@@ -280,7 +269,7 @@ def test_unknown_revision_is_refused_and_nothing_changes(
     assert info.value.current == ("zzzz_9999",)
     assert info.value.head == migrate.head_revisions()
     assert state(fresh_url) == before
-    assert raw(fresh_url, "SELECT id FROM runs") == [("R-1",)]
+    assert raw_rows(fresh_url, "SELECT id FROM runs") == [("R-1",)]
 
 
 @pytest.mark.parametrize("start", [None, "runs_0003"], ids=["empty", "at_runs_0003"])
@@ -312,8 +301,8 @@ def test_unversioned_runs_table_is_adopted_on_sqlite_refused_on_postgres(
     fresh_url: str, backend: str
 ) -> None:
     """Spec §1.5/§1.7: no Postgres database predates agentkeep, so only SQLite adopts."""
-    raw(fresh_url, L.create_table_sql(L.FULL_COLUMNS))
-    raw(fresh_url, L.INDEX_SQL)
+    raw_exec(fresh_url, L.create_table_sql(L.FULL_COLUMNS))
+    raw_exec(fresh_url, L.INDEX_SQL)
     insert_l0_row(fresh_url, "R-1", 10)
     before = state(fresh_url)
 
@@ -326,7 +315,7 @@ def test_unversioned_runs_table_is_adopted_on_sqlite_refused_on_postgres(
     else:
         assert migrate.upgrade(fresh_url) == migrate.head_revisions()
         assert migrate.check(fresh_url) == []
-    assert raw(fresh_url, "SELECT id, created_at FROM runs") == [("R-1", 10)]
+    assert raw_rows(fresh_url, "SELECT id, created_at FROM runs") == [("R-1", 10)]
 
 
 # ----------------------------------------------------------------------------
@@ -364,13 +353,13 @@ def _seed_at_0005(url: str) -> None:
 
 
 def _ids_by_seq(url: str) -> list[str]:
-    return [r[0] for r in raw(url, "SELECT id FROM runs ORDER BY seq")]
+    return [r[0] for r in raw_rows(url, "SELECT id FROM runs ORDER BY seq")]
 
 
 def test_seq_backfill_order(fresh_url: str, backend: str) -> None:
     _seed_at_0005(fresh_url)
     if backend == "sqlite":  # rowid order, the old tie-break
-        want = [r[0] for r in raw(fresh_url, "SELECT id FROM runs ORDER BY rowid")]
+        want = [r[0] for r in raw_rows(fresh_url, "SELECT id FROM runs ORDER BY rowid")]
     else:  # no rowid on Postgres: created_at, then id
         want = [i for i, _ in sorted(ROWS_AT_0005, key=lambda r: (r[1], r[0]))]
     assert want != sorted(want)  # the fixture distinguishes the orders
@@ -378,7 +367,7 @@ def test_seq_backfill_order(fresh_url: str, backend: str) -> None:
     migrate.upgrade(fresh_url)
 
     assert _ids_by_seq(fresh_url) == want
-    seqs = [r[0] for r in raw(fresh_url, "SELECT seq FROM runs")]
+    seqs = [r[0] for r in raw_rows(fresh_url, "SELECT seq FROM runs")]
     assert None not in seqs and len(set(seqs)) == len(seqs)
 
 
@@ -400,13 +389,13 @@ def _foreign_insert(url: str, run_id: str) -> None:
 
 
 def _seq_of(url: str, run_id: str) -> int:
-    rows = raw(url, "SELECT seq FROM runs WHERE id = :id", {"id": run_id})
+    rows = raw_rows(url, "SELECT seq FROM runs WHERE id = :id", {"id": run_id})
     assert rows and rows[0][0] is not None, run_id
     return int(rows[0][0])
 
 
 def _max_seq(url: str) -> int:
-    return int(raw(url, "SELECT MAX(seq) FROM runs")[0][0])
+    return int(raw_rows(url, "SELECT MAX(seq) FROM runs")[0][0])
 
 
 def test_seq_is_filled_for_inserts_that_omit_it_and_never_reused(fresh_url: str) -> None:
@@ -418,7 +407,7 @@ def test_seq_is_filled_for_inserts_that_omit_it_and_never_reused(fresh_url: str)
     s1 = _seq_of(fresh_url, "R-new1")
     assert s1 > top
 
-    raw(fresh_url, "DELETE FROM runs WHERE id = 'R-new1'")  # the newest row goes away
+    raw_exec(fresh_url, "DELETE FROM runs WHERE id = 'R-new1'")  # the newest row goes away
     _foreign_insert(fresh_url, "R-new2")
     s2 = _seq_of(fresh_url, "R-new2")
     assert s2 > s1  # not reused
@@ -427,5 +416,5 @@ def test_seq_is_filled_for_inserts_that_omit_it_and_never_reused(fresh_url: str)
         store.runs.create(RunRecord.new("R-new3", "T-1", 1))
     assert _seq_of(fresh_url, "R-new3") > s2
     assert _ids_by_seq(fresh_url)[-2:] == ["R-new2", "R-new3"]
-    seqs = [r[0] for r in raw(fresh_url, "SELECT seq FROM runs")]
+    seqs = [r[0] for r in raw_rows(fresh_url, "SELECT seq FROM runs")]
     assert len(set(seqs)) == len(seqs)

@@ -2,9 +2,9 @@
 
 * :func:`accepted` / :func:`replacement_records`: the seed's ``input_state()``
   and ``replacement_records(expected, n)`` fixtures (spec runtime §4).
-* :func:`raw_exec`, :func:`raw_rows`, :func:`raw_snapshot`: SQL straight on
-  the database (setup of corrupt or legacy rows, and assertions on what is
-  really stored).
+* :func:`raw_exec`, :func:`raw_rows` (from :mod:`tests.support`),
+  :func:`raw_snapshot`: SQL straight on the database (setup of corrupt or
+  legacy rows, and assertions on what is really stored).
 * :func:`abort_trigger`: a ``BEFORE INSERT/UPDATE/DELETE`` trigger that aborts
   (SQLite ``RAISE(ABORT)``; Postgres a plpgsql function), always dropped on
   exit. Tests that install one use a fresh database on Postgres.
@@ -20,11 +20,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
 from agentkeep.runtime.domain import InputStatePersistenceRecord, OpsSnapshot, StoredInputState
 from agentkeep.store import Store
 from tests import racing
+from tests.support import raw_exec, raw_rows
 
 RT: Final = "runtime-1"
 #: A runtime id nothing is stored under: ``runtime_state(url, NOTHING)`` is "no rows at all".
@@ -57,28 +58,6 @@ def recovery_counts(store: Store, runtime_id: str) -> dict[str, int]:
 
 # --------------------------------------------------------------------------
 # Raw SQL
-
-
-def raw_exec(url: str, *statements: str, params: dict[str, Any] | None = None) -> None:
-    """Run statements (``:name`` parameters) in one transaction on a separate engine."""
-    eng = create_engine(url)
-    try:
-        with eng.begin() as conn:
-            for stmt in statements:
-                conn.execute(text(stmt), params or {})
-    finally:
-        eng.dispose()
-
-
-def raw_rows(url: str, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-    """Rows of a SELECT, as stored (``bytes`` for BLOB/bytea, ``str`` for TEXT)."""
-    eng = create_engine(url)
-    try:
-        with eng.connect() as conn:
-            rows = conn.execute(text(sql), params or {}).all()
-    finally:
-        eng.dispose()
-    return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows]
 
 
 def raw_snapshot(url: str, data: bytes, runtime_id: str = RT) -> None:
