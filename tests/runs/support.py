@@ -1,13 +1,17 @@
-"""Shared fixtures-as-functions of the run store tests (spec runs §2.4, §2.9, §4)."""
+"""Shared fixtures-as-functions and raw reads of the run store tests (spec runs §2.4, §2.9, §4).
+
+* :func:`mk`, :func:`mk_degradation`: the spec fixtures.
+* :func:`run_rows`, :func:`run_row`, :func:`existing_run_row`: ``runs`` rows as
+  stored, read with raw SQL in a read unit (every column, ``seq`` included).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import text
-
 from agentkeep.runs.domain import DegradationEntry, RunRecord
 from agentkeep.store import Store
+from tests.support import query
 
 SLOT_A = "phase-a-op"
 SLOT_B = "phase-b-op"
@@ -33,8 +37,19 @@ def mk_degradation(tool: str, at: int) -> DegradationEntry:
     )
 
 
-def raw_rows(store: Store) -> list[dict[str, Any]]:
-    """Every ``runs`` row as stored (raw SQL), ordered by id."""
-    with store.read() as uow:
-        rows = uow.connection.execute(text("SELECT * FROM runs ORDER BY id")).mappings().all()
-    return [dict(r) for r in rows]
+def run_rows(store: Store) -> list[dict[str, Any]]:
+    """Every ``runs`` row as stored (raw SQL, every column), ordered by id."""
+    return query(store, "SELECT * FROM runs ORDER BY id")
+
+
+def run_row(store: Store, run_id: str) -> dict[str, Any] | None:
+    """The ``runs`` row of ``run_id`` as stored (every column, ``seq`` included), or None."""
+    rows = query(store, "SELECT * FROM runs WHERE id = :id", id=run_id)
+    return rows[0] if rows else None
+
+
+def existing_run_row(store: Store, run_id: str) -> dict[str, Any]:
+    """The ``runs`` row of ``run_id`` as stored; the run must exist (AssertionError if not)."""
+    row = run_row(store, run_id)
+    assert row is not None, f"no runs row {run_id!r}"
+    return row

@@ -25,7 +25,7 @@ from agentkeep.errors import DatabaseError
 from agentkeep.runs.domain import RunStatus, StepEntry
 from agentkeep.store import Store
 
-from .support import SLOT_A, mk, raw_rows
+from .support import SLOT_A, mk, run_rows
 
 _PG_FAULT_FN = """
 CREATE OR REPLACE FUNCTION agentkeep_test_fault() RETURNS trigger AS $$
@@ -93,14 +93,14 @@ def _seq_counter(store: Store) -> Any:
 
 def test_a_fault_after_the_insert_leaves_no_run(store: Store, fault_on: Any, backend: str) -> None:
     store.runs.create(mk("R-before"))
-    before_rows = raw_rows(store)
+    before_rows = run_rows(store)
     before_counter = _seq_counter(store)
     fault_on("insert")
 
     with pytest.raises(DatabaseError, match="injected fault"):
         store.runs.create(mk("R-1"))
 
-    assert raw_rows(store) == before_rows
+    assert run_rows(store) == before_rows
     if backend == "sqlite":  # a Postgres sequence is not transactional, by design
         assert _seq_counter(store) == before_counter
 
@@ -109,7 +109,7 @@ def test_a_fault_at_the_last_statement_rolls_back_the_whole_unit(
     store: Store, fault_on: Any
 ) -> None:
     store.runs.create(mk("R-1"))
-    before = raw_rows(store)
+    before = run_rows(store)
     fault_on("failed-status")
 
     with pytest.raises(DatabaseError, match="injected fault"), store.write() as uow:
@@ -119,7 +119,7 @@ def test_a_fault_at_the_last_statement_rolls_back_the_whole_unit(
         uow.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.RUNNING)
         uow.runs.update_status("R-1", RunStatus.FAILED)  # the trigger raises here
 
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
     # The store is usable afterwards and the same operations succeed without the fault's status.
     with store.write() as uow:
         uow.runs.create(mk("R-2"))
@@ -129,14 +129,14 @@ def test_a_fault_at_the_last_statement_rolls_back_the_whole_unit(
 def test_a_failed_one_call_operation_writes_nothing(store: Store, fault_on: Any) -> None:
     store.runs.create(mk("R-1"))
     store.runs.acquire_assignee("R-1", SLOT_A, "S-a", "held")
-    before = raw_rows(store)
+    before = run_rows(store)
     fault_on("failed-status")
 
     with pytest.raises(DatabaseError):
         store.runs.update_status("R-1", RunStatus.FAILED)
     with pytest.raises(DatabaseError):
         store.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.FAILED)
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
 
 
 # --------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_a_process_killed_inside_its_write_unit_leaves_nothing_and_frees_the_loc
 ) -> None:
     store = Store.open(db_url, clock=clock, busy_timeout_ms=10_000)
     store.runs.create(mk("R-1"))
-    before = raw_rows(store)
+    before = run_rows(store)
 
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
@@ -172,7 +172,7 @@ def test_a_process_killed_inside_its_write_unit_leaves_nothing_and_frees_the_loc
             child.kill()
     assert child.exitcode == -signal.SIGKILL
 
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
     # The dead writer's lock is gone: a new writer proceeds, and its generation is 1.
     assert store.runs.acquire_assignee("R-1", SLOT_A, "S-alive", "after the crash") == (1, None)
     assert store.runs.get("R-1").step_entries == ()
@@ -204,10 +204,10 @@ def test_an_oversized_value_is_refused_and_the_row_is_unchanged(tmp_path: Any, c
         for _ in range(100):
             store.runs.append_step_entry("R-1", entry)
             appended += 1
-    before = raw_rows(store)
+    before = run_rows(store)
     assert 0 < appended < 100
     assert len(store.runs.get("R-1").step_entries) == appended
     with pytest.raises(DatabaseError, match="too big"):
         store.runs.append_step_entry("R-1", entry)
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
     store.close()

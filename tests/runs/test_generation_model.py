@@ -10,7 +10,6 @@ overflow.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,20 +27,13 @@ from agentkeep.errors import (
 from agentkeep.runs.domain import Assignee, Released, RunId, RunRecord, Stale
 from agentkeep.store import Store
 
+from .support import run_row
+
 MAX_I64 = 2**63 - 1
 SLOTS = ["phase-a-op", "phase-b-op", " ", "スロット"]
 OPS = ["S-a", "S-b", "main-ai", ""]
 BLANK_DESCS = ["", "   ", "\t\n", "\u3000", "\u00a0"]
 MISSING = "R-never-created"
-
-
-def raw_row(store: Store, run_id: str) -> tuple[Any, ...] | None:
-    """The full stored row (every column, ``seq`` included), or None."""
-    with store.read() as uow:
-        row = uow.connection.execute(
-            text("SELECT * FROM runs WHERE id = :id"), {"id": run_id}
-        ).first()
-    return None if row is None else tuple(row)
 
 
 def raw_current_json(store: Store, run_id: str) -> str | None:
@@ -111,7 +103,7 @@ def _step(
     clock = store.clock
     assert isinstance(clock, SettableClock)
     now_s = clock.advance(1000) // 1000  # a write in this step is visible in updated_at
-    before = raw_row(store, run_id)
+    before = run_row(store, run_id)
     wrote = False
 
     if kind == "acquire":
@@ -160,11 +152,11 @@ def _step(
                 store.runs.acquire_assignee(MISSING, SLOTS[0], "S-a", "a real desc")
             else:
                 store.runs.vacate_assignee(MISSING, SLOTS[0], op[2])
-        assert raw_row(store, MISSING) is None
+        assert run_row(store, MISSING) is None
     else:  # pragma: no cover - the strategy has no other kinds
         raise AssertionError(op)
 
-    after = raw_row(store, run_id)
+    after = run_row(store, run_id)
     if wrote:
         rec = store.runs.get(run_id)
         assert rec.updated_at == now_s
@@ -238,7 +230,7 @@ def test_create_refuses_a_seeded_holder_one_ahead(store: Store, g: int) -> None:
         store.runs.create(rec)
     assert (err.value.slot, err.value.gen, err.value.next_generation) == ("phase-a-op", g + 1, g)
     assert "current['phase-a-op'].gen" in str(err.value)
-    assert raw_row(store, "R-1") is None
+    assert run_row(store, "R-1") is None
     with pytest.raises(RunNotFound):
         store.runs.get("R-1")
 
@@ -250,18 +242,18 @@ def test_create_names_the_first_offender_in_sorted_order(store: Store) -> None:
     with pytest.raises(AssigneeGenerationAhead) as err:
         store.runs.create(rec)
     assert (err.value.slot, err.value.gen, err.value.next_generation) == ("Z", 7, 2)
-    assert raw_row(store, "R-1") is None
+    assert run_row(store, "R-1") is None
 
 
 def test_duplicate_id_with_a2_violation_raises_generation_ahead(store: Store) -> None:
     """A2 is checked before the duplicate check; the existing row is untouched."""
     store.runs.create(RunRecord.new("R-1", "T-1", 100))
-    before = raw_row(store, "R-1")
+    before = run_row(store, "R-1")
     bad = RunRecord.new("R-1", "T-2", 200, current={"phase-a-op": _holder(1)})
     with pytest.raises(AssigneeGenerationAhead) as err:
         store.runs.create(bad)
     assert err.value.slot == "phase-a-op"
-    assert raw_row(store, "R-1") == before
+    assert run_row(store, "R-1") == before
 
 
 def test_seeded_holder_vacate_then_acquire(store: Store, clock: SettableClock) -> None:
@@ -290,10 +282,10 @@ def test_reacquire_by_same_op_then_vacate_with_older_gen_is_stale(
     first = Assignee(op="S-a1", desc="first hold", gen=1)
     assert store.runs.acquire_assignee("R-1", "phase-a-op", "S-a1", "again") == (2, first)
     clock.advance(5000)
-    before = raw_row(store, "R-1")
+    before = run_row(store, "R-1")
     outcome = store.runs.vacate_assignee("R-1", "phase-a-op", 1)
     assert outcome == Stale(current=Assignee(op="S-a1", desc="again", gen=2))
-    assert raw_row(store, "R-1") == before
+    assert run_row(store, "R-1") == before
 
 
 def test_generation_overflow_refuses_and_changes_nothing(
@@ -304,13 +296,13 @@ def test_generation_overflow_refuses_and_changes_nothing(
         RunRecord.new("R-max", "T-1", 100, next_generation=MAX_I64, current={"b": _holder(MAX_I64)})
     )
     clock.advance(5000)
-    before = raw_row(store, "R-max")
+    before = run_row(store, "R-max")
     with pytest.raises(GenerationOverflow):
         store.runs.acquire_assignee("R-max", "a", "S-a", "one too many")
-    assert raw_row(store, "R-max") == before
+    assert run_row(store, "R-max") == before
     with pytest.raises(GenerationOverflow):
         store.runs.vacate_assignee("R-max", "b", MAX_I64)
-    assert raw_row(store, "R-max") == before
+    assert run_row(store, "R-max") == before
     rec = store.runs.get("R-max")
     assert (rec.next_generation, rec.current) == (MAX_I64, {"b": _holder(MAX_I64)})
 

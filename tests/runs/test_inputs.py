@@ -45,7 +45,7 @@ from agentkeep.runs.domain import (
 )
 from agentkeep.store import Store
 
-from .support import SLOT_A, mk, raw_rows
+from .support import SLOT_A, mk, run_rows
 
 MAX = 2**63 - 1
 
@@ -157,12 +157,12 @@ def test_desc_is_stored_untrimmed(store: Store, desc: str) -> None:
 )
 def test_blank_desc_is_refused_even_for_a_missing_run(store: Store, desc: str) -> None:
     store.runs.create(mk("R-1"))
-    before = raw_rows(store)
+    before = run_rows(store)
     with pytest.raises(AssigneeDescRequired):
         store.runs.acquire_assignee("R-1", SLOT_A, "S-1", desc)
     with pytest.raises(AssigneeDescRequired):
         store.runs.acquire_assignee("R-nope", SLOT_A, "S-1", desc)
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
 
 
 # ---------------------------------------------------------------------- §5.6 integer bounds
@@ -173,7 +173,7 @@ def test_generation_at_max_refuses_to_advance(store: Store, clock: SettableClock
     store.runs.create(mk("R-1", current={SLOT_A: holder}, next_generation=MAX))
     got = store.runs.get("R-1")
     assert got.next_generation == MAX
-    before = raw_rows(store)
+    before = run_rows(store)
     clock.advance(60_000)
     with pytest.raises(GenerationOverflow):
         store.runs.acquire_assignee("R-1", "other", "S-2", "one more")
@@ -181,7 +181,7 @@ def test_generation_at_max_refuses_to_advance(store: Store, clock: SettableClock
         store.runs.vacate_assignee("R-1", SLOT_A, MAX)
     # A stale vacate writes nothing, so it is still answered.
     assert store.runs.vacate_assignee("R-1", SLOT_A, 1) == Stale(current=holder)
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
     assert store.runs.get("R-1") == got
 
 
@@ -478,12 +478,12 @@ def test_bad_input_is_refused_with_a_typed_error_and_changes_nothing(
     populated: Store, clock: SettableClock, call: Call, exc: type[BaseException]
 ) -> None:
     store = populated
-    rows_before = raw_rows(store)
+    rows_before = run_rows(store)
     records_before = [store.runs.get("R-1"), store.runs.get("R-2")]
     clock.advance(3_600_000)
     with pytest.raises(AgentkeepError) as err:
         call(store)
     assert isinstance(err.value, exc), f"{type(err.value).__name__}: {err.value}"
     assert not isinstance(err.value, pydantic.ValidationError)
-    assert raw_rows(store) == rows_before
+    assert run_rows(store) == rows_before
     assert [store.runs.get("R-1"), store.runs.get("R-2")] == records_before

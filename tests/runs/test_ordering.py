@@ -36,17 +36,7 @@ from agentkeep.runs.domain import (
 )
 from agentkeep.store import Store
 
-from .support import SLOT_A, mk, raw_rows
-
-
-def raw_row(store: Store, run_id: str) -> dict[str, Any]:
-    with store.read() as uow:
-        row = (
-            uow.connection.execute(text("SELECT * FROM runs WHERE id = :id"), {"id": run_id})
-            .mappings()
-            .one()
-        )
-    return dict(row)
+from .support import SLOT_A, existing_run_row, mk, run_rows
 
 
 def seqs(store: Store) -> dict[str, int]:
@@ -318,24 +308,24 @@ def test_every_write_sets_updated_at_to_exactly_now(
     columns: set[str],
 ) -> None:
     _seed_r1(store)
-    other = raw_row(store, "R-2")
-    before = raw_row(store, "R-1")
+    other = existing_run_row(store, "R-2")
+    before = existing_run_row(store, "R-1")
     assert before["updated_at"] == 100
     clock.set(NOW_MS)
     result = call(store)
     assert result is not False
-    after = raw_row(store, "R-1")
+    after = existing_run_row(store, "R-1")
     assert after["updated_at"] == NOW_S
     changed = {k for k in after if after[k] != before[k]}
     assert changed - {"updated_at"} <= columns
     assert changed >= {"updated_at"}
     assert store.runs.get("R-1").updated_at == NOW_S
-    assert raw_row(store, "R-2") == other
+    assert existing_run_row(store, "R-2") == other
     if label not in ("vacate_assignee_released", "try_transition"):
         # Repeatable writes: a clock stepped backwards is still taken as is.
         clock.set(1_600_000_000_001)
         call(store)
-        assert raw_row(store, "R-1")["updated_at"] == 1_600_000_000
+        assert existing_run_row(store, "R-1")["updated_at"] == 1_600_000_000
 
 
 def _refusals() -> list[Any]:
@@ -416,7 +406,7 @@ def test_reads_refusals_and_non_events_leave_updated_at_unchanged(
     exc: type[BaseException] | None,
 ) -> None:
     _seed_r1(store)
-    before = raw_rows(store)
+    before = run_rows(store)
     records = store.runs.list()
     clock.set(NOW_MS)
     if exc is None:
@@ -429,7 +419,7 @@ def test_reads_refusals_and_non_events_leave_updated_at_unchanged(
         with pytest.raises(exc) as err:
             call(store)
         assert isinstance(err.value, AgentkeepError)
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
     assert store.runs.list() == records
 
 
@@ -438,9 +428,15 @@ def test_create_stores_the_callers_timestamps_verbatim(store: Store, clock: Sett
     store.runs.create(mk("R-1", created_at=500, updated_at=10))
     store.runs.create(mk("R-2", created_at=0, updated_at=0))
     store.runs.create(mk("R-3", created_at=7, updated_at=2**63 - 1))
-    assert (raw_row(store, "R-1")["created_at"], raw_row(store, "R-1")["updated_at"]) == (500, 10)
-    assert (raw_row(store, "R-2")["created_at"], raw_row(store, "R-2")["updated_at"]) == (0, 0)
-    assert raw_row(store, "R-3")["updated_at"] == 2**63 - 1
+    assert (
+        existing_run_row(store, "R-1")["created_at"],
+        existing_run_row(store, "R-1")["updated_at"],
+    ) == (500, 10)
+    assert (
+        existing_run_row(store, "R-2")["created_at"],
+        existing_run_row(store, "R-2")["updated_at"],
+    ) == (0, 0)
+    assert existing_run_row(store, "R-3")["updated_at"] == 2**63 - 1
     got = store.runs.get("R-1")
     assert (got.created_at, got.updated_at) == (500, 10)
 
@@ -460,7 +456,7 @@ def test_created_at_never_changes(store: Store, clock: SettableClock) -> None:
     clock.set(NOW_MS)
     for _label, call, _columns in WRITES:
         call(store)
-    row = raw_row(store, "R-1")
+    row = existing_run_row(store, "R-1")
     assert row["created_at"] == 100
     assert (row["id"], row["task_id"], row["operator_sid"]) == ("R-1", "T-1", None)
 
@@ -474,7 +470,7 @@ def test_delete_then_get_is_not_found(store: Store) -> None:
     with pytest.raises(RunNotFound):
         store.runs.get("R-1")
     assert store.runs.list() == []
-    assert raw_rows(store) == []
+    assert run_rows(store) == []
 
 
 def test_delete_twice_is_not_found(store: Store) -> None:

@@ -37,7 +37,7 @@ from agentkeep.runs.domain import (
 from agentkeep.store import Store
 from tests.racing import Racing
 
-from .support import SLOT_A
+from .support import SLOT_A, run_row
 
 T0_MS = 1_700_000_000_000
 T0_S = T0_MS // 1000
@@ -76,15 +76,6 @@ proc_pool = RACING.pool_fixture()
 
 
 KINDS = pytest.mark.parametrize("kind", ["threads", "processes"])
-
-
-def raw_row(store: Store, run_id: str) -> tuple[Any, ...] | None:
-    """The full stored row (every column, ``seq`` included), or None."""
-    with store.read() as uow:
-        row = uow.connection.execute(
-            text("SELECT * FROM runs WHERE id = :id"), {"id": run_id}
-        ).first()
-    return None if row is None else tuple(row)
 
 
 def count_rows(store: Store, run_id: str) -> int:
@@ -609,14 +600,14 @@ def test_busy_long_hold_raises_store_busy_and_writes_nothing(
             run_id = "R-busy-new" if op == "create" else f"R-long-{kind.replace('_', '-')}"
             if op != "create":
                 _seeded(store, run_id)
-            before = raw_row(store, run_id)
+            before = run_row(store, run_id)
             with foreign_lock(backend, db_url, run_id, kind):
                 t = time.monotonic()
                 with pytest.raises(StoreBusy):
                     BUSY_OPS[op](impatient, run_id)
                 waited = time.monotonic() - t
             assert waited >= 0.15, (kind, waited)
-            assert raw_row(store, run_id) == before, kind
+            assert run_row(store, run_id) == before, kind
             if op == "create":
                 assert before is None
     finally:

@@ -38,7 +38,7 @@ from agentkeep.runs.domain import (
 )
 from agentkeep.store import Store
 
-from .support import SLOT_A, mk, raw_rows
+from .support import SLOT_A, mk, run_rows
 
 NOW_MS = 1_800_000_000_000
 
@@ -131,14 +131,14 @@ def test_operations_in_one_write_unit_commit_together(
     assert after.input_json == "in"
     assert after.updated_at == NOW_MS // 1000
     assert store.runs.get("R-0").status is RunStatus.RUNNING
-    assert [r["id"] for r in raw_rows(store)] == ["R-0", "R-1"]
+    assert [r["id"] for r in run_rows(store)] == ["R-0", "R-1"]
 
 
 def test_an_exception_in_the_block_rolls_back_everything(
     store: Store, clock: SettableClock
 ) -> None:
     store.runs.create(mk("R-0"))
-    before = raw_rows(store)
+    before = run_rows(store)
     clock.set(NOW_MS)
     boom = Boom("host failed after the writes")
     with pytest.raises(Boom) as err:
@@ -153,20 +153,20 @@ def test_an_exception_in_the_block_rolls_back_everything(
     assert err.value is boom
     with pytest.raises(RunNotFound):
         store.runs.get("R-1")
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
     # The store is still usable and the rolled-back generation was not burned.
     assert store.runs.acquire_assignee("R-0", SLOT_A, "S-9", "after rollback") == (1, None)
 
 
 def test_a_store_error_that_escapes_the_block_rolls_it_back(store: Store) -> None:
     store.runs.create(mk("R-0"))
-    before = raw_rows(store)
+    before = run_rows(store)
     with pytest.raises(RunNotFound):
         with store.write() as uow:
             uow.runs.create(mk("R-1"))
             uow.runs.update_status("R-0", RunStatus.FAILED)
             uow.runs.append_step_entry("R-nope", StepEntry.basic("ST-1", None, None, None, 1))
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
 
 
 def test_a_store_error_caught_inside_the_block_keeps_the_rest(store: Store) -> None:
@@ -210,7 +210,7 @@ def test_host_rows_roll_back_with_run_writes(store: Store, host_table: str) -> N
             uow.session.commit()  # only flushes: the unit owns the transaction
             uow.runs.acquire_assignee("R-1", SLOT_A, "S-1", "held")
             raise Boom()
-    assert raw_rows(store) == []
+    assert run_rows(store) == []
     assert host_rows(host_table) == []
 
 
@@ -269,18 +269,18 @@ def test_writes_in_a_read_unit_are_refused_and_write_nothing(
     store.runs.create(
         mk("R-1", current={SLOT_A: Assignee(op="S-1", desc="held", gen=1)}, next_generation=1)
     )
-    before = raw_rows(store)
+    before = run_rows(store)
     clock.set(NOW_MS)
     with store.read() as uow:
         with pytest.raises(ReadOnlyUnitOfWork):
             call(uow.runs)
         # Reads still work in the same unit.
         assert uow.runs.get("R-1").next_generation == 1
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
     with pytest.raises(ReadOnlyUnitOfWork):
         with store.read() as uow:
             call(uow.runs)
-    assert raw_rows(store) == before
+    assert run_rows(store) == before
 
 
 def test_a_read_unit_sees_a_consistent_snapshot(

@@ -26,27 +26,13 @@ from agentkeep.runs.domain import (
     StepEntry,
 )
 from agentkeep.store import Store
+from tests.support import execute_sql
 
-from .support import SLOT_A, SLOT_B, mk
-
-
-def raw(store: Store, sql: str, **params: Any) -> None:
-    with store.write() as uow:
-        uow.connection.execute(text(sql), params)
-
-
-def raw_row(store: Store, run_id: str) -> dict[str, Any] | None:
-    with store.read() as uow:
-        row = (
-            uow.connection.execute(text("SELECT * FROM runs WHERE id = :id"), {"id": run_id})
-            .mappings()
-            .first()
-        )
-    return None if row is None else dict(row)
+from .support import SLOT_A, SLOT_B, mk, run_row
 
 
 def raw_value(store: Store, run_id: str, column: str) -> Any:
-    row = raw_row(store, run_id)
+    row = run_row(store, run_id)
     assert row is not None
     return row[column]
 
@@ -87,7 +73,7 @@ def test_create_with_an_empty_map_stores_null_never_braces(store: Store) -> None
 
 def test_raw_braces_read_as_empty_and_the_next_emptying_write_stores_null(store: Store) -> None:
     store.runs.create(mk("R-1"))
-    raw(store, "UPDATE runs SET current_json = '{}' WHERE id = 'R-1'")
+    execute_sql(store, "UPDATE runs SET current_json = '{}' WHERE id = 'R-1'")
     got = store.runs.get("R-1")
     assert got.current == {}
     assert got.next_generation == 0
@@ -228,7 +214,7 @@ def _assert_corrupt(exc: RunCorrupt, field: str, key: str) -> None:
 def test_corrupt_column_fails_get_and_list(store: Store, case: tuple[str, Any, str]) -> None:
     column, value, field = case
     _seed_three(store)
-    raw(store, f"UPDATE runs SET {column} = :v WHERE id = 'R-1'", v=value)
+    execute_sql(store, f"UPDATE runs SET {column} = :v WHERE id = 'R-1'", v=value)
     with pytest.raises(RunCorrupt) as err:
         store.runs.get("R-1")
     _assert_corrupt(err.value, field, "R-1")
@@ -249,7 +235,7 @@ def test_corrupt_column_fails_get_and_list(store: Store, case: tuple[str, Any, s
 
 def test_corrupt_id_fails_list_and_names_the_stored_id(store: Store) -> None:
     _seed_three(store)
-    raw(store, "UPDATE runs SET id = 'X-1' WHERE id = 'R-1'")
+    execute_sql(store, "UPDATE runs SET id = 'X-1' WHERE id = 'R-1'")
     with pytest.raises(RunNotFound):
         store.runs.get("R-1")
     for call in (
@@ -267,7 +253,7 @@ def test_corrupt_row_in_list_running_fails_it(store: Store) -> None:
     _seed_three(store)
     store.runs.update_status("R-1", RunStatus.RUNNING)
     assert [r.id for r in store.runs.list_running()] == ["R-1"]
-    raw(store, "UPDATE runs SET step_entries_json = '[1]' WHERE id = 'R-1'")
+    execute_sql(store, "UPDATE runs SET step_entries_json = '[1]' WHERE id = 'R-1'")
     with pytest.raises(RunCorrupt) as err:
         store.runs.list_running()
     _assert_corrupt(err.value, "step_entries", "R-1")
@@ -275,7 +261,7 @@ def test_corrupt_row_in_list_running_fails_it(store: Store) -> None:
 
 def test_first_corrupt_field_in_decode_order_is_reported(store: Store) -> None:
     _seed_three(store)
-    raw(
+    execute_sql(
         store,
         "UPDATE runs SET status = 'pending', step_entries_json = 'null', "
         "degradations_json = '{}', current_json = '[]', result_ref_json = '{', "
@@ -296,7 +282,7 @@ def test_first_corrupt_field_in_decode_order_is_reported(store: Store) -> None:
         with pytest.raises(RunCorrupt) as err:
             store.runs.list()
         _assert_corrupt(err.value, field, row_id)
-        raw(store, f"UPDATE runs SET {repair} WHERE id = :id", id=row_id)
+        execute_sql(store, f"UPDATE runs SET {repair} WHERE id = :id", id=row_id)
         if field == "id":
             row_id = "R-1"
     assert [r.id for r in store.runs.list()] == ["R-3", "R-2", "R-1"]
@@ -304,7 +290,7 @@ def test_first_corrupt_field_in_decode_order_is_reported(store: Store) -> None:
 
 def test_get_reports_the_first_corrupt_field_too(store: Store) -> None:
     _seed_three(store)
-    raw(
+    execute_sql(
         store,
         "UPDATE runs SET current_json = '[]', result_ref_json = '{', task_id = 'nope' "
         "WHERE id = 'R-1'",
@@ -312,11 +298,11 @@ def test_get_reports_the_first_corrupt_field_too(store: Store) -> None:
     with pytest.raises(RunCorrupt) as err:
         store.runs.get("R-1")
     _assert_corrupt(err.value, "current", "R-1")
-    raw(store, "UPDATE runs SET current_json = NULL WHERE id = 'R-1'")
+    execute_sql(store, "UPDATE runs SET current_json = NULL WHERE id = 'R-1'")
     with pytest.raises(RunCorrupt) as err:
         store.runs.get("R-1")
     _assert_corrupt(err.value, "result_ref", "R-1")
-    raw(store, "UPDATE runs SET result_ref_json = 'null' WHERE id = 'R-1'")
+    execute_sql(store, "UPDATE runs SET result_ref_json = 'null' WHERE id = 'R-1'")
     with pytest.raises(RunCorrupt) as err:
         store.runs.get("R-1")
     _assert_corrupt(err.value, "task_id", "R-1")
@@ -325,7 +311,7 @@ def test_get_reports_the_first_corrupt_field_too(store: Store) -> None:
 def test_list_fails_only_when_the_bad_row_is_inside_the_filter_or_page(store: Store) -> None:
     _seed_three(store)  # list order: R-3 (300), R-2 (200), R-1 (100)
     store.runs.update_status("R-3", RunStatus.RUNNING)
-    raw(store, "UPDATE runs SET step_entries_json = '[1]' WHERE id = 'R-2'")
+    execute_sql(store, "UPDATE runs SET step_entries_json = '[1]' WHERE id = 'R-2'")
 
     def ids(**kw: Any) -> list[str]:
         return [r.id for r in store.runs.list(RunListFilter(**kw))]
@@ -358,12 +344,12 @@ BAD_DEGRADATIONS = ["null", "{}", '[{"tool":"t","error":"e","at":1}]', "[", '[{"
 
 
 def _write_refused_unchanged(store: Store, clock: SettableClock, call: Any, field: str) -> None:
-    before = raw_row(store, "R-1")
+    before = run_row(store, "R-1")
     clock.advance(60_000)
     with pytest.raises(RunCorrupt) as err:
         call()
     _assert_corrupt(err.value, field, "R-1")
-    assert raw_row(store, "R-1") == before
+    assert run_row(store, "R-1") == before
 
 
 @pytest.mark.parametrize("bad", BAD_STEPS)
@@ -371,7 +357,7 @@ def test_append_step_entry_on_corrupt_column_raises_and_leaves_it(
     store: Store, clock: SettableClock, bad: str
 ) -> None:
     store.runs.create(mk("R-1"))
-    raw(store, "UPDATE runs SET step_entries_json = :v WHERE id = 'R-1'", v=bad)
+    execute_sql(store, "UPDATE runs SET step_entries_json = :v WHERE id = 'R-1'", v=bad)
     entry = StepEntry.basic("ST-9", "step-z", "dispatched", None, 9)
     _write_refused_unchanged(
         store, clock, lambda: store.runs.append_step_entry("R-1", entry), "step_entries"
@@ -384,7 +370,7 @@ def test_append_degradation_on_corrupt_column_raises_and_leaves_it(
     store: Store, clock: SettableClock, bad: str
 ) -> None:
     store.runs.create(mk("R-1"))
-    raw(store, "UPDATE runs SET degradations_json = :v WHERE id = 'R-1'", v=bad)
+    execute_sql(store, "UPDATE runs SET degradations_json = :v WHERE id = 'R-1'", v=bad)
     entry = DegradationEntry(tool="t", error="e", fallback="f", at=9)
     _write_refused_unchanged(
         store, clock, lambda: store.runs.append_degradation("R-1", entry), "degradations"
@@ -412,13 +398,13 @@ def test_acquire_and_vacate_on_corrupt_slots_raise_and_write_nothing(
     store.runs.create(
         mk("R-1", current={SLOT_A: Assignee(op="S-1", desc="held", gen=1)}, next_generation=1)
     )
-    raw(store, f"UPDATE runs SET {column} = :v WHERE id = 'R-1'", v=value)
+    execute_sql(store, f"UPDATE runs SET {column} = :v WHERE id = 'R-1'", v=value)
     if operation == "acquire":
         call: Any = lambda: store.runs.acquire_assignee("R-1", SLOT_A, "S-2", "takeover")  # noqa: E731
     else:
         call = lambda: store.runs.vacate_assignee("R-1", SLOT_A, 1)  # noqa: E731
     _write_refused_unchanged(store, clock, call, field)
-    row = raw_row(store, "R-1")
+    row = run_row(store, "R-1")
     assert row is not None
     assert row[column] == value
 
@@ -428,7 +414,7 @@ def test_update_status_repairs_a_corrupt_status(
     store: Store, clock: SettableClock, bad: str
 ) -> None:
     store.runs.create(mk("R-1"))
-    raw(store, "UPDATE runs SET status = :v WHERE id = 'R-1'", v=bad)
+    execute_sql(store, "UPDATE runs SET status = :v WHERE id = 'R-1'", v=bad)
     with pytest.raises(RunCorrupt):
         store.runs.get("R-1")
     clock.set(1_800_000_000_500)
@@ -444,13 +430,13 @@ def test_try_transition_on_a_corrupt_status_returns_false(
     store: Store, clock: SettableClock, bad: str
 ) -> None:
     store.runs.create(mk("R-1"))
-    raw(store, "UPDATE runs SET status = :v WHERE id = 'R-1'", v=bad)
-    before = raw_row(store, "R-1")
+    execute_sql(store, "UPDATE runs SET status = :v WHERE id = 'R-1'", v=bad)
+    before = run_row(store, "R-1")
     clock.advance(60_000)
     for from_ in RunStatus:
         for to in (RunStatus.RUNNING, from_):
             assert store.runs.try_transition("R-1", from_, to) is False
-    assert raw_row(store, "R-1") == before
+    assert run_row(store, "R-1") == before
 
 
 # ---------------------------------------------------------------------- SQLite-only
@@ -494,7 +480,7 @@ def test_sqlite_only_wrong_storage_class_fails_loudly(
     column, value, field = case
     store = sqlite_store
     _seed_three(store)
-    raw(store, f"UPDATE runs SET {column} = :v WHERE id = 'R-1'", v=value)
+    execute_sql(store, f"UPDATE runs SET {column} = :v WHERE id = 'R-1'", v=value)
     with store.read() as uow:
         kind = uow.connection.execute(
             text(f"SELECT typeof({column}) FROM runs WHERE id = 'R-1'")
@@ -513,7 +499,7 @@ def test_sqlite_only_numeric_text_in_integer_column_is_coerced(sqlite_store: Sto
     """SQLite-only: type affinity turns the text '42' into INTEGER 42, which reads fine."""
     store = sqlite_store
     store.runs.create(mk("R-1"))
-    raw(store, "UPDATE runs SET created_at = '42' WHERE id = 'R-1'")
+    execute_sql(store, "UPDATE runs SET created_at = '42' WHERE id = 'R-1'")
     with store.read() as uow:
         kind = uow.connection.execute(
             text("SELECT typeof(created_at) FROM runs WHERE id = 'R-1'")
@@ -528,11 +514,11 @@ def test_sqlite_only_blob_in_current_fails_acquire_and_writes_nothing(
     """SQLite-only: a BLOB in current_json (Postgres TEXT cannot hold one)."""
     store = sqlite_store
     store.runs.create(mk("R-1"))
-    raw(store, "UPDATE runs SET current_json = :v WHERE id = 'R-1'", v=b"{}")
-    before = raw_row(store, "R-1")
+    execute_sql(store, "UPDATE runs SET current_json = :v WHERE id = 'R-1'", v=b"{}")
+    before = run_row(store, "R-1")
     assert isinstance(store.clock, SettableClock)
     store.clock.advance(60_000)
     with pytest.raises(RunCorrupt) as err:
         store.runs.acquire_assignee("R-1", SLOT_A, "S-1", "hold")
     _assert_corrupt(err.value, "current", "R-1")
-    assert raw_row(store, "R-1") == before
+    assert run_row(store, "R-1") == before
