@@ -54,7 +54,8 @@ def session_with_compaction_intent() -> tuple[Session, CompactionIntent, Transcr
     return s.with_compaction_intents([intent]), intent, commit
 
 
-def raw(session: Session) -> dict[str, Any]:
+def session_json(session: Session) -> dict[str, Any]:
+    """The session as stored (its encoded JSON), parsed."""
     obj: dict[str, Any] = json.loads(D.encode_session(session))
     return obj
 
@@ -160,7 +161,7 @@ def test_malformed_sessions_fail_closed(mutate: Any) -> None:
     # a bad envelope or intents list fails the decode; a bad transcript_history
     # does not (see test_domain_malformed_history)
     s, _, _ = session_with_compaction_intent()
-    obj = raw(s)
+    obj = session_json(s)
     mutate(obj)
     data = to_bytes(obj)
     with pytest.raises(ReadFailed):
@@ -204,7 +205,7 @@ def test_r1_first_save_plain_and_adoption() -> None:
 
 def test_incoherent_history_is_rejected_even_on_first_save() -> None:
     s, _, _ = session_with_compaction_intent()
-    obj = raw(s)
+    obj = session_json(s)
     obj["messages"].append({"role": "user", "content": "unrecorded"})
     bad = D.decode_incoming_session(to_bytes(obj))
     with pytest.raises(GuardRejected, match="continuity"):
@@ -216,7 +217,7 @@ def test_incoherent_history_is_rejected_even_on_first_save() -> None:
 
 def test_tampered_commit_body_is_rejected() -> None:
     s, _, _ = session_with_compaction_intent()
-    obj = raw(s)
+    obj = session_json(s)
     obj["metadata"]["transcript_history"]["commits"][0]["replacement_digest"] = "sha256:0"
     bad = D.decode_incoming_session(to_bytes(obj))
     D.head_coherence_guard(bad)  # head still matches the live messages
@@ -403,7 +404,7 @@ def test_rewrite_guard_rejections() -> None:
     with pytest.raises(GuardRejected, match="retain"):
         D.rewrite_save_guard(dropped, first, commit2)
     # an invalid commit in the incoming history comes first
-    bad = raw(first)
+    bad = session_json(first)
     bad["metadata"]["transcript_history"]["commits"][0]["original_span_digest"] = "sha256:0"
     with pytest.raises(GuardRejected, match="does not validate"):
         D.rewrite_save_guard(D.decode_incoming_session(to_bytes(bad)), original, commit)

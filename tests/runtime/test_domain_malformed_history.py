@@ -15,7 +15,7 @@ from agentkeep.errors import InvalidInput
 from agentkeep.runtime.domain import MalformedHistory, Session, revision_of
 from agentkeep.runtime.errors import GuardRejected, ReadFailed, WriteFailed
 
-from .test_domain import D, msg, raw, rewrite_fixture, session_with_compaction_intent
+from .test_domain import D, msg, rewrite_fixture, session_json, session_with_compaction_intent
 
 
 def canonical(obj: Any) -> bytes:
@@ -24,7 +24,7 @@ def canonical(obj: Any) -> bytes:
 
 def with_history(session: Session, value: Any) -> bytes:
     """The canonical bytes of ``session`` with its transcript_history replaced by ``value``."""
-    obj = raw(session)
+    obj = session_json(session)
     obj["metadata"]["transcript_history"] = value
     return canonical(obj)
 
@@ -62,7 +62,7 @@ def _history(o: dict[str, Any]) -> dict[str, Any]:
 )
 def test_malformed_history_is_kept_verbatim(mutate: Any, problem: str) -> None:
     s, intent, _ = session_with_compaction_intent()
-    obj = raw(s)
+    obj = session_json(s)
     mutate(obj)
     data = canonical(obj)
     for decoded in (D.decode_persisted_session(data), D.decode_incoming_session(data)):
@@ -93,7 +93,7 @@ def test_null_history_is_absent_not_malformed() -> None:
 )
 def test_envelope_stays_strict_beside_a_malformed_history(mutate: Any) -> None:
     s, _, _ = session_with_compaction_intent()
-    obj = raw(s)
+    obj = session_json(s)
     obj["metadata"]["transcript_history"] = "garbage"
     mutate(obj)
     with pytest.raises(ReadFailed):

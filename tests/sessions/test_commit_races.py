@@ -27,7 +27,7 @@ import pytest
 
 from agentkeep.clock import SettableClock
 from agentkeep.errors import HeadRevisionConflict
-from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity, SessionExecutionLease
+from agentkeep.sessions.domain import LeaseOwnerIdentity, SessionExecutionLease
 from agentkeep.sessions.records import (
     ActivePathScope,
     AppendNodes,
@@ -37,23 +37,22 @@ from agentkeep.sessions.records import (
     TokenUsage,
     UsageDelta,
 )
-from agentkeep.statements import Statement
 from agentkeep.store import Store
 from tests.racing import Racing
+from tests.support import query
 
+from .support import acquire_lease, enqueue
 from .test_commits import (
     SID,
     add_attachment,
     claim_active,
     claim_batches_after_enqueue,
-    enqueue_input,
     input_draft,
     input_row,
     loaded,
     mk,
     node,
     qdraft,
-    rows,
     snapshot,
     stamp,
     usage,
@@ -63,12 +62,6 @@ A = LeaseOwnerIdentity(owner_id="owner-A", incarnation_id="inc-A1")
 T0 = 1_700_000_000_000
 LONG_TTL = 600_000
 ROUNDS = 6
-
-
-def take_lease(store: Store) -> SessionExecutionLease:
-    got = store.leases.try_claim_session_execution_lease(SID, A, LONG_TTL)
-    assert isinstance(got, Acquired)
-    return got.lease
 
 
 # --------------------------------------------------------------------------
@@ -115,7 +108,7 @@ proc_pool = RACING.pool_fixture()
 def test_i_8_two_committers_with_one_fence_never_fork_the_graph(
     request: pytest.FixtureRequest, store: Store, db_url: str, kind: str
 ) -> None:
-    fence = take_lease(store)
+    fence = acquire_lease(store, SID, A, LONG_TTL)
     results = RACING.run(request, kind, db_url, _committer, {"fence": fence.model_dump_json()})
 
     outcomes = [o for racer in results for o in racer]
@@ -140,7 +133,7 @@ def test_i_8_two_committers_with_one_fence_never_fork_the_graph(
         assert parents[nxt] == prev
     path = loaded(store, scope=ActivePathScope())
     assert [n.node_id for n in path.graph.nodes] == winners
-    (head,) = rows(store, "SELECT graph_node_count, leaf_node_id FROM session_head")
+    (head,) = query(store, "SELECT graph_node_count, leaf_node_id FROM session_head")
     assert (head["graph_node_count"], head["leaf_node_id"]) == (ROUNDS, winners[-1])
     (entry,) = got.token_ledger
     assert entry.usage.input_tokens == ROUNDS
@@ -169,8 +162,7 @@ def _doomed_committer(url: str, point: str, commit_json: str, ready: Any) -> Non
 
         def paused(self: Any, stmt: Any, params: Any) -> Any:
             cur = real(self, stmt, params)
-            sql = stmt.compiled(self.target).sql if isinstance(stmt, Statement) else stmt.text
-            if sql.startswith(point):
+            if stmt.compiled(self.target).sql.startswith(point):
                 ready.set()
                 signal.pause()  # killed here, inside the open write unit
             return cur
@@ -184,12 +176,12 @@ def _doomed_committer(url: str, point: str, commit_json: str, ready: Any) -> Non
 
 def _prepare_commit(store: Store) -> tuple[RuntimeCommit, dict[str, Any]]:
     """Head at 1, a live queue claim, an accepted and a pending input, an attachment."""
-    fence = take_lease(store)
+    fence = acquire_lease(store, SID, A, LONG_TTL)
     store.call_write(lambda u: u.sessions.commit_runtime_state(mk(fence, nodes=(node("root"),))))
     q = claim_batches_after_enqueue(store, fence)
-    accepted = enqueue_input(store, input_draft("T"))
+    accepted = enqueue(store, input_draft("T"))
     t_claim = claim_active(store, fence)
-    pending = enqueue_input(store, input_draft("T"))
+    pending = enqueue(store, input_draft("T"))
     add_attachment(store)
     c = mk(
         fence,
@@ -220,14 +212,14 @@ def _assert_fully_committed(store: Store, c: RuntimeCommit, refs: dict[str, Any]
     assert got.checkpoint is not None and got.checkpoint.tool_state == {"big": "x" * 64}
     (entry,) = got.token_ledger
     assert entry.usage.input_tokens == 7
-    (rec,) = rows(store, "SELECT checkpoint_ref FROM runtime_turn_commits")
+    (rec,) = query(store, "SELECT checkpoint_ref FROM runtime_turn_commits")
     assert rec["checkpoint_ref"] == got.checkpoint_ref
     batches = store.queue.list_queued_work(SID)
     assert not {b.batch_id for b in batches} & set(refs["batches"])
     assert [i.payload.body for b in batches for i in b.items] == [42]
     assert input_row(store, refs["accepted"])["state"] == "completed"
     assert input_row(store, refs["pending"])["state"] == "deferred_next_turn"
-    (att,) = rows(store, "SELECT committed_at_ms FROM attachment_manifest")
+    (att,) = query(store, "SELECT committed_at_ms FROM attachment_manifest")
     assert att["committed_at_ms"] == T0
     assert store.leases.get_session_execution_lease(SID) is None
 

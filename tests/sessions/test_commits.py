@@ -43,7 +43,6 @@ from agentkeep.errors import (
 from agentkeep.sessions import commits as commits_mod
 from agentkeep.sessions.commits import ACTIVE_PATH
 from agentkeep.sessions.domain import (
-    Acquired,
     ActiveTurnIngress,
     CheckpointKind,
     ClaimBoundary,
@@ -51,9 +50,7 @@ from agentkeep.sessions.domain import (
     LeaseOwnerIdentity,
     MergeKey,
     NextTurnIngress,
-    PendingTurnInput,
     PendingTurnInputDraft,
-    QueuedWorkBatch,
     QueuedWorkClaim,
     QueuedWorkCompletion,
     QueuedWorkDraft,
@@ -87,6 +84,9 @@ from agentkeep.sessions.records import (
 )
 from agentkeep.statements import CompileTarget
 from agentkeep.store import Store
+from tests.support import execute_sql, explain, query
+
+from .support import LeaseTaker, enqueue
 
 T = TypeVar("T")
 
@@ -114,12 +114,7 @@ TABLES = (
 # --------------------------------------------------------------------------
 # Helpers
 
-
-def hold(store: Store, owner: LeaseOwnerIdentity = A, sid: str = SID) -> SessionExecutionLease:
-    """Acquire (or extend) ``owner``'s lease of ``sid`` for TTL ms from now."""
-    out = store.leases.try_claim_session_execution_lease(sid, owner, TTL)
-    assert isinstance(out, Acquired), out
-    return out.lease
+hold = LeaseTaker(owner=A, sid=SID, ttl=TTL)
 
 
 def take_over(
@@ -204,16 +199,6 @@ def head_revision(store: Store, sid: str = SID) -> int:
     return store.call_read(lambda r: r.sessions.get_head_revision(sid))
 
 
-def rows(store: Store, sql: str, **params: Any) -> list[dict[str, Any]]:
-    with store.read() as uow:
-        return [dict(r) for r in uow.connection.execute(text(sql), params).mappings()]
-
-
-def execute_sql(store: Store, sql: str, **params: Any) -> None:
-    with store.write() as uow:
-        uow.connection.execute(text(sql), params)
-
-
 def _plain(value: Any) -> Any:
     return bytes(value) if isinstance(value, memoryview | bytearray) else value
 
@@ -226,10 +211,6 @@ def snapshot(store: Store) -> dict[str, list[tuple[Any, ...]]]:
             got = uow.connection.execute(text(f"SELECT * FROM {table}")).all()
             out[table] = sorted((tuple(_plain(v) for v in r) for r in got), key=repr)
     return out
-
-
-def enqueue_batch(store: Store, d: QueuedWorkDraft) -> QueuedWorkBatch:
-    return store.queue.enqueue_queued_work(d)
 
 
 def claim_batches(store: Store, fence: LeaseFence, n: int = 8) -> QueuedWorkClaim:
@@ -245,10 +226,6 @@ def input_draft(turn: str | None = "T", sid: str = SID, key: str | None = None) 
     )
 
 
-def enqueue_input(store: Store, d: PendingTurnInputDraft) -> PendingTurnInput:
-    return store.turn_inputs.enqueue_pending_turn_input(d)
-
-
 def claim_active(store: Store, fence: LeaseFence, turn: str = "T", n: int = 10) -> TurnInputClaim:
     c = store.turn_inputs.claim_active_turn_inputs(
         SID, fence, fence.owner, turn, CheckpointKind.AFTER_WORK, n
@@ -258,7 +235,7 @@ def claim_active(store: Store, fence: LeaseFence, turn: str = "T", n: int = 10) 
 
 
 def input_row(store: Store, input_id: str) -> dict[str, Any]:
-    (row,) = rows(store, "SELECT * FROM pending_turn_inputs WHERE input_id = :i", i=input_id)
+    (row,) = query(store, "SELECT * FROM pending_turn_inputs WHERE input_id = :i", i=input_id)
     return row
 
 
@@ -289,14 +266,14 @@ def test_c_01_first_commit_writes_the_head(store: Store) -> None:
     assert result.head_revision == 1
     assert len(result.checkpoint_ref) == 64
     assert result.manifest.tool_state_ref is not None
-    (head,) = rows(store, "SELECT * FROM session_head")
+    (head,) = query(store, "SELECT * FROM session_head")
     assert head["session_id"] == SID
     assert head["head_revision"] == 1
     assert head["checkpoint_ref"] == result.checkpoint_ref
     assert head["leaf_node_id"] == "n2"
     assert head["graph_node_count"] == 2
     assert head["current_agent_frame_id"] == "f2"
-    blobs = {r["hash"] for r in rows(store, "SELECT hash FROM blobs")}
+    blobs = {r["hash"] for r in query(store, "SELECT hash FROM blobs")}
     assert blobs == {result.checkpoint_ref, result.manifest.tool_state_ref}
 
     got = loaded(store)
@@ -544,7 +521,7 @@ def test_c_10_replay_runs_the_matching_release(store: Store) -> None:
     assert {t: v for t, v in after.items() if t != "session_execution_leases"} == {
         t: v for t, v in before.items() if t != "session_execution_leases"
     }
-    (lease,) = rows(store, "SELECT * FROM session_execution_leases")
+    (lease,) = query(store, "SELECT * FROM session_execution_leases")
     assert lease["lease_fencing_token"] == fence.fencing_token  # release keeps the generation
 
 
@@ -592,7 +569,7 @@ def test_i_9_replay_returns_the_original_result_byte_for_byte(store: Store) -> N
         enqueued_queue_batches=(qdraft(n=1), qdraft(n=2, key="k")),
     )
     original = commit(store, c)
-    (rec,) = rows(store, "SELECT * FROM runtime_turn_commits")
+    (rec,) = query(store, "SELECT * FROM runtime_turn_commits")
     assert RuntimeCommitResult.model_validate_json(rec["result_json"]) == original
     assert rec["checkpoint_ref"] == original.checkpoint_ref
     assert rec["turn_commit_hash"] == "h1"
@@ -601,7 +578,7 @@ def test_i_9_replay_returns_the_original_result_byte_for_byte(store: Store) -> N
         assert again == original
         assert again.model_dump_json() == original.model_dump_json()
     # One (session, turn) → one hash: the record was not rewritten.
-    assert rows(store, "SELECT * FROM runtime_turn_commits") == [rec]
+    assert query(store, "SELECT * FROM runtime_turn_commits") == [rec]
 
 
 def test_a_corrupt_stored_result_fails_the_replay_loudly(store: Store) -> None:
@@ -646,7 +623,7 @@ def test_lost_worker_replays_its_turn_and_is_refused_a_new_one(
 
 def claim_batches_after_enqueue(store: Store, fence: LeaseFence, n: int = 2) -> QueuedWorkClaim:
     for i in range(n):
-        enqueue_batch(store, qdraft(n=i, join=True))
+        enqueue(store, qdraft(n=i, join=True))
     claim = claim_batches(store, fence, n)
     assert len(claim.batches) == n
     return claim
@@ -684,7 +661,7 @@ def test_c_14_completion_with_a_wrong_batch_set_is_refused(store: Store) -> None
     fence = hold(store)
     q = claim_batches_after_enqueue(store, fence)
     a, b = (x.batch_id for x in q.batches)
-    c_batch = enqueue_batch(store, qdraft(n=7)).batch_id
+    c_batch = enqueue(store, qdraft(n=7)).batch_id
     before = snapshot(store)
     for ids in ([a, c_batch], [a], [a, b, b], [a, b, c_batch]):
         wrong = QueuedWorkCompletion(
@@ -696,10 +673,10 @@ def test_c_14_completion_with_a_wrong_batch_set_is_refused(store: Store) -> None
     # Exactly the owned set (any order) completes: both rows and their items are deleted.
     right = q.completion().model_copy(update={"batch_ids": (b, a)})
     commit(store, mk(fence, completed_queue_claims=(right,)))
-    left = rows(store, "SELECT batch_id FROM queued_work_batches")
+    left = query(store, "SELECT batch_id FROM queued_work_batches")
     assert [r["batch_id"] for r in left] == [c_batch]
     assert (
-        rows(store, "SELECT batch_id FROM queued_work_items WHERE batch_id <> :c", c=c_batch) == []
+        query(store, "SELECT batch_id FROM queued_work_items WHERE batch_id <> :c", c=c_batch) == []
     )
 
 
@@ -719,7 +696,7 @@ def test_c_15_a_queue_completion_for_another_session_is_superseded(store: Store)
 def test_q_25_a_commit_deletes_only_rows_its_claim_still_owns(store: Store) -> None:
     fence = hold(store)
     q = claim_batches_after_enqueue(store, fence, 2)
-    unclaimed = enqueue_batch(store, qdraft(n=5))
+    unclaimed = enqueue(store, qdraft(n=5))
     result = commit(store, mk(fence, completed_queue_claims=(q.completion(),)))
     assert result.head_revision == 1
     left = store.queue.list_queued_work(SID)
@@ -732,7 +709,7 @@ def test_q_25_a_commit_deletes_only_rows_its_claim_still_owns(store: Store) -> N
 
 def test_c_16_completing_an_active_turn_claim(store: Store) -> None:
     fence = hold(store)
-    i1, i2 = enqueue_input(store, input_draft("T")), enqueue_input(store, input_draft("T"))
+    i1, i2 = enqueue(store, input_draft("T")), enqueue(store, input_draft("T"))
     claim = claim_active(store, fence)
     assert [i.input_id for i in claim.inputs] == [i1.input_id, i2.input_id]
     commit(store, mk(fence, completed_turn_input_claims=(claim.completion(),)))
@@ -746,7 +723,7 @@ def test_c_16_completing_an_active_turn_claim(store: Store) -> None:
 
 def test_c_17_completing_a_next_turn_claim(store: Store) -> None:
     fence = hold(store)
-    item = enqueue_input(store, input_draft(None))
+    item = enqueue(store, input_draft(None))
     claim = store.turn_inputs.claim_next_turn_inputs(SID, fence, A, 5)
     assert claim is not None
     assert input_row(store, item.input_id)["state"] == "deferred_next_turn"
@@ -759,7 +736,7 @@ def test_turn_input_completion_must_name_exactly_the_owned_inputs(
     store: Store, clock: SettableClock
 ) -> None:
     fence = hold(store)
-    i1, _ = enqueue_input(store, input_draft("T")), enqueue_input(store, input_draft("T"))
+    i1, _ = enqueue(store, input_draft("T")), enqueue(store, input_draft("T"))
     claim = claim_active(store, fence)
     before = snapshot(store)
     partial = claim.completion().model_copy(update={"input_ids": (i1.input_id,)})
@@ -776,7 +753,7 @@ def test_a_new_generation_may_complete_an_orphaned_claim(
 ) -> None:
     """§2.4 notes: completion checks (claim_id, token), not the claim's generation."""
     old = hold(store)
-    item = enqueue_input(store, input_draft("T"))
+    item = enqueue(store, input_draft("T"))
     claim = claim_active(store, old)
     new = take_over(store, clock)
     commit(store, mk(new, completed_turn_input_claims=(claim.completion(),)))
@@ -820,7 +797,7 @@ def test_c_19_replace_full_replaces_the_sessions_nodes_only(store: Store) -> Non
     new = SessionGraph(nodes=(node("r1"), node("r2", "r1"), node("n1", "r2")), leaf_node_id="n1")
     commit(store, mk(fence, graph=ReplaceFullGraph(graph=new)))
 
-    stored = rows(
+    stored = query(
         store,
         "SELECT node_id, tombstoned FROM graph_nodes WHERE session_id = :s ORDER BY seq",
         s=SID,
@@ -832,7 +809,7 @@ def test_c_19_replace_full_replaces_the_sessions_nodes_only(store: Store) -> Non
     ]
     got = loaded(store)
     assert got.graph == new
-    (head,) = rows(store, "SELECT * FROM session_head WHERE session_id = :s", s=SID)
+    (head,) = query(store, "SELECT * FROM session_head WHERE session_id = :s", s=SID)
     assert (head["graph_node_count"], head["leaf_node_id"]) == (3, "n1")
     assert [n.node_id for n in loaded(store, OTHER).graph.nodes] == ["o1"]
 
@@ -854,10 +831,10 @@ def test_node_count_excludes_tombstoned_nodes(store: Store) -> None:
     # incrementally (commits never count the graph), and tombstone_nodes
     # decrements it in the same transaction.
     store.maintenance.tombstone_nodes(SID, ["b"])
-    (head,) = rows(store, "SELECT graph_node_count FROM session_head")
+    (head,) = query(store, "SELECT graph_node_count FROM session_head")
     assert head["graph_node_count"] == 2
     commit(store, mk(fence, nodes=(node("d", "c"),)))
-    (head,) = rows(store, "SELECT graph_node_count FROM session_head")
+    (head,) = query(store, "SELECT graph_node_count FROM session_head")
     assert head["graph_node_count"] == 3
 
 
@@ -971,13 +948,10 @@ def _fill_graph(store: Store, backend: str, start: int, stop: int) -> None:
         execute_sql(store, "ANALYZE graph_nodes")
 
 
-def _path_plan(store: Store, backend: str) -> str:
+def _path_plan(store: Store) -> str:
     """The plan of the active-path statement exactly as the store compiles and binds it."""
-    prefix = "EXPLAIN QUERY PLAN " if backend == "sqlite" else "EXPLAIN "
     with store.read() as uow:
-        form = ACTIVE_PATH.compiled(uow.driver.target)
-        params = form.bind({"sid": SID, "leaf": "p9"})
-        got = uow.driver.raw.execute(prefix + form.sql, params).fetchall()
+        got = explain(uow, ACTIVE_PATH, {"sid": SID, "leaf": "p9"})
     return "\n".join(" ".join(str(v) for v in r) for r in got)
 
 
@@ -1015,7 +989,7 @@ def test_active_path_cost_follows_the_path_not_the_graph(store: Store, backend: 
     _fill_graph(store, backend, 1_000, 100_000)
     assert path_ids(store) == small == [f"p{i}" for i in range(10)]
 
-    plan = _path_plan(store, backend)
+    plan = _path_plan(store)
     if backend == "sqlite":
         assert "sqlite_autoindex_graph_nodes_1" in plan, plan
         assert "SCAN g" not in plan and "SCAN graph_nodes" not in plan, plan
@@ -1032,14 +1006,14 @@ def test_active_path_cost_follows_the_path_not_the_graph(store: Store, backend: 
 
 def test_c_20_an_interrupted_turn_defers_its_pending_inputs(store: Store) -> None:
     fence = hold(store)
-    a1 = enqueue_input(store, input_draft("T"))
+    a1 = enqueue(store, input_draft("T"))
     claim_active(store, fence, "T", 1)  # a1 → accepted
-    p1 = enqueue_input(store, input_draft("T", key="k1"))
+    p1 = enqueue(store, input_draft("T", key="k1"))
     # p1 is claimed and abandoned once, so it carries a per-row counter.
     abandoned = claim_active(store, fence, "T", 1)
     store.turn_inputs.abandon_turn_input_claim(abandoned)
-    p2 = enqueue_input(store, input_draft("U"))
-    other = enqueue_input(store, input_draft("T", sid=OTHER))
+    p2 = enqueue(store, input_draft("U"))
+    other = enqueue(store, input_draft("T", sid=OTHER))
     before = {i.input_id: input_row(store, i.input_id) for i in (a1, p1, p2, other)}
 
     commit(store, mk(fence, interrupted_turn_input_turn_id="T"))
@@ -1055,12 +1029,12 @@ def test_c_20_an_interrupted_turn_defers_its_pending_inputs(store: Store) -> Non
         assert input_row(store, untouched.input_id) == before[untouched.input_id]
     assert before[a1.input_id]["state"] == "accepted"
     # Source-key idempotency still recognises the original draft (submitted ingress kept).
-    assert enqueue_input(store, input_draft("T", key="k1")).input_id == p1.input_id
+    assert enqueue(store, input_draft("T", key="k1")).input_id == p1.input_id
 
 
 def test_a_corrupt_ingress_fails_an_interrupting_commit(store: Store) -> None:
     fence = hold(store)
-    item = enqueue_input(store, input_draft("T"))
+    item = enqueue(store, input_draft("T"))
     execute_sql(
         store,
         "UPDATE pending_turn_inputs SET ingress_json = 'nope' WHERE input_id = :i",
@@ -1078,30 +1052,30 @@ def test_c_21_i_11_the_first_commit_stamps_an_attachment(
 ) -> None:
     fence = hold(store)
     add_attachment(store, "att1")
-    assert rows(store, "SELECT committed_at_ms FROM attachment_manifest") == [
+    assert query(store, "SELECT committed_at_ms FROM attachment_manifest") == [
         {"committed_at_ms": None}
     ]
     first = clock.advance(10)
     commit(store, mk(fence, committed_attachment_ids=("att1",)))
     clock.advance(10)
     commit(store, mk(fence, committed_attachment_ids=("att1",)))
-    (row,) = rows(store, "SELECT committed_at_ms FROM attachment_manifest")
+    (row,) = query(store, "SELECT committed_at_ms FROM attachment_manifest")
     assert row["committed_at_ms"] == first
 
 
 def test_c_22_an_attachment_of_another_session_is_ignored(store: Store) -> None:
     fence = hold(store)
     add_attachment(store, "att1", sid=OTHER)
-    before = rows(store, "SELECT * FROM attachment_manifest")
+    before = query(store, "SELECT * FROM attachment_manifest")
     commit(store, mk(fence, committed_attachment_ids=("att1", "unknown")))
-    assert rows(store, "SELECT * FROM attachment_manifest") == before
+    assert query(store, "SELECT * FROM attachment_manifest") == before
     assert head_revision(store) == 1
 
 
 def test_c_23_a_draft_for_another_session_rolls_the_commit_back(store: Store) -> None:
     fence = hold(store)
     q = claim_batches_after_enqueue(store, fence)
-    item = enqueue_input(store, input_draft("T"))
+    item = enqueue(store, input_draft("T"))
     add_attachment(store)
     before = snapshot(store)
     c = _loaded_commit(
@@ -1129,7 +1103,7 @@ def test_c_24_two_drafts_in_one_commit_get_distinct_ids(store: Store, clock: Set
 
 def test_an_enqueued_source_key_with_other_content_fails_the_commit(store: Store) -> None:
     fence = hold(store)
-    enqueue_batch(store, qdraft(n=1, key="k"))
+    enqueue(store, qdraft(n=1, key="k"))
     before = snapshot(store)
     with pytest.raises(QueuedWorkSourceKeyConflict):
         commit(
@@ -1167,7 +1141,7 @@ def test_c_25_the_ledger_merges_by_source_and_model(store: Store) -> None:
         ),
         UsageLedgerEntry(source="other", model="m", usage=TokenUsage(output_tokens=1)),
     )
-    assert len(rows(store, "SELECT seq FROM usage_deltas")) == 5  # the raw rows are all kept
+    assert len(query(store, "SELECT seq FROM usage_deltas")) == 5  # the raw rows are all kept
 
 
 def test_c_26_the_same_unstamped_commit_twice_double_counts(store: Store) -> None:
@@ -1261,7 +1235,7 @@ def test_c_27_auto_gc_deletes_an_orphan_blob_after_the_nth_commit(
         first = calls.commit_runtime_state(
             mk(fence, checkpoint=HydratedSessionCheckpoint(turn_state=1))
         )
-        assert {r["hash"] for r in rows(s, "SELECT hash FROM blobs")} == {
+        assert {r["hash"] for r in query(s, "SELECT hash FROM blobs")} == {
             "orphan",
             first.checkpoint_ref,
         }
@@ -1269,7 +1243,7 @@ def test_c_27_auto_gc_deletes_an_orphan_blob_after_the_nth_commit(
             mk(fence, checkpoint=HydratedSessionCheckpoint(turn_state=2))
         )
         # GC ran after the 2nd commit: the orphan and the superseded manifest are gone.
-        assert {r["hash"] for r in rows(s, "SELECT hash FROM blobs")} == {second.checkpoint_ref}
+        assert {r["hash"] for r in query(s, "SELECT hash FROM blobs")} == {second.checkpoint_ref}
 
 
 def test_auto_gc_errors_never_fail_the_commit(
@@ -1296,7 +1270,7 @@ def test_a_replay_after_gc_names_a_blob_that_still_exists(store: Store) -> None:
     assert report.deleted_blob_count == 0
     replayed = commit(store, c)
     assert replayed == original
-    present = {r["hash"] for r in rows(store, "SELECT hash FROM blobs")}
+    present = {r["hash"] for r in query(store, "SELECT hash FROM blobs")}
     assert {replayed.checkpoint_ref, replayed.manifest.tool_state_ref} <= present
 
 
@@ -1365,14 +1339,14 @@ def test_blob_profile_compresses_but_the_hash_is_over_the_plain_bytes(store: Sto
     )
     assert balanced.checkpoint_ref == compact.checkpoint_ref
     ref = balanced.manifest.tool_state_ref
-    (row,) = rows(store, "SELECT compression FROM blobs WHERE hash = :h", h=ref)
+    (row,) = query(store, "SELECT compression FROM blobs WHERE hash = :h", h=ref)
     assert row["compression"] == "none"  # first writer wins (insert-or-ignore); 2 KB < 4 KiB
     other = commit(
         store,
         mk(fence, checkpoint=HydratedSessionCheckpoint(tool_state={"text": "y" * 2_000})),
         blob_profile=BlobProfile.COMPACT,
     )
-    (row,) = rows(
+    (row,) = query(
         store, "SELECT compression FROM blobs WHERE hash = :h", h=other.manifest.tool_state_ref
     )
     assert row["compression"] == "zlib"
@@ -1397,10 +1371,10 @@ def test_a_caught_commit_error_keeps_the_callers_earlier_work(store: Store) -> N
         # the unit is still usable, and the failed commits left nothing
         assert uow.sessions.get_head_revision(SID) == 1
     assert [b.batch_id for b in store.queue.list_queued_work(SID)] == [batch.batch_id]
-    assert rows(store, "SELECT * FROM usage_deltas") == []
-    assert rows(store, "SELECT * FROM graph_nodes") == []
-    assert rows(store, "SELECT * FROM runtime_turn_commits") == []
-    assert len(rows(store, "SELECT * FROM blobs")) == 1  # the first commit's manifest
+    assert query(store, "SELECT * FROM usage_deltas") == []
+    assert query(store, "SELECT * FROM graph_nodes") == []
+    assert query(store, "SELECT * FROM runtime_turn_commits") == []
+    assert len(query(store, "SELECT * FROM blobs")) == 1  # the first commit's manifest
 
 
 def test_a_failing_unit_rolls_back_a_successful_commit(store: Store) -> None:
@@ -1564,9 +1538,9 @@ def test_a_fault_mid_commit_leaves_nothing(
     fence = hold(store)
     commit(store, mk(fence, nodes=(node("root"),)))
     q = claim_batches_after_enqueue(store, fence)
-    enqueue_input(store, input_draft("T"))
+    enqueue(store, input_draft("T"))
     t_claim = claim_active(store, fence)
-    enqueue_input(store, input_draft("T"))  # pending_active, deferred by the commit
+    enqueue(store, input_draft("T"))  # pending_active, deferred by the commit
     add_attachment(store)
     before = snapshot(store)
     fault_on(table)
@@ -1614,7 +1588,7 @@ def test_session_meta_round_trips_and_upserts(store: Store) -> None:
     renamed = meta.model_copy(update={"session_name": "second", "cwd": None, "relation": None})
     calls.save_session_meta(renamed)
     assert calls.load_session_meta(SID) == renamed
-    assert len(rows(store, "SELECT * FROM session_meta")) == 1
+    assert len(query(store, "SELECT * FROM session_meta")) == 1
     assert calls.load_session_meta(OTHER) is None
 
 
@@ -1645,7 +1619,7 @@ def test_bad_session_meta_is_refused(store: Store) -> None:
         calls.save_session_meta(
             SessionMeta(session_id="", session_name="n", created_at="c", model="m")
         )
-    assert rows(store, "SELECT * FROM session_meta") == []
+    assert query(store, "SELECT * FROM session_meta") == []
 
 
 def test_facade_reads(store: Store) -> None:

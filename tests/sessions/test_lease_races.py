@@ -59,6 +59,8 @@ from agentkeep.sessions.domain import (
 from agentkeep.store import Store
 from tests.racing import Racing
 
+from .support import lease_row
+
 T0_MS = 1_700_000_000_000
 ROUNDS = 10
 HOLD_TTL_MS = 1500  # the frozen child's lease, in real milliseconds
@@ -117,18 +119,6 @@ proc_pool = RACING.pool_fixture()
 KINDS = pytest.mark.parametrize("kind", ["processes", "threads"])
 
 
-def raw_row(store: Store, sid: str) -> dict[str, Any] | None:
-    with store.read() as uow:
-        row = (
-            uow.connection.execute(
-                text("SELECT * FROM session_execution_leases WHERE session_id = :s"), {"s": sid}
-            )
-            .mappings()
-            .first()
-        )
-    return None if row is None else dict(row)
-
-
 def one_winner(outcomes: list[AcquireOutcome]) -> tuple[SessionExecutionLease, Busy]:
     """Exactly one Acquired and one Busy; the Busy names the winner's lease exactly."""
     won = [o for o in outcomes if isinstance(o, Acquired)]
@@ -158,7 +148,7 @@ def test_l_25_simultaneous_try_claim_has_one_winner(
             assert lease.claimed_at_epoch_ms == T0_MS
             owner = lease.owner
             assert lease.lease_token == f"{sid}:{owner.owner_id}:{owner.incarnation_id}:{T0_MS}:1"
-            row = raw_row(store, sid)
+            row = lease_row(store, sid)
             assert row is not None
             assert (row["lease_owner_id"], row["lease_token"], row["lease_fencing_token"]) == (
                 owner.owner_id,
@@ -193,7 +183,7 @@ def test_l_26_simultaneous_reclaim_of_dead_holder_has_one_winner(
             assert lease.fencing_token == dead.fencing_token + 1 == n % 3 + 2
             assert lease.owner in RACERS
             assert busy.holder.owner != dead.owner
-            row = raw_row(store, sid)
+            row = lease_row(store, sid)
             assert row is not None
             assert (row["lease_owner_id"], row["lease_token"], row["lease_fencing_token"]) == (
                 lease.owner.owner_id,
@@ -358,14 +348,14 @@ def run_frozen_holder(
         (_, child_lease, child_claims) = _expect(out, "acquired", timeout=60)
         assert child_lease.fencing_token == 1
         renewed = time.monotonic() + 20
-        while raw_row(store, sid)["lease_expires_at_ms"] <= child_lease.expires_at_epoch_ms:
+        while lease_row(store, sid)["lease_expires_at_ms"] <= child_lease.expires_at_epoch_ms:
             assert time.monotonic() < renewed, "the child never renewed its lease"
             time.sleep(0.05)  # let it renew at least once
         with gate:  # the child is outside any transaction now
             assert child.pid is not None
             os.kill(child.pid, signal.SIGSTOP)
             stopped = True
-        row = raw_row(store, sid)
+        row = lease_row(store, sid)
         assert row is not None and row["lease_token"] == child_lease.lease_token
         expires = row["lease_expires_at_ms"]
         assert expires > child_lease.expires_at_epoch_ms  # it did renew
@@ -400,7 +390,7 @@ def run_frozen_holder(
 def _check_parent_still_holds(f: Frozen, sid: str) -> None:
     assert f.reports["renew"] == ("SessionExecutionLeaseExpired",)
     assert f.reports["release"] == (None,)  # a silent no-op, not an error
-    row = raw_row(f.store, sid)
+    row = lease_row(f.store, sid)
     assert row is not None
     assert (
         row["lease_owner_id"],

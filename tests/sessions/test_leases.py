@@ -33,7 +33,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import text
 
 from agentkeep.clock import SettableClock
 from agentkeep.errors import (
@@ -55,6 +54,9 @@ from agentkeep.sessions.domain import (
 )
 from agentkeep.sessions.liveness import capture_liveness
 from agentkeep.store import Store
+from tests.support import execute_sql
+
+from .support import lease_row, lease_rows
 
 SID = "sess-1"
 OTHER_SID = "sess-2"
@@ -89,29 +91,6 @@ def no_probe(pid: int, start: str) -> Any:
     raise AssertionError(f"the probe must not be consulted (pid {pid}, start {start})")
 
 
-def raw_rows(store: Store) -> list[dict[str, Any]]:
-    """Every ``session_execution_leases`` row as stored (raw SQL), ordered by session."""
-    with store.read() as uow:
-        rows = (
-            uow.connection.execute(
-                text("SELECT * FROM session_execution_leases ORDER BY session_id")
-            )
-            .mappings()
-            .all()
-        )
-    return [dict(r) for r in rows]
-
-
-def raw_row(store: Store, sid: str = SID) -> dict[str, Any] | None:
-    rows = [r for r in raw_rows(store) if r["session_id"] == sid]
-    return rows[0] if rows else None
-
-
-def execute_sql(store: Store, sql: str, **params: Any) -> None:
-    with store.write() as uow:
-        uow.connection.execute(text(sql), params)
-
-
 def claim(store: Store, owner: LeaseOwnerIdentity, ttl: int, sid: str = SID) -> AcquireOutcome:
     return store.leases.try_claim_session_execution_lease(sid, owner, ttl)
 
@@ -121,7 +100,7 @@ def acquired(outcome: AcquireOutcome) -> SessionExecutionLease:
     return outcome.lease
 
 
-def hold(
+def hold_generation(
     store: Store, clock: SettableClock, owner: LeaseOwnerIdentity, *, at: int, ttl: int, gen: int
 ) -> SessionExecutionLease:
     """Make ``owner`` hold SID with generation ``gen`` (acquire/release ``gen - 1`` times first)."""
@@ -213,58 +192,58 @@ def test_l_01_first_claim_acquires_generation_one(store: Store, clock: SettableC
         expires_at_epoch_ms=1100,
     )
     assert out == Acquired(lease=expected)
-    expect_row(raw_row(store), expected)
-    assert json.loads(raw_row(store)["lease_owner_liveness_json"]) == {"kind": "opaque"}
+    expect_row(lease_row(store, SID), expected)
+    assert json.loads(lease_row(store, SID)["lease_owner_liveness_json"]) == {"kind": "opaque"}
     assert store.leases.get_session_execution_lease(SID) == expected
     assert ensure_ok(store, expected)
 
 
 def test_l_02_other_owner_gets_busy_and_row_unchanged(store: Store, clock: SettableClock) -> None:
     """A holds (expires 1100), t=1050 → try_claim(B) → Busy{holder=A, fencing 1, expires 1100}."""
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     out = claim(store, B, 100)
     assert out == Busy(holder=lease(A, 1, 1000, 1100))
     assert out.holder == a
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 def test_l_03_holder_extension_may_shrink_the_expiry(store: Store, clock: SettableClock) -> None:
     """A holds (expires 1100), t=1050 → try_claim(A, 10) → same token/fencing, claimed 1000, expires
     1060.
     """
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     clock.set(1050)
     out = acquired(claim(store, A, 10))
     assert out == lease(A, 1, 1000, 1060)
     assert out.lease_token == a.lease_token
-    expect_row(raw_row(store), out)
+    expect_row(lease_row(store, SID), out)
     clock.set(1060)
     assert not ensure_ok(store, out)  # the shrunk expiry is the one in force
 
 
 def test_l_04_same_owner_id_other_incarnation_is_busy(store: Store, clock: SettableClock) -> None:
     """A holds; B with A's owner_id but another incarnation → try_claim(B) → Busy; row unchanged."""
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     twin = LeaseOwnerIdentity(owner_id=A.owner_id, incarnation_id="inc-A2")
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     assert claim(store, twin, 100) == Busy(holder=a)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 def test_l_05_expiry_boundary_is_strict(store: Store, clock: SettableClock) -> None:
     """A holds with expires 1100; t=1099 → Busy; t=1100 (equal) → try_claim(B) → Acquired, fencing
     2.
     """
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     clock.set(1099)
     assert claim(store, B, 100) == Busy(holder=a)
     clock.set(1100)
     out = acquired(claim(store, B, 100))
     assert out == lease(B, 2, 1100, 1200)
-    expect_row(raw_row(store), out)
+    expect_row(lease_row(store, SID), out)
     assert not ensure_ok(store, a)
 
 
@@ -272,13 +251,13 @@ def test_l_06_released_lease_reacquired_with_next_generation(
     store: Store, clock: SettableClock
 ) -> None:
     """A released (token NULL, fencing 1) → try_claim(A) → Acquired, fencing 2, a new token."""
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     store.leases.release_session_execution_lease(a)
-    assert raw_row(store) == released_row(1)
+    assert lease_row(store, SID) == released_row(1)
     out = acquired(claim(store, A, 100))
     assert out == lease(A, 2, 1000, 1100)
     assert out.lease_token != a.lease_token
-    expect_row(raw_row(store), out)
+    expect_row(lease_row(store, SID), out)
 
 
 # --------------------------------------------------------------------------
@@ -289,16 +268,16 @@ def test_l_07_renew_moves_expiry_only(store: Store, clock: SettableClock) -> Non
     """A holds with fencing 5, t < expiry → renew(A's fence, ttl) → expiry t + ttl; token, fencing
     kept.
     """
-    a = hold(store, clock, A, at=1000, ttl=100, gen=5)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=5)
     clock.set(1090)
     out = store.leases.renew_session_execution_lease(fence_of(a), 500)
     assert out == lease(A, 5, 1000, 1590)
     assert (out.lease_token, out.fencing_token) == (a.lease_token, a.fencing_token)
-    expect_row(raw_row(store), out)
+    expect_row(lease_row(store, SID), out)
     # renewing may shorten the lease too
     clock.set(1100)
     assert store.leases.renew_session_execution_lease(a, 1).expires_at_epoch_ms == 1101
-    assert raw_row(store)["lease_expires_at_ms"] == 1101
+    assert lease_row(store, SID)["lease_expires_at_ms"] == 1101
 
 
 @pytest.mark.parametrize("wrong", ["token", "fencing", "incarnation"])
@@ -308,7 +287,7 @@ def test_l_08_renew_with_wrong_fence_is_expired(
     """A holds → renew with a wrong token, fencing or incarnation → SessionExecutionLeaseExpired;
     row unchanged.
     """
-    a = hold(store, clock, A, at=1000, ttl=100, gen=3)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=3)
     bad = {
         "token": fence_of(a, lease_token=a.lease_token + "x"),
         "fencing": fence_of(a, fencing_token=2),
@@ -317,23 +296,23 @@ def test_l_08_renew_with_wrong_fence_is_expired(
         ),
     }[wrong]
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     with pytest.raises(SessionExecutionLeaseExpired) as err:
         store.leases.renew_session_execution_lease(bad, 500)
     assert err.value.session_id == SID
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 def test_l_09_expired_lease_cannot_be_renewed(store: Store, clock: SettableClock) -> None:
     """A's lease expired at 1100, nobody took it, t=1200 → renew(A's fence) →
     SessionExecutionLeaseExpired.
     """
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     clock.set(1200)
-    before = raw_rows(store)
+    before = lease_rows(store)
     with pytest.raises(SessionExecutionLeaseExpired):
         store.leases.renew_session_execution_lease(a, 100)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
     # the holder must try_claim instead, and gets a new generation
     assert acquired(claim(store, A, 100)).fencing_token == 2
 
@@ -343,7 +322,7 @@ def test_l_10_renew_without_row_is_expired(store: Store, clock: SettableClock) -
     clock.set(1000)
     with pytest.raises(SessionExecutionLeaseExpired):
         store.leases.renew_session_execution_lease(lease(A, 1, 1000, 1100), 100)
-    assert raw_rows(store) == []
+    assert lease_rows(store) == []
 
 
 # --------------------------------------------------------------------------
@@ -352,9 +331,9 @@ def test_l_10_renew_without_row_is_expired(store: Store, clock: SettableClock) -
 
 def test_l_11_release_clears_but_keeps_generation(store: Store, clock: SettableClock) -> None:
     """A holds, fencing 3 → release(A's completion) → owner/token/liveness NULL, 0/0, fencing 3."""
-    a = hold(store, clock, A, at=1000, ttl=100, gen=3)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=3)
     store.leases.release_session_execution_lease(fence_of(a))
-    assert raw_row(store) == released_row(3)
+    assert lease_row(store, SID) == released_row(3)
     assert store.leases.get_session_execution_lease(SID) is None
     assert not ensure_ok(store, a)
 
@@ -363,23 +342,23 @@ def test_l_12_release_after_takeover_is_a_silent_no_op(store: Store, clock: Sett
     """A's lease taken over by B (fencing 4) → release(A's old completion) → no change; B still
     holds.
     """
-    a = hold(store, clock, A, at=1000, ttl=100, gen=3)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=3)
     clock.set(1100)
     b = acquired(claim(store, B, 100))
     assert b.fencing_token == 4
-    before = raw_rows(store)
+    before = lease_rows(store)
     assert store.leases.release_session_execution_lease(a) is None
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
     assert ensure_ok(store, b)
     assert store.leases.get_session_execution_lease(SID) == b
 
 
 def test_l_13_release_of_expired_lease_clears_it(store: Store, clock: SettableClock) -> None:
     """A's lease expired, not taken over → release(A's completion) → cleared (no expiry check)."""
-    a = hold(store, clock, A, at=1000, ttl=100, gen=2)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=2)
     clock.set(5000)
     store.leases.release_session_execution_lease(a)
-    assert raw_row(store) == released_row(2)
+    assert lease_row(store, SID) == released_row(2)
     assert acquired(claim(store, B, 100)).fencing_token == 3
 
 
@@ -395,31 +374,31 @@ def test_l_14_reclaim_without_row_acquires(store: Store, clock: SettableClock) -
     )
     out = store.leases.reclaim_session_execution_lease(SID, B_LP, garbage, 100, probe=no_probe)
     assert out == Acquired(lease=lease(B_LP, 1, 1000, 1100))
-    expect_row(raw_row(store), out.lease)
+    expect_row(lease_row(store, SID), out.lease)
 
 
 def test_l_15_reclaim_of_expired_lease_ignores_observed(store: Store, clock: SettableClock) -> None:
     """A expired (fencing 2) → reclaim(s, B, observed=stale garbage) → Acquired, fencing 3."""
-    hold(store, clock, A, at=1000, ttl=100, gen=2)
+    hold_generation(store, clock, A, at=1000, ttl=100, gen=2)
     clock.set(1100)
     garbage = LeaseFence(session_id=SID, owner=B, lease_token="stale", fencing_token=1)
     out = store.leases.reclaim_session_execution_lease(SID, B_LP, garbage, 100, probe=no_probe)
     assert out == Acquired(lease=lease(B_LP, 3, 1100, 1200))
-    expect_row(raw_row(store), out.lease)
+    expect_row(lease_row(store, SID), out.lease)
 
 
 def test_l_16_reclaim_from_gone_local_process(store: Store, clock: SettableClock) -> None:
     """A (LocalProcess, same host/boot as B) holds, its pid has no procfs entry → reclaim → B,
     fencing+1.
     """
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=2)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=2)
     clock.set(1040)
     probe = Probe("gone")
     out = store.leases.reclaim_session_execution_lease(SID, B_LP, a, 300, probe=probe)
     assert out == Acquired(lease=lease(B_LP, 3, 1040, 1340))
     assert out.lease.lease_token != a.lease_token
     assert probe.calls == [(4101, "5001")]  # the stored holder's pid and start time
-    expect_row(raw_row(store), out.lease)
+    expect_row(lease_row(store, SID), out.lease)
     assert not ensure_ok(store, a)
     assert ensure_ok(store, out.lease)
 
@@ -430,7 +409,7 @@ def test_l_17_reclaim_when_pid_was_reused(store: Store, clock: SettableClock) ->
     The injected probe answers from a fake process table in which A's pid runs
     a process that started at another time.
     """
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=1)
     processes = {4101: "9999"}  # pid 4101 now belongs to a younger process
     calls: list[tuple[int, str]] = []
 
@@ -444,7 +423,7 @@ def test_l_17_reclaim_when_pid_was_reused(store: Store, clock: SettableClock) ->
     out = store.leases.reclaim_session_execution_lease(SID, B_LP, a, 100, probe=table_probe)
     assert out == Acquired(lease=lease(B_LP, 2, 1050, 1150))
     assert calls == [(4101, "5001")]
-    expect_row(raw_row(store), out.lease)
+    expect_row(lease_row(store, SID), out.lease)
 
 
 def test_l_17_pid_reused_with_the_real_procfs_probe(store: Store, clock: SettableClock) -> None:
@@ -457,70 +436,70 @@ def test_l_17_pid_reused_with_the_real_procfs_probe(store: Store, clock: Settabl
         liveness=me.model_copy(update={"process_start": str(int(me.process_start) + 1)}),
     )
     claimant = LeaseOwnerIdentity(owner_id="owner-B", incarnation_id="inc-B1", liveness=me)
-    a = hold(store, clock, ghost, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, ghost, at=1000, ttl=100, gen=1)
     out = store.leases.reclaim_session_execution_lease(SID, claimant, a, 100)
     assert out == Acquired(lease=lease(claimant, 2, 1000, 1100))
 
 
 def test_l_18_opaque_holder_is_never_taken_over(store: Store, clock: SettableClock) -> None:
     """As L-16, but A's liveness is Opaque → Busy (even if the probe says gone); row unchanged."""
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     probe = Probe("gone")
     out = store.leases.reclaim_session_execution_lease(SID, B_LP, a, 100, probe=probe)
     assert out == Busy(holder=a)
     assert probe.calls == []
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 @pytest.mark.parametrize("differs", ["boot_id", "host_id"])
 def test_l_19_other_host_or_boot_is_busy(store: Store, clock: SettableClock, differs: str) -> None:
     """As L-16, but B runs on another boot or host → Busy; row unchanged."""
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=1)
     elsewhere = B_LP.model_copy(
         update={"liveness": B_LP.liveness.model_copy(update={differs: "elsewhere"})}
     )
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     out = store.leases.reclaim_session_execution_lease(SID, elsewhere, a, 100, probe=Probe("gone"))
     assert out == Busy(holder=a)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 def test_l_20_observed_generation_one_behind_is_busy(store: Store, clock: SettableClock) -> None:
     """As L-16, but observed.fencing_token is one behind the current one → Busy; row unchanged."""
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=2)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=2)
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     stale = fence_of(a, fencing_token=1)
     out = store.leases.reclaim_session_execution_lease(SID, B_LP, stale, 100, probe=Probe("gone"))
     assert out == Busy(holder=a)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 def test_l_21_observed_fence_of_another_session_is_busy(store: Store, clock: SettableClock) -> None:
     """As L-16, but observed.session_id names another session → Busy; row unchanged."""
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=1)
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     other = fence_of(a, session_id=OTHER_SID)
     out = store.leases.reclaim_session_execution_lease(SID, B_LP, other, 100, probe=Probe("gone"))
     assert out == Busy(holder=a)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 def test_l_22_reclaiming_own_live_lease_is_busy(store: Store, clock: SettableClock) -> None:
     """A holds and is alive → reclaim(s, A, observed=A's fence) → Busy{holder=A}; row unchanged."""
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=1)
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     probe = Probe("alive")
     assert store.leases.reclaim_session_execution_lease(SID, A_LP, a, 100, probe=probe) == Busy(
         holder=a
     )
     assert probe.calls == [(4101, "5001")]
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 def test_l_22_own_live_lease_with_the_real_procfs_probe(store: Store, clock: SettableClock) -> None:
@@ -529,10 +508,10 @@ def test_l_22_own_live_lease_with_the_real_procfs_probe(store: Store, clock: Set
         owner_id="owner-A", incarnation_id="inc-A1", liveness=capture_liveness()
     )
     assert isinstance(me.liveness, LocalProcess)
-    a = hold(store, clock, me, at=1000, ttl=100, gen=1)
-    before = raw_rows(store)
+    a = hold_generation(store, clock, me, at=1000, ttl=100, gen=1)
+    before = lease_rows(store)
     assert store.leases.reclaim_session_execution_lease(SID, me, a, 100) == Busy(holder=a)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 @pytest.mark.parametrize("corrupt", ["{not json", '{"kind":"martian"}', "[]", '"opaque"'])
@@ -545,7 +524,7 @@ def test_l_23_corrupt_stored_liveness_is_opaque(
     is the one place where decision 4 ("corrupt data fails loudly") does not
     raise: the safe reading (never taken over early) is kept.
     """
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=1)
     execute_sql(
         store,
         "UPDATE session_execution_leases SET lease_owner_liveness_json = :j WHERE session_id = :s",
@@ -553,14 +532,14 @@ def test_l_23_corrupt_stored_liveness_is_opaque(
         s=SID,
     )
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     probe = Probe("gone")
     out = store.leases.reclaim_session_execution_lease(SID, B_LP, a, 100, probe=probe)
     assert isinstance(out, Busy)
     assert out.holder == a.model_copy(update={"owner": A})  # A with Opaque liveness
     assert out.holder.owner.liveness == Opaque()
     assert probe.calls == []
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 def _insert_null_incarnation_row(store: Store) -> None:
@@ -593,7 +572,7 @@ def test_l_24_null_incarnation_defaults_to_owner_id(store: Store, clock: Settabl
     assert claim(store, other, 100) == Busy(holder=held)
     out = claim(store, x, 100)
     assert out == Acquired(lease=held.model_copy(update={"expires_at_epoch_ms": 1600}))
-    row = raw_row(store)
+    row = lease_row(store, SID)
     assert row is not None
     assert row["lease_owner_incarnation_id"] is None  # extension only moves the expiry
     assert (row["lease_token"], row["lease_fencing_token"], row["lease_expires_at_ms"]) == (
@@ -615,9 +594,9 @@ def test_l_24_null_incarnation_fence_renews_and_releases(
     fence = LeaseFence(session_id=SID, owner=x, lease_token="tok-x", fencing_token=7)
     assert ensure_ok(store, fence)
     assert store.leases.renew_session_execution_lease(fence, 300).expires_at_epoch_ms == 1800
-    assert raw_row(store)["lease_expires_at_ms"] == 1800
+    assert lease_row(store, SID)["lease_expires_at_ms"] == 1800
     store.leases.release_session_execution_lease(fence)
-    assert raw_row(store) == released_row(7)
+    assert lease_row(store, SID) == released_row(7)
 
 
 def test_l_27_zero_ttl_acquires_a_lease_that_is_not_live(
@@ -629,7 +608,7 @@ def test_l_27_zero_ttl_acquires_a_lease_that_is_not_live(
     clock.set(1000)
     a = acquired(claim(store, A, 0))
     assert a == lease(A, 1, 1000, 1000)
-    expect_row(raw_row(store), a)
+    expect_row(lease_row(store, SID), a)
     assert store.leases.get_session_execution_lease(SID) == a  # stored, though not live
     with pytest.raises(SessionExecutionLeaseExpired):
         store.leases.ensure_session_execution_lease(a)
@@ -646,7 +625,7 @@ def test_i_2_one_live_holder_across_the_expiry_instant(store: Store, clock: Sett
     """I-2: before expiry only A passes FENCE_OK and B is Busy; at expiry B acquires and only B
     passes.
     """
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     clock.set(1099)
     assert ensure_ok(store, a)
     assert isinstance(claim(store, B, 100), Busy)
@@ -667,7 +646,7 @@ def test_expiry_saturates_at_max_i64(store: Store, clock: SettableClock) -> None
     clock.set(1000)
     a = acquired(claim(store, A, MAX_I64))
     assert a.expires_at_epoch_ms == MAX_I64
-    assert raw_row(store)["lease_expires_at_ms"] == MAX_I64
+    assert lease_row(store, SID)["lease_expires_at_ms"] == MAX_I64
     assert store.leases.renew_session_execution_lease(a, MAX_I64).expires_at_epoch_ms == MAX_I64
 
 
@@ -682,16 +661,16 @@ def test_generation_saturates_at_max_i64(store: Store, clock: SettableClock) -> 
     clock.set(1000)
     a = acquired(claim(store, A, 100))
     assert a.fencing_token == MAX_I64
-    assert raw_row(store)["lease_fencing_token"] == MAX_I64
+    assert lease_row(store, SID)["lease_fencing_token"] == MAX_I64
 
 
 def test_sessions_are_independent(store: Store, clock: SettableClock) -> None:
     """Each session has its own lease and generation: claiming one leaves the other's row alone."""
-    a = hold(store, clock, A, at=1000, ttl=100, gen=2)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=2)
     b = acquired(claim(store, B, 100, sid=OTHER_SID))
     assert b == lease(B, 1, 1000, 1100, sid=OTHER_SID)
-    assert raw_row(store, SID) is not None
-    expect_row(raw_row(store, SID), a)
+    assert lease_row(store, SID) is not None
+    expect_row(lease_row(store, SID), a)
     with pytest.raises(SessionExecutionLeaseExpired):  # a fence of one session does not fit another
         store.leases.renew_session_execution_lease(fence_of(a, session_id=OTHER_SID), 100)
 
@@ -719,7 +698,7 @@ def test_corrupt_lease_row_fails_loudly(
         g=fencing,
     )
     clock.set(1500)
-    before = raw_rows(store)
+    before = lease_rows(store)
     fence = LeaseFence(session_id=SID, owner=A, lease_token="tok", fencing_token=3)
     calls: list[Callable[[], object]] = [
         lambda: claim(store, B, 100),
@@ -739,7 +718,7 @@ def test_corrupt_lease_row_fails_loudly(
             SID,
             column,
         )
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 # --------------------------------------------------------------------------
@@ -750,19 +729,19 @@ def test_ensure_is_read_only_and_never_extends(store: Store, clock: SettableCloc
     """ensure works in store.read(), writes nothing, ignores liveness, and stops at expires
     (strict).
     """
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=2)
-    before = raw_rows(store)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=2)
+    before = lease_rows(store)
     clock.set(1099)
     with store.read() as uow:
         uow.leases.ensure_session_execution_lease(a)
         # liveness is not part of the identity check
         uow.leases.ensure_session_execution_lease(fence_of(a, owner=A))
     store.leases.ensure_session_execution_lease(a)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
     clock.set(1100)
     with pytest.raises(SessionExecutionLeaseExpired), store.read() as uow:
         uow.leases.ensure_session_execution_lease(a)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 @pytest.mark.parametrize(
@@ -772,7 +751,7 @@ def test_ensure_refuses_every_mismatch(store: Store, clock: SettableClock, case:
     """FENCE_OK: other session, no row, other incarnation/owner/token/generation, released →
     Expired.
     """
-    a = hold(store, clock, A, at=1000, ttl=100, gen=2)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=2)
     fences: dict[str, Callable[[], LeaseFence]] = {
         "other_session": lambda: fence_of(a, session_id=OTHER_SID),
         "no_row": lambda: fence_of(a, session_id="sess-none"),
@@ -792,13 +771,13 @@ def test_ensure_refuses_every_mismatch(store: Store, clock: SettableClock, case:
         store.leases.release_session_execution_lease(a)
     fence = fences[case]()
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     with pytest.raises(SessionExecutionLeaseExpired) as err, store.read() as uow:
         uow.leases.ensure_session_execution_lease(fence)
     assert err.value.session_id == fence.session_id
     with pytest.raises(SessionExecutionLeaseExpired):
         store.leases.ensure_session_execution_lease(fence)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 # --------------------------------------------------------------------------
@@ -940,13 +919,13 @@ def test_bad_input_is_refused_and_nothing_written(
     A (LocalProcess) holds the session, so every refused call would otherwise
     write (extend, take over with a probe saying "gone", renew, release).
     """
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=2)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=2)
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     with pytest.raises(InvalidInput) as err:
         call(store, a)
     assert err.value.field.startswith(fld), (label, err.value.field)
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
 
 
 WRITES: dict[str, Callable[[Any, SessionExecutionLease], object]] = {
@@ -965,23 +944,23 @@ WRITES: dict[str, Callable[[Any, SessionExecutionLease], object]] = {
 @pytest.mark.parametrize("op", list(WRITES))
 def test_writes_inside_read_unit_are_refused(store: Store, clock: SettableClock, op: str) -> None:
     """Every lease write inside store.read() → ReadOnlyUnitOfWork; nothing written."""
-    a = hold(store, clock, A_LP, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A_LP, at=1000, ttl=100, gen=1)
     clock.set(1050)
-    before = raw_rows(store)
+    before = lease_rows(store)
     with pytest.raises(ReadOnlyUnitOfWork), store.read() as uow:
         WRITES[op](uow, a)
     with pytest.raises(ReadOnlyUnitOfWork):
         store.call_read(lambda r: WRITES[op](r, a))
-    assert raw_rows(store) == before
+    assert lease_rows(store) == before
     # the same call in a write unit does write
     with store.write() as uow:
         WRITES[op](uow, a)
-    assert raw_rows(store) != before
+    assert lease_rows(store) != before
 
 
 def test_reads_work_inside_read_unit(store: Store, clock: SettableClock) -> None:
     """get/ensure run in store.read() and see the lease; get of an unknown session is None."""
-    a = hold(store, clock, A, at=1000, ttl=100, gen=1)
+    a = hold_generation(store, clock, A, at=1000, ttl=100, gen=1)
     with store.read() as uow:
         assert uow.leases.get_session_execution_lease(SID) == a
         assert uow.leases.get_session_execution_lease("sess-none") is None
@@ -1145,7 +1124,7 @@ def _model_step(store: Store, m: LeaseModel, op: tuple[Any, ...]) -> str:
 
 
 def _check_model(store: Store, m: LeaseModel) -> None:
-    row = raw_row(store, m.sid)
+    row = lease_row(store, m.sid)
     if not m.row:
         assert row is None
         return
@@ -1211,11 +1190,11 @@ def test_i_1_i_2_random_sequences_match_the_model(
         m.process[owner.liveness.pid] = state  # type: ignore[union-attr]
     generations = [0]
     for op in ops:
-        before = raw_row(store, m.sid)
+        before = lease_row(store, m.sid)
         label = _model_step(store, m, op)
         event(label)
         _check_model(store, m)
-        after = raw_row(store, m.sid)
+        after = lease_row(store, m.sid)
         g_before = 0 if before is None else before["lease_fencing_token"]
         g_after = after["lease_fencing_token"] if after is not None else 0
         assert g_after == g_before + (1 if label in ACQUISITIONS else 0)  # I-1

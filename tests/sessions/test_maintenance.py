@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from agentkeep import db as agentkeep_db
 from agentkeep.columns import canonical_json
+from agentkeep.db import Driver
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
 from agentkeep.sessions.checkpoints import (
     KIND_MANIFEST,
@@ -42,14 +42,12 @@ from agentkeep.sessions.checkpoints import (
     read_manifest,
 )
 from agentkeep.sessions.domain import (
-    Acquired,
     ActiveTurnIngress,
     CheckpointKind,
     InputIdTarget,
     LeaseOwnerIdentity,
     PendingTurnInput,
     PendingTurnInputDraft,
-    SessionExecutionLease,
 )
 from agentkeep.sessions.facade import MaintenanceCalls
 from agentkeep.sessions.maintenance import SWEEP_BATCH, MaintenanceRepository
@@ -69,6 +67,8 @@ from agentkeep.sessions.records import (
 )
 from agentkeep.statements import Statement
 from agentkeep.store import Store
+
+from .support import acquire_lease, enqueue
 
 SID = "sess-maint-1"
 OTHER = "sess-maint-2"
@@ -121,7 +121,7 @@ def commit(
     graph: AppendNodes | None = None,
 ) -> tuple[str, CheckpointManifest]:
     """Commit ``checkpoint`` as the head of ``sid`` (a real commit); return (ref, manifest)."""
-    fence = hold(store, sid)
+    fence = acquire_lease(store, sid, OWNER, TTL)
     stamp = (
         None
         if turn_id is None
@@ -194,33 +194,28 @@ def tombstoned(store: Store, sid: str) -> dict[str, int]:
     return {n: int(t) for n, t in rows}
 
 
-def hold(store: Store, sid: str = SID) -> SessionExecutionLease:
-    out = store.leases.try_claim_session_execution_lease(sid, OWNER, TTL)
-    assert isinstance(out, Acquired), out
-    return out.lease
-
-
-def enqueue(store: Store, sid: str, turn: str = "T") -> PendingTurnInput:
+def enqueue_active(store: Store, sid: str, turn: str = "T") -> PendingTurnInput:
+    """Enqueue an ActiveTurn(``turn``) input of ``sid``."""
     draft = PendingTurnInputDraft(
         session_id=sid,
         ingress=ActiveTurnIngress(turn_id=turn),
         input={"text": f"hi {turn}"},
     )
-    return store.turn_inputs.enqueue_pending_turn_input(draft)
+    return enqueue(store, draft)
 
 
 def terminal_inputs(store: Store, sid: str, cancelled: int, completed: int, pending: int) -> None:
     """Give ``sid`` that many cancelled, completed and pending_active turn inputs."""
-    cancel = [enqueue(store, sid, "C") for _ in range(cancelled)]
-    done = [enqueue(store, sid, "D") for _ in range(completed)]
+    cancel = [enqueue_active(store, sid, "C") for _ in range(cancelled)]
+    done = [enqueue_active(store, sid, "D") for _ in range(completed)]
     for _ in range(pending):
-        enqueue(store, sid, "P")
+        enqueue_active(store, sid, "P")
     if cancel:
         store.turn_inputs.cancel_pending_turn_inputs(
             sid, [InputIdTarget(input_id=i.input_id) for i in cancel]
         )
     if done:
-        fence = hold(store, sid)
+        fence = acquire_lease(store, sid, OWNER, TTL)
         claim = store.turn_inputs.claim_active_turn_inputs(
             sid, fence, OWNER, "D", CheckpointKind.BEFORE_COMPLETION, len(done)
         )
@@ -230,16 +225,18 @@ def terminal_inputs(store: Store, sid: str, cancelled: int, completed: int, pend
 
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Every statement run through ``Driver.execute`` (in this process), in order."""
-    seen: list[str] = []
-    original = agentkeep_db.Driver.execute
+    """The SQL text the driver receives for every ``Driver.execute`` (in this process), in order.
 
-    def spy(self: agentkeep_db.Driver, stmt: Statement | agentkeep_db.Sql, params: Any) -> Any:
-        # The SQL text the driver receives (a Statement as compiled for this connection).
-        seen.append(stmt.compiled(self.target).sql if isinstance(stmt, Statement) else stmt.text)
+    Each :class:`~agentkeep.statements.Statement` as compiled for the connection.
+    """
+    seen: list[str] = []
+    original = Driver.execute
+
+    def spy(self: Driver, stmt: Statement, params: Any) -> Any:
+        seen.append(stmt.compiled(self.target).sql)
         return original(self, stmt, params)
 
-    monkeypatch.setattr(agentkeep_db.Driver, "execute", spy)
+    monkeypatch.setattr(Driver, "execute", spy)
     yield seen
 
 

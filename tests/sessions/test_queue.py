@@ -35,7 +35,6 @@ from agentkeep.errors import (
 from agentkeep.sessions import queue as queue_mod
 from agentkeep.sessions.domain import (
     MAX_I64,
-    Acquired,
     ClaimBoundary,
     DeliveryPolicy,
     LeaseFence,
@@ -51,6 +50,9 @@ from agentkeep.sessions.domain import (
 )
 from agentkeep.sessions.ids import rust_debug
 from agentkeep.store import Store
+from tests.support import execute_sql, explain, query
+
+from .support import LeaseTaker, enqueue
 
 SID = "session-1"
 OTHER = "session-2"
@@ -68,6 +70,8 @@ BATCH_ID = re.compile(r"^qwb:[0-9a-f]{64}$")
 
 # --------------------------------------------------------------------------
 # Helpers
+
+take_lease = LeaseTaker(owner=A, sid=SID, ttl=TTL)
 
 
 def turn(*bodies: Any, kind: str = "user_input") -> tuple[QueuedWorkPayload, ...]:
@@ -102,16 +106,6 @@ def draft(
 
 def joined(group: str = "a", **kw: Any) -> QueuedWorkDraft:
     return draft(slot=JOIN, merge=MergeKey.of_group(group), **kw)
-
-
-def enqueue(store: Store, d: QueuedWorkDraft) -> QueuedWorkBatch:
-    return store.call_write(lambda r: r.queue.enqueue_queued_work(d))
-
-
-def take_lease(store: Store, owner: LeaseOwnerIdentity = A, sid: str = SID, ttl: int = TTL) -> Any:
-    out = store.leases.try_claim_session_execution_lease(sid, owner, ttl)
-    assert isinstance(out, Acquired), out
-    return out.lease
 
 
 def claim_ready(
@@ -169,18 +163,8 @@ def ids_of(batches: Any) -> list[str]:
     return [b.batch_id for b in batches]
 
 
-def raw(store: Store, sql: str, **params: Any) -> list[dict[str, Any]]:
-    with store.read() as uow:
-        return [dict(r) for r in uow.connection.execute(text(sql), params).mappings().all()]
-
-
-def raw_exec(store: Store, sql: str, **params: Any) -> None:
-    with store.write() as uow:
-        uow.connection.execute(text(sql), params)
-
-
 def row(store: Store, batch_id: str) -> dict[str, Any]:
-    rows = raw(store, "SELECT * FROM queued_work_batches WHERE batch_id = :b", b=batch_id)
+    rows = query(store, "SELECT * FROM queued_work_batches WHERE batch_id = :b", b=batch_id)
     assert len(rows) == 1, rows
     return rows[0]
 
@@ -188,14 +172,14 @@ def row(store: Store, batch_id: str) -> dict[str, Any]:
 def snapshot(store: Store) -> tuple[list[dict[str, Any]], ...]:
     """Every queued-work and lease row as stored."""
     return (
-        raw(store, "SELECT * FROM queued_work_batches ORDER BY enqueue_seq"),
-        raw(store, "SELECT * FROM queued_work_items ORDER BY batch_id, item_index"),
-        raw(store, "SELECT * FROM session_execution_leases ORDER BY session_id"),
+        query(store, "SELECT * FROM queued_work_batches ORDER BY enqueue_seq"),
+        query(store, "SELECT * FROM queued_work_items ORDER BY batch_id, item_index"),
+        query(store, "SELECT * FROM session_execution_leases ORDER BY session_id"),
     )
 
 
 def owned_by(store: Store, claim: QueuedWorkClaim) -> set[str]:
-    rows = raw(
+    rows = query(
         store,
         "SELECT batch_id FROM queued_work_batches WHERE session_id = :s AND claim_id = :c "
         "AND claim_token = :t",
@@ -293,7 +277,7 @@ def test_enqueue_stores_the_batch_and_its_items(store: Store, clock: SettableClo
     ]
     assert [i.payload for i in batch.items] == list(d.payloads)
     assert listed(store) == [batch]
-    items = raw(store, "SELECT * FROM queued_work_items ORDER BY item_index")
+    items = query(store, "SELECT * FROM queued_work_items ORDER BY item_index")
     assert [r["payload_json"] for r in items] == [
         '{"body":{"text":"hi"},"kind":"user_input"}',
         '{"body":[1,2],"kind":"user_input"}',
@@ -391,7 +375,7 @@ def test_i_10_one_batch_per_source_key_until_it_is_deleted(store: Store) -> None
     """I-10: (session, source_key) maps to at most one batch until cancel/completion deletes it."""
     first = enqueue(store, draft(key="k"))
     assert enqueue(store, draft(key="k")).batch_id == first.batch_id
-    assert len(raw(store, "SELECT batch_id FROM queued_work_batches")) == 1
+    assert len(query(store, "SELECT batch_id FROM queued_work_batches")) == 1
 
     assert cancel(store, first.batch_id) is not None
     second = enqueue(store, draft(turn({"new": 1}), key="k"))
@@ -502,7 +486,7 @@ def test_a_fault_mid_enqueue_leaves_no_batch_and_no_item(store: Store, trigger: 
             uow.queue.enqueue_queued_work(draft(turn(1, 2), key="doomed"))
         kept = uow.queue.enqueue_queued_work(draft(turn(1), key="kept"))
     assert ids_of(listed(store)) == [before[0][0]["batch_id"], kept.batch_id]
-    assert raw(store, "SELECT COUNT(*) AS n FROM queued_work_items")[0]["n"] == 2
+    assert query(store, "SELECT COUNT(*) AS n FROM queued_work_items")[0]["n"] == 2
 
 
 # --------------------------------------------------------------------------
@@ -701,7 +685,7 @@ def test_q_11_a_new_generation_reclaims_and_the_old_completion_fails(
 
     complete(store, gen2, new.completion())
     assert listed(store) == []
-    assert raw(store, "SELECT * FROM queued_work_items") == []
+    assert query(store, "SELECT * FROM queued_work_items") == []
 
 
 def test_q_12_a_row_claimed_in_the_current_generation_is_skipped(store: Store) -> None:
@@ -735,7 +719,7 @@ def test_q_13_a_corrupt_batch_in_the_scan_window_fails_the_claim(store: Store) -
     # An empty batch (items deleted behind the store's back) is corrupt too.
     assert cancel(store, mixed.batch_id) is not None
     empty = enqueue(store, draft())
-    raw_exec(store, "DELETE FROM queued_work_items WHERE batch_id = :b", b=empty.batch_id)
+    execute_sql(store, "DELETE FROM queued_work_items WHERE batch_id = :b", b=empty.batch_id)
     with pytest.raises(SessionCorrupt) as err:
         claim_ready(store, fence, max_batches=1)
     assert err.value.key == empty.batch_id
@@ -865,7 +849,7 @@ def test_q_20_cancel_returns_the_unclaimed_batch_and_deletes_its_items(store: St
     got = cancel(store, x.batch_id)
     assert got == x
     assert ids_of(listed(store)) == [y.batch_id]
-    assert raw(store, "SELECT * FROM queued_work_items WHERE batch_id = :b", b=x.batch_id) == []
+    assert query(store, "SELECT * FROM queued_work_items WHERE batch_id = :b", b=x.batch_id) == []
     assert cancel(store, x.batch_id) is None
 
 
@@ -895,7 +879,7 @@ def test_q_22_a_stale_claimed_batch_can_be_cancelled(
     assert got is not None and got.claim_id == claim.claim_id
     assert [i.payload.body for i in got.items] == ["a", "b"]
     assert listed(store) == []
-    assert raw(store, "SELECT * FROM queued_work_items") == []
+    assert query(store, "SELECT * FROM queued_work_items") == []
 
 
 def test_cancel_is_scoped_to_the_session(store: Store) -> None:
@@ -941,7 +925,7 @@ def test_q_25_completion_deletes_only_rows_matching_claim_id_and_token(store: St
     assert q2 is not None and ids_of(q2.batches) == [c.batch_id]
     # A row carrying q1's claim id but another token is not q1's.
     assert claim_ready(store, fence) is not None
-    raw_exec(
+    execute_sql(
         store,
         "UPDATE queued_work_batches SET claim_id = :c WHERE batch_id = :b",
         c=q1.claim_id,
@@ -951,7 +935,7 @@ def test_q_25_completion_deletes_only_rows_matching_claim_id_and_token(store: St
     complete(store, fence, q1.completion())
     assert ids_of(listed(store)) == [c.batch_id, d.batch_id]
     assert owned_by(store, q2) == {c.batch_id}
-    items = raw(store, "SELECT batch_id FROM queued_work_items")
+    items = query(store, "SELECT batch_id FROM queued_work_items")
     assert {r["batch_id"] for r in items} == {c.batch_id, d.batch_id}
 
 
@@ -1095,7 +1079,7 @@ def test_i_5_the_row_counter_grows_by_one_per_claim_and_saturates(
     claim = claim_ready(store, expire_and_take_over(store, clock))
     assert claim is not None and claim.fencing_token == 5
 
-    raw_exec(
+    execute_sql(
         store,
         "UPDATE queued_work_batches SET claim_fencing_token = :v, claim_token = NULL",
         v=MAX_I64 - 1,
@@ -1207,7 +1191,7 @@ def test_unknown_stored_policies_fail_claims_and_lists_naming_the_row(
 ) -> None:
     enqueue(store, draft())
     bad = enqueue(store, draft())
-    raw_exec(
+    execute_sql(
         store,
         f"UPDATE queued_work_batches SET {column} = :v WHERE batch_id = :b",
         v=value,
@@ -1238,7 +1222,7 @@ def test_unknown_stored_policies_fail_claims_and_lists_naming_the_row(
 @pytest.mark.parametrize("payload", ["{broken", '["no kind"]', '{"kind":7}', "NaN"])
 def test_corrupt_payload_json_fails_claims_and_lists(store: Store, payload: str) -> None:
     bad = enqueue(store, draft(turn(1, 2)))
-    raw_exec(
+    execute_sql(
         store,
         "UPDATE queued_work_items SET payload_json = :p WHERE batch_id = :b AND item_index = 1",
         p=payload,
@@ -1262,7 +1246,7 @@ def test_a_corrupt_row_counter_is_refused_not_read_as_zero(tmp_path: Any) -> Non
     store = Store.open(f"sqlite:///{tmp_path / 'q.db'}", migrate=True, clock=SettableClock(1000))
     try:
         bad = enqueue(store, draft())
-        raw_exec(
+        execute_sql(
             store,
             "UPDATE queued_work_batches SET claim_fencing_token = 'many' WHERE batch_id = :b",
             b=bad.batch_id,
@@ -1300,10 +1284,6 @@ def test_the_claim_scan_uses_the_session_seq_index(store: Store) -> None:
         uow.connection.execute(text("ANALYZE"))
     params = {"sid": "s-7", "now": 1, "generation": 1, "limit": 33}
     with store.read() as uow:
-        form = queue_mod._SCAN.compiled(uow.driver.target)
-        explain = "EXPLAIN " if uow.driver.postgres else "EXPLAIN QUERY PLAN "
-        cur = uow.driver.raw.cursor()
-        cur.execute(explain + form.sql, form.bind(params))
-        rows = cur.fetchall()
+        rows = explain(uow, queue_mod._SCAN, params)
     plan = "\n".join(str(r) for r in rows)
     assert "ix_queued_work_batches_session_seq" in plan, plan

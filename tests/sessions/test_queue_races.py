@@ -39,6 +39,8 @@ from agentkeep.sessions.domain import (
 from agentkeep.store import Store
 from tests.racing import Racing
 
+from .support import acquire_lease
+
 SID = "race-session"
 A = LeaseOwnerIdentity(owner_id="owner-a", incarnation_id="inc-a")
 B = LeaseOwnerIdentity(owner_id="owner-b", incarnation_id="inc-b")
@@ -169,12 +171,6 @@ def completion(o: Outcome) -> QueuedWorkCompletion:
     return QueuedWorkCompletion(session_id=SID, claim_id=o[1], lease_token=o[2], batch_ids=o[4])
 
 
-def take_lease(store: Store, owner: LeaseOwnerIdentity, ttl: int) -> SessionExecutionLease:
-    got = store.leases.try_claim_session_execution_lease(SID, owner, ttl)
-    assert isinstance(got, Acquired)
-    return got.lease
-
-
 # --------------------------------------------------------------------------
 # Races
 
@@ -185,7 +181,7 @@ def test_q_24_racers_with_the_same_fence_never_share_a_row(
     request: pytest.FixtureRequest, store: Store, db_url: str, kind: str, max_batches: int
 ) -> None:
     ids = fill_queue(store)
-    fence = take_lease(store, A, 600_000)
+    fence = acquire_lease(store, SID, A, 600_000)
     results = RACING.run(
         request,
         kind,
@@ -215,7 +211,7 @@ def test_a_stale_generation_claimant_never_wins_a_row_from_the_new_holder(
     request: pytest.FixtureRequest, store: Store, db_url: str, kind: str
 ) -> None:
     ids = fill_queue(store)
-    old = take_lease(store, A, 1_000)
+    old = acquire_lease(store, SID, A, 1_000)
     results = RACING.run(
         request,
         kind,

@@ -43,7 +43,6 @@ from agentkeep.errors import (
 )
 from agentkeep.sessions import turn_inputs
 from agentkeep.sessions.domain import (
-    Acquired,
     ActiveTurnIngress,
     ActiveTurnMode,
     AlreadyCancelled,
@@ -77,6 +76,9 @@ from agentkeep.sessions.turn_inputs import (
     rust_debug,
 )
 from agentkeep.store import Store
+from tests.support import execute_sql, explain
+
+from .support import LeaseTaker, enqueue, turn_input_rows
 
 T = TypeVar("T")
 
@@ -97,6 +99,8 @@ COMPLETED = TurnInputState.COMPLETED
 
 # --------------------------------------------------------------------------
 # Helpers
+
+hold = LeaseTaker(owner=A, sid=SID, ttl=TTL)
 
 
 def draft(
@@ -123,23 +127,12 @@ def draft(
     )
 
 
-def enqueue(store: Store, d: PendingTurnInputDraft) -> PendingTurnInput:
-    return store.call_write(lambda r: r.turn_inputs.enqueue_pending_turn_input(d))
-
-
 def write(store: Store, fn: Callable[[TurnInputRepository], T]) -> T:
     return store.call_write(lambda r: fn(r.turn_inputs))
 
 
 def read(store: Store, fn: Callable[[TurnInputRepository], T]) -> T:
     return store.call_read(lambda r: fn(r.turn_inputs))
-
-
-def hold(store: Store, owner: LeaseOwnerIdentity = A, sid: str = SID) -> SessionExecutionLease:
-    """Acquire (or extend) ``owner``'s lease of ``sid`` for TTL ms from now."""
-    out = store.leases.try_claim_session_execution_lease(sid, owner, TTL)
-    assert isinstance(out, Acquired), out
-    return out.lease
 
 
 def take_over(
@@ -206,22 +199,8 @@ def ids(items: Any) -> list[str]:
     return [i.input_id for i in items]
 
 
-def raw_rows(store: Store) -> list[dict[str, Any]]:
-    """Every ``pending_turn_inputs`` row as stored (raw SQL), by ``enqueue_seq``."""
-    with store.read() as uow:
-        rows = uow.connection.execute(
-            text("SELECT * FROM pending_turn_inputs ORDER BY enqueue_seq")
-        ).mappings()
-        return [dict(r) for r in rows]
-
-
-def execute_sql(store: Store, sql: str, **params: Any) -> None:
-    with store.write() as uow:
-        uow.connection.execute(text(sql), params)
-
-
 def claim_columns(store: Store, input_id: str) -> tuple[Any, ...]:
-    (row,) = [r for r in raw_rows(store) if r["input_id"] == input_id]
+    (row,) = [r for r in turn_input_rows(store) if r["input_id"] == input_id]
     return (
         row["state"],
         row["claim_id"],
@@ -315,13 +294,13 @@ def test_t_03_returns_the_existing_row_as_it_is_now(store: Store) -> None:
     """The matching resubmission returns the row in its current state (here: accepted)."""
     first = enqueue(store, draft(key="k"))
     c = claimed(claim_active(store, hold(store)))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     again = enqueue(store, draft(key="k"))
 
     assert again.input_id == first.input_id
     assert again.state is ACCEPTED and again.claim_id == c.claim_id
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 @pytest.mark.parametrize(
@@ -341,14 +320,14 @@ def test_t_04_same_source_key_with_other_content_conflicts(
 ) -> None:
     """Same key, different input or ingress → PendingTurnInputSourceKeyConflict; nothing written."""
     first = enqueue(store, draft(key="k"))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     with pytest.raises(PendingTurnInputSourceKeyConflict) as info:
         enqueue(store, changed)
 
     assert (info.value.session_id, info.value.source_key) == (SID, "k")
     assert info.value.existing_input_id == first.input_id
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_t_05_resubmitting_after_an_interrupted_turn_returns_the_row(store: Store) -> None:
@@ -373,7 +352,7 @@ def test_t_05_resubmitting_after_an_interrupted_turn_returns_the_row(store: Stor
         sid=SID,
         iid=first.input_id,
     )
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     again = enqueue(store, original)
 
@@ -383,7 +362,7 @@ def test_t_05_resubmitting_after_an_interrupted_turn_returns_the_row(store: Stor
     assert again.submitted_ingress == ActiveTurnIngress(turn_id="T")
     with pytest.raises(PendingTurnInputSourceKeyConflict):
         enqueue(store, draft(None, key="k"))
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_t_06_after_vacuum_the_source_key_is_new_again(store: Store) -> None:
@@ -419,13 +398,13 @@ def test_t_07_an_existing_explicit_input_id_is_a_duplicate(store: Store, where: 
     typed TurnInputDuplicate and write nothing.
     """
     enqueue(store, draft(sid=where, input_id="in-1"))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     with pytest.raises(TurnInputDuplicate) as info:
         enqueue(store, draft("U", input_id="in-1", key="fresh-key", value={"x": 2}))
 
     assert info.value.input_id == "in-1"
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_explicit_input_id_is_kept(store: Store) -> None:
@@ -497,10 +476,10 @@ def test_t_10_matches_beyond_the_scan_window_are_not_seen(store: Store) -> None:
         enqueue(store, draft("U"))
     target = enqueue(store, draft("T"))
     fence = hold(store)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     assert claim_active(store, fence, "T", AFTER_WORK, 1) is None
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
     assert ids(claimed(claim_active(store, fence, "T", AFTER_WORK, 9)).inputs) == [target.input_id]
 
 
@@ -535,10 +514,10 @@ def test_active_claim_ignores_next_turn_rows_and_vice_versa(store: Store) -> Non
 def test_claim_with_nothing_claimable_is_none(store: Store) -> None:
     enqueue(store, draft("U"))
     fence = hold(store)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     assert claim_active(store, fence, "T") is None
     assert claim_next(store, fence) is None
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_t_12_max_inputs_zero_is_none_without_a_lease_check(store: Store) -> None:
@@ -546,7 +525,7 @@ def test_t_12_max_inputs_zero_is_none_without_a_lease_check(store: Store) -> Non
     enqueue(store, draft("T"))
     enqueue(store, draft(None))
     no_lease = LeaseFence(session_id=SID, owner=A, lease_token="nope", fencing_token=99)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     assert claim_active(store, no_lease, max_inputs=0) is None
     assert claim_next(store, no_lease, max_inputs=0) is None
@@ -555,7 +534,7 @@ def test_t_12_max_inputs_zero_is_none_without_a_lease_check(store: Store) -> Non
             uow.turn_inputs.claim_active_turn_inputs(SID, no_lease, A, "T", AFTER_WORK, 0) is None
         )
         assert uow.turn_inputs.claim_next_turn_inputs(SID, no_lease, A, 0) is None
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_claim_with_a_stale_fence_is_refused(store: Store, clock: SettableClock) -> None:
@@ -563,7 +542,7 @@ def test_claim_with_a_stale_fence_is_refused(store: Store, clock: SettableClock)
     enqueue(store, draft(None))
     old = hold(store)
     clock.advance(TTL)  # expired, not taken over
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     with pytest.raises(SessionExecutionLeaseExpired):
         claim_active(store, old)
     take_over(store, clock)
@@ -574,7 +553,7 @@ def test_claim_with_a_stale_fence_is_refused(store: Store, clock: SettableClock)
     )
     with pytest.raises(SessionExecutionLeaseExpired):
         write(store, lambda t: t.claim_next_turn_inputs(SID, other_session, A, 5))
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_claim_counter_is_capped_at_the_bigint_maximum(store: Store) -> None:
@@ -624,7 +603,7 @@ def test_t_14_accepted_input_with_an_expired_claimant_is_already_claimed(
     fence = hold(store)
     c = claimed(claim_active(store, fence))
     clock.advance(TTL)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     (result,) = cancel(store, by_id(item))
 
@@ -637,7 +616,7 @@ def test_t_14_accepted_input_with_an_expired_claimant_is_already_claimed(
         claim_session_lease_generation=fence.fencing_token,
     )
     assert result.outcome.input.state is ACCEPTED
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_t_15_live_next_turn_claim_blocks_cancel_until_released(store: Store) -> None:
@@ -645,14 +624,14 @@ def test_t_15_live_next_turn_claim_blocks_cancel_until_released(store: Store) ->
     item = enqueue(store, draft(None))
     fence = hold(store)
     c = claimed(claim_next(store, fence))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     (blocked,) = cancel(store, by_id(item))
     assert isinstance(blocked.outcome, AlreadyClaimed)
     assert blocked.outcome.claim is not None
     assert blocked.outcome.claim.state is DEFERRED
     assert blocked.outcome.claim.claim_id == c.claim_id
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
     store.leases.release_session_execution_lease(fence)
     (result,) = cancel(store, by_id(item))
@@ -690,10 +669,10 @@ def test_t_16_cancel_outcomes_by_state_and_target(store: Store) -> None:
 
 def test_cancel_does_not_see_other_sessions(store: Store) -> None:
     theirs = enqueue(store, draft("T", sid=OTHER, key="k"))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     results = cancel(store, by_id(theirs), SourceKeyTarget(source_key="k"))
     assert [r.outcome for r in results] == [NotFoundOutcome(), NotFoundOutcome()]
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_t_17_duplicate_targets_see_their_own_earlier_cancel(store: Store) -> None:
@@ -719,7 +698,7 @@ def test_t_18_suffix_cancel_covers_the_anchor_and_later_rows_of_the_session(
     fence = hold(store)
     held = claimed(claim_active(store, fence, "T3"))  # the 4th row: accepted, live
     cancel(store, by_id(mine[4]))  # the 5th row: already cancelled
-    before_other = [r for r in raw_rows(store) if r["session_id"] == OTHER]
+    before_other = [r for r in turn_input_rows(store) if r["session_id"] == OTHER]
     before_head = [get(store, i.input_id) for i in mine[:2]]
 
     result = write(store, lambda t: t.cancel_pending_turn_input_suffix(SID, by_id(mine[2])))
@@ -732,7 +711,7 @@ def test_t_18_suffix_cancel_covers_the_anchor_and_later_rows_of_the_session(
     assert get(store, mine[2].input_id).state is CANCELLED
     assert get(store, mine[3].input_id).claim_id == held.claim_id
     assert [get(store, i.input_id) for i in mine[:2]] == before_head
-    assert [r for r in raw_rows(store) if r["session_id"] == OTHER] == before_other
+    assert [r for r in turn_input_rows(store) if r["session_id"] == OTHER] == before_other
 
 
 def test_suffix_anchor_by_source_key(store: Store) -> None:
@@ -754,10 +733,10 @@ def test_suffix_anchor_by_source_key(store: Store) -> None:
 def test_t_19_suffix_cancel_with_an_unknown_anchor(store: Store, anchor: Any) -> None:
     """Unknown anchor → AnchorNotFound; nothing written."""
     enqueue(store, draft("T"))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     result = write(store, lambda t: t.cancel_pending_turn_input_suffix(SID, anchor))
     assert result == AnchorNotFound(anchor=anchor)
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 # --------------------------------------------------------------------------
@@ -799,15 +778,15 @@ def test_abandon_twice_and_after_completion_is_a_no_op(store: Store) -> None:
     fence = hold(store)
     c = claimed(claim_active(store, fence))
     write(store, lambda t: t.abandon_turn_input_claim(c))
-    after_first = raw_rows(store)
+    after_first = turn_input_rows(store)
     write(store, lambda t: t.abandon_turn_input_claim(c))
-    assert raw_rows(store) == after_first
+    assert turn_input_rows(store) == after_first
 
     c2 = claimed(claim_active(store, fence))
     complete(store, fence, c2.completion())
-    done = raw_rows(store)
+    done = turn_input_rows(store)
     write(store, lambda t: t.abandon_turn_input_claim(c2))
-    assert raw_rows(store) == done
+    assert turn_input_rows(store) == done
 
 
 # --------------------------------------------------------------------------
@@ -866,12 +845,12 @@ def test_recovery_moves_only_stale_accepted_rows(store: Store, clock: SettableCl
     hold(store, B, OTHER)  # OTHER's lease also moved on; its accepted row is stale too
     live = claimed(claim_active(store, new))
     assert ids(live.inputs) == [a2.input_id]
-    before = {r["input_id"]: r for r in raw_rows(store)}
+    before = {r["input_id"]: r for r in turn_input_rows(store)}
 
     recovered = write(store, lambda t: t.recover_stale_turn_input_claims(SID, new))
 
     assert ids(recovered) == [a1.input_id]
-    after = {r["input_id"]: r for r in raw_rows(store)}
+    after = {r["input_id"]: r for r in turn_input_rows(store)}
     assert claim_columns(store, a1.input_id) == unclaimed(PENDING, 1)
     for untouched in (a2, d1, x1):
         assert after[untouched.input_id] == before[untouched.input_id]
@@ -884,7 +863,7 @@ def test_recovery_with_a_stale_fence_changes_nothing(store: Store, clock: Settab
     old = hold(store, A)
     claimed(claim_active(store, old))
     clock.advance(TTL)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     with pytest.raises(SessionExecutionLeaseExpired):  # expired, not taken over
         write(store, lambda t: t.recover_stale_turn_input_claims(SID, old))
@@ -894,16 +873,16 @@ def test_recovery_with_a_stale_fence_changes_nothing(store: Store, clock: Settab
     with pytest.raises(SessionExecutionLeaseExpired):  # the fence names another session
         write(store, lambda t: t.recover_stale_turn_input_claims(OTHER, new))
 
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_recovery_with_nothing_stale_is_empty(store: Store) -> None:
     enqueue(store, draft("T"))
     fence = hold(store)
     claimed(claim_active(store, fence))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     assert write(store, lambda t: t.recover_stale_turn_input_claims(SID, fence)) == []
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 # --------------------------------------------------------------------------
@@ -956,13 +935,13 @@ def test_completion_must_name_exactly_the_owned_rows(store: Store, which: str) -
     extra = enqueue(store, draft("U"))
     fence = hold(store)
     c = claimed(claim_active(store, fence))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     with pytest.raises(TurnInputClaimSuperseded) as info:
         complete(store, fence, _variant(c, extra.input_id, which))
 
     assert (info.value.session_id, info.value.claim_id) == (SID, c.claim_id)
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
     complete(store, fence, c.completion())  # the exact list still completes
     assert [i.state for i in all_inputs(store)] == [COMPLETED, COMPLETED, PENDING]
 
@@ -971,16 +950,16 @@ def test_completion_with_a_wrong_token_or_twice_is_superseded(store: Store) -> N
     enqueue(store, draft("T"))
     fence = hold(store)
     c = claimed(claim_active(store, fence))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     forged = c.completion().model_copy(update={"lease_token": "forged"})
     with pytest.raises(TurnInputClaimSuperseded):
         complete(store, fence, forged)
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
     complete(store, fence, c.completion())
-    done = raw_rows(store)
+    done = turn_input_rows(store)
     with pytest.raises(TurnInputClaimSuperseded):
         complete(store, fence, c.completion())
-    assert raw_rows(store) == done
+    assert turn_input_rows(store) == done
 
 
 def test_completion_for_another_session_is_superseded(store: Store) -> None:
@@ -988,11 +967,11 @@ def test_completion_for_another_session_is_superseded(store: Store) -> None:
     enqueue(store, draft("T", sid=OTHER))
     theirs = claimed(claim_active(store, hold(store, A, OTHER)))
     mine = hold(store, A, SID)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     with pytest.raises(TurnInputClaimSuperseded) as info:
         complete(store, mine, theirs.completion())
     assert info.value.session_id == OTHER
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_completion_with_a_stale_fence_is_refused(store: Store, clock: SettableClock) -> None:
@@ -1000,10 +979,10 @@ def test_completion_with_a_stale_fence_is_refused(store: Store, clock: SettableC
     fence = hold(store)
     c = claimed(claim_active(store, fence))
     clock.advance(TTL)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     with pytest.raises(SessionExecutionLeaseExpired):
         complete(store, fence, c.completion())
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_module_level_completion_check_is_a_read(store: Store) -> None:
@@ -1011,7 +990,7 @@ def test_module_level_completion_check_is_a_read(store: Store) -> None:
     enqueue(store, draft("T"))
     enqueue(store, draft("T"))
     c = claimed(claim_active(store, hold(store)))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     with store.read() as uow:
         ensure_turn_input_completion(uow.driver, c.completion())
         uow.turn_inputs.ensure_turn_input_completion(c.completion())
@@ -1019,7 +998,7 @@ def test_module_level_completion_check_is_a_read(store: Store) -> None:
             ensure_turn_input_completion(
                 uow.driver, c.completion().model_copy(update={"input_ids": ids(c.inputs)[:1]})
             )
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 # --------------------------------------------------------------------------
@@ -1033,11 +1012,11 @@ def test_i_4_every_claimed_row_carries_the_claim(store: Store) -> None:
     c = claimed(claim_active(store, hold(store), max_inputs=3))
     stamped = [
         r["input_id"]
-        for r in raw_rows(store)
+        for r in turn_input_rows(store)
         if (r["claim_id"], r["claim_token"]) == (c.claim_id, c.lease_token)
     ]
     assert stamped == ids(rows[:3]) == ids(c.inputs)
-    assert [r["claim_token"] for r in raw_rows(store)][3:] == [None, None]
+    assert [r["claim_token"] for r in turn_input_rows(store)][3:] == [None, None]
 
 
 def test_i_5_claim_counter_grows_by_one_per_claim_and_never_decreases(
@@ -1073,11 +1052,11 @@ def test_i_6_only_another_generation_can_re_claim(store: Store, clock: SettableC
     d = enqueue(store, draft(None))
     fence = hold(store)
     first = claimed(claim_next(store, fence))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     assert claim_next(store, fence) is None
     assert hold(store).fencing_token == fence.fencing_token  # self-extension keeps the generation
     assert claim_next(store, fence) is None
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
     new = take_over(store, clock)
     second = claimed(claim_next(store, new))
@@ -1099,7 +1078,7 @@ def test_i_7_a_superseded_claimant_cannot_touch_re_claimed_rows(
     new = take_over(store, clock, B)
     c_new = claimed(claim_next(store, new))
     assert ids(c_new.inputs) == ids(c_old.inputs)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     write(store, lambda t: t.abandon_turn_input_claim(c_old))
     with pytest.raises(SessionExecutionLeaseExpired):
@@ -1107,7 +1086,7 @@ def test_i_7_a_superseded_claimant_cannot_touch_re_claimed_rows(
     with pytest.raises(TurnInputClaimSuperseded):
         complete(store, new, c_old.completion())
 
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_i_10_one_input_per_session_and_source_key(store: Store) -> None:
@@ -1118,7 +1097,7 @@ def test_i_10_one_input_per_session_and_source_key(store: Store) -> None:
         assert enqueue(store, draft(key="k")) == mine
         with pytest.raises(PendingTurnInputSourceKeyConflict):
             enqueue(store, draft("V", key="k"))
-    keys = [(r["session_id"], r["source_key"]) for r in raw_rows(store)]
+    keys = [(r["session_id"], r["source_key"]) for r in turn_input_rows(store)]
     assert sorted(keys) == sorted([(SID, "k"), (OTHER, "k")])
     assert mine.input_id != theirs.input_id
 
@@ -1228,12 +1207,12 @@ def test_bad_arguments_are_refused_and_change_nothing(store: Store, case: str) -
     enqueue(store, draft(None))
     fence = hold(store)
     c = claimed(claim_active(store, fence))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     with pytest.raises(InvalidInput):
         write(store, lambda t: BAD_CALLS[case](t, fence, c))
 
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_list_with_a_blank_session_is_refused(store: Store) -> None:
@@ -1248,7 +1227,7 @@ def test_writes_are_refused_in_read_units(store: Store) -> None:
     fence = hold(store)
     c = claimed(claim_active(store, fence))
     enqueue(store, draft("T"))
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     calls: list[Callable[[TurnInputRepository], Any]] = [
         lambda t: t.enqueue_pending_turn_input(draft("T")),
         lambda t: t.claim_active_turn_inputs(SID, fence, A, "T", AFTER_WORK, 1),
@@ -1262,7 +1241,7 @@ def test_writes_are_refused_in_read_units(store: Store) -> None:
     for call in calls:
         with pytest.raises(ReadOnlyUnitOfWork), store.read() as uow:
             call(uow.turn_inputs)
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 # --------------------------------------------------------------------------
@@ -1302,7 +1281,7 @@ def test_corrupt_values_fail_loudly_and_change_nothing(
     bad = enqueue(store, draft("T"))
     fence = hold(store)
     _corrupt(store, bad.input_id, column, value)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     attempts: list[Callable[[], Any]] = [
         lambda: pending(store),
@@ -1315,7 +1294,7 @@ def test_corrupt_values_fail_loudly_and_change_nothing(
         with pytest.raises(SessionCorrupt) as info:
             attempt()
         _expect_corrupt(info.value, bad.input_id, column)
-        assert raw_rows(store) == before
+        assert turn_input_rows(store) == before
 
 
 def test_corrupt_next_turn_row_fails_the_next_turn_claim(store: Store) -> None:
@@ -1323,21 +1302,21 @@ def test_corrupt_next_turn_row_fails_the_next_turn_claim(store: Store) -> None:
     enqueue(store, draft(None))
     fence = hold(store)
     _corrupt(store, bad.input_id, "input_json", "[1,")
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     with pytest.raises(SessionCorrupt) as info:
         claim_next(store, fence)
     _expect_corrupt(info.value, bad.input_id, "input_json")
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_corrupt_submitted_ingress_fails_the_idempotent_enqueue(store: Store) -> None:
     first = enqueue(store, draft(key="k"))
     _corrupt(store, first.input_id, "submitted_ingress_json", "{}")
-    before = raw_rows(store)
+    before = turn_input_rows(store)
     with pytest.raises(SessionCorrupt) as info:
         enqueue(store, draft(key="k"))
     _expect_corrupt(info.value, first.input_id, "submitted_ingress_json")
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 @pytest.fixture
@@ -1390,7 +1369,7 @@ def test_corrupt_state_fails_loudly(
     good = enqueue(store, draft("T"))
     bad = enqueue(store, draft("T"))
     _force_state(fresh_url, backend, bad.input_id, "paused")
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     for attempt in (
         lambda: all_inputs(store),
@@ -1400,7 +1379,7 @@ def test_corrupt_state_fails_loudly(
         with pytest.raises(SessionCorrupt) as info:
             attempt()
         _expect_corrupt(info.value, bad.input_id, "state")
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
     assert pending(store) == [good.input_id]  # the list's state filter never selects it
 
 
@@ -1470,12 +1449,12 @@ def test_a_fault_on_the_second_row_leaves_no_claim(
     rows = [enqueue(store, draft("T")) for _ in range(3)]
     fence = hold(store)
     claim_trigger("raise", rows[1].input_id)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     with pytest.raises(DatabaseError, match="injected fault"):
         claim_active(store, fence)
 
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 def test_a_failed_claim_inside_a_larger_unit_rolls_back_only_itself(
@@ -1495,8 +1474,8 @@ def test_a_failed_claim_inside_a_larger_unit_rolls_back_only_itself(
         listed = uow.turn_inputs.list_pending_turn_inputs(SID)
 
     assert ids(listed) == ids([*rows, extra])
-    assert [r["claim_token"] for r in raw_rows(store)] == [None, None, None]
-    assert [r["claim_fencing_token"] for r in raw_rows(store)] == [0, 0, 0]
+    assert [r["claim_token"] for r in turn_input_rows(store)] == [None, None, None]
+    assert [r["claim_fencing_token"] for r in turn_input_rows(store)] == [0, 0, 0]
 
 
 def test_a_lost_race_on_the_second_row_returns_none_and_rolls_back(
@@ -1506,12 +1485,12 @@ def test_a_lost_race_on_the_second_row_returns_none_and_rolls_back(
     rows = [enqueue(store, draft(None)) for _ in range(3)]
     fence = hold(store)
     claim_trigger("skip", rows[1].input_id)
-    before = raw_rows(store)
+    before = turn_input_rows(store)
 
     assert claim_next(store, fence) is None
     assert claim_active(store, fence) is None  # nothing pending_active: no write attempted
 
-    assert raw_rows(store) == before
+    assert turn_input_rows(store) == before
 
 
 # --------------------------------------------------------------------------
@@ -1547,17 +1526,12 @@ def test_the_claim_scan_uses_the_session_state_seq_index(store: Store, backend: 
         )
     params = {"sid": "sess-3", "state": "pending_active", "gen": 1, "limit": 42}
     with store.write() as uow:
-        form = CLAIM_SCAN.compiled(uow.driver.target)
         if backend == "sqlite":
             uow.connection.execute(text("ANALYZE"))
-            plan = uow.connection.exec_driver_sql(
-                "EXPLAIN QUERY PLAN " + form.sql, form.bind(params)
-            ).all()
-            detail = " ".join(str(r[-1]) for r in plan)
+            detail = " ".join(str(r[-1]) for r in explain(uow, CLAIM_SCAN, params))
         else:
             uow.connection.execute(text("ANALYZE pending_turn_inputs"))
-            plan = uow.connection.exec_driver_sql("EXPLAIN " + form.sql, form.bind(params)).all()
-            detail = " ".join(str(r[0]) for r in plan)
+            detail = " ".join(str(r[0]) for r in explain(uow, CLAIM_SCAN, params))
     assert "ix_pending_turn_inputs_session_state_seq" in detail, detail
     if backend == "sqlite":  # the index also gives the order: no sort step
         assert "TEMP B-TREE" not in detail.upper()
