@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, inspect, make_url, text
+from sqlalchemy import column, create_engine, event, inspect, make_url, select, table, text
 from sqlalchemy import exc as sa_exc
 
 from agentkeep import db
@@ -26,10 +26,15 @@ from agentkeep.clock import SettableClock
 from agentkeep.db import LockNamespace, Sql
 from agentkeep.errors import DatabaseError, InvalidInput, RunNotFound, StoreBusy
 from agentkeep.runs.domain import RunRecord, RunStatus
+from agentkeep.statements import Statement
 from agentkeep.store import Store
 from agentkeep.unit_of_work import Repositories
 
 HEAD = migrate.head_revisions()
+#: A statement on a table no database has: running it on the driver raises a driver error.
+NO_SUCH_TABLE = Statement(
+    select(table("no_such_table", column("x")).c.x), name="test.no_such_table"
+)
 
 
 class Boom(Exception):
@@ -116,7 +121,7 @@ def test_savepoint_rolls_back_only_its_block(store: Store, failure: str) -> None
                 if failure == "sqlalchemy_error":
                     uow.connection.execute(text("SELECT * FROM no_such_table"))
                 else:
-                    uow.driver.execute(Sql("SELECT * FROM no_such_table"), {})
+                    uow.driver.execute(NO_SUCH_TABLE, {})
         # the unit is usable after the rollback to the savepoint
         assert uow.runs.get("R-1").status is RunStatus.PENDING
         with pytest.raises(RunNotFound):
@@ -419,7 +424,7 @@ def test_write_unit_translates_driver_errors_and_rolls_back(store: Store, via: s
             if via == "sqlalchemy":
                 uow.connection.execute(text("SELECT * FROM no_such_table"))
             else:
-                uow.driver.execute(Sql("SELECT * FROM no_such_table"), {})
+                uow.driver.execute(NO_SUCH_TABLE, {})
     assert type(info.value) is DatabaseError  # not StoreBusy, not a raw SQLAlchemy error
     assert not isinstance(info.value, sa_exc.SQLAlchemyError)
     assert "no_such_table" in str(info.value)
