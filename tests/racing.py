@@ -16,7 +16,18 @@ they must live at module level where spawned children can import them.
 * :meth:`Racing.run`: a race of either kind, for tests parametrised on both.
 * :func:`run_threads` / :func:`run_processes`: different callables side by
   side, for races whose racers coordinate through their own events or
-  queues; each returns what every callable returned, in order.
+  queues; each returns what every callable returned, in order. Such
+  callables call :func:`wait_ready` on a shared barrier once they are set up.
+
+Every timed wait of a race starts only once all racers are ready: a spawned
+child first imports the package and the test module and opens its Store,
+which takes seconds, and tens of seconds on a loaded machine. Each racer
+waits for the others at a readiness point first (:func:`run_racer` does it
+for bodies; :func:`wait_ready` for other callables), bounded by
+:data:`READY_TIMEOUT_S`; the per-round barrier timeouts and the join timeouts
+measure the race after that, and every join timeout allows the start-up on
+top. Timeouts only detect hangs: no racer's result depends on how much it
+got done in a given time.
 
 A racer that fails aborts the barrier, so the others fail at once instead of
 waiting out the timeout; the failure is re-raised (threads) or reported with
@@ -42,6 +53,8 @@ from agentkeep.store import Store
 SPAWN: Final = multiprocessing.get_context("spawn")
 BARRIER_TIMEOUT_S: Final = 60.0
 JOIN_TIMEOUT_S: Final = 180.0
+#: How long racers may take to become ready (start-up, imports, ``Store.open``).
+READY_TIMEOUT_S: Final = 300.0
 
 Body = Callable[[Store, int, Any, dict[str, Any]], Any]
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -59,8 +72,11 @@ class Racing:
         host_engine: when set, a module-level ``url -> Engine`` function: each
             racer builds its own engine with it, as a host application would,
             opens its Store on that engine, and disposes the engine at the end.
-        barrier_timeout_s: how long a racer waits at the barrier.
-        join_timeout_s: how long the test waits for the racers' results.
+        barrier_timeout_s: how long a racer waits at the barrier in a round,
+            once every racer is ready.
+        join_timeout_s: how long the test waits for the racers' results once
+            they are ready (it waits up to ``ready_timeout_s`` more for that).
+        ready_timeout_s: how long a racer waits for the others to be ready.
     """
 
     processes: int = 2
@@ -70,6 +86,7 @@ class Racing:
     host_engine: Callable[[str], Engine] | None = None
     barrier_timeout_s: float = BARRIER_TIMEOUT_S
     join_timeout_s: float = JOIN_TIMEOUT_S
+    ready_timeout_s: float = READY_TIMEOUT_S
 
     def open_store(self, url: str) -> Store:
         """A racer's own Store on ``url`` (on an engine of its own if ``host_engine`` is set)."""
@@ -109,14 +126,18 @@ class Racing:
 def run_racer(
     setup: Racing, url: str, body: Body, i: int, barrier: Any, params: dict[str, Any]
 ) -> Any:
-    """Racer ``i``: open its own Store, run ``body``, close the Store.
+    """Racer ``i``: open its own Store, wait until every racer is ready, run ``body``.
 
-    Any failure (also of opening the Store) aborts the barrier first, so the
-    other racers never wait for this one.
+    The readiness wait is one round of ``barrier`` bounded by
+    ``setup.ready_timeout_s``; the body's own rounds then use the barrier's
+    timeout. Any failure (also of opening the Store) aborts the barrier
+    first, so the other racers never wait for this one. The Store is closed
+    at the end.
     """
     try:
         with setup.open_store(url) as store:
             try:
+                wait_ready(barrier, setup.ready_timeout_s)
                 return body(store, i, barrier, params)
             finally:
                 if setup.host_engine is not None:  # a Store never disposes a given engine
@@ -126,6 +147,21 @@ def run_racer(
         raise
 
 
+def wait_ready(barrier: Any, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Wait at ``barrier`` until every party is ready (started, imported, set up).
+
+    Call it once per racer, after its set-up and before its first timed
+    step, so that no deadline or timeout of the race starts while a sibling
+    is still starting. A racer that fails before it gets here should
+    ``barrier.abort()``, so the others stop waiting.
+
+    Raises:
+        threading.BrokenBarrierError: a party aborted, or not all were ready
+            within ``timeout_s``.
+    """
+    barrier.wait(timeout_s)
+
+
 # --------------------------------------------------------------------------
 # Threads
 
@@ -133,8 +169,11 @@ def run_racer(
 def run_threads(calls: Sequence[Call], timeout_s: float = JOIN_TIMEOUT_S) -> list[Any]:
     """Run every ``fn(*args)`` of ``calls`` in a thread of its own; their results, in order.
 
+    ``timeout_s`` bounds the run once the threads are ready; they may take up
+    to :data:`READY_TIMEOUT_S` more to get there.
+
     Raises:
-        AssertionError: a thread is still running after ``timeout_s``.
+        AssertionError: a thread is still running after that.
         BaseException: the first error a call raised.
     """
     results: list[Any] = [None] * len(calls)
@@ -151,7 +190,7 @@ def run_threads(calls: Sequence[Call], timeout_s: float = JOIN_TIMEOUT_S) -> lis
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout_s)
+        t.join(READY_TIMEOUT_S + timeout_s)
     assert not any(t.is_alive() for t in threads), "a racer thread hung"
     if errors:
         raise errors[0]
@@ -199,7 +238,8 @@ class ProcessRacers:
         self._barrier.reset()  # a failed earlier race leaves it broken
         n = self.setup.processes
         tasks = [(self.setup, url, body, i, params) for i in range(n)]
-        return list(self._pool.map_async(_entry, tasks, chunksize=1).get(self.setup.join_timeout_s))
+        timeout_s = self.setup.ready_timeout_s + self.setup.join_timeout_s
+        return list(self._pool.map_async(_entry, tasks, chunksize=1).get(timeout_s))
 
     def close(self) -> None:
         """Stop the processes (whatever they are doing) and wait for them."""
@@ -230,8 +270,10 @@ def run_processes(calls: Sequence[Call], timeout_s: float = JOIN_TIMEOUT_S) -> l
     """Run every ``fn(*args)`` of ``calls`` in a spawned process of its own; results in order.
 
     ``fn`` and ``args`` must be picklable (``SPAWN`` events, queues and
-    barriers are). Fails the test with the child's traceback when a call
-    raised, and when a child does not exit cleanly.
+    barriers are). ``timeout_s`` bounds each call once the children are
+    ready; they may take up to :data:`READY_TIMEOUT_S` more to get there.
+    Fails the test with the child's traceback when a call raised, and when a
+    child does not exit cleanly.
     """
     out = SPAWN.Queue()
     procs = [
@@ -242,7 +284,7 @@ def run_processes(calls: Sequence[Call], timeout_s: float = JOIN_TIMEOUT_S) -> l
     results: list[Any] = [None] * len(calls)
     try:
         for _ in procs:
-            k, ok, value = out.get(timeout=timeout_s)
+            k, ok, value = out.get(timeout=READY_TIMEOUT_S + timeout_s)
             if not ok:
                 pytest.fail(f"racer {k} failed:\n{value}")
             results[k] = value

@@ -8,6 +8,9 @@ from typing import Any
 def upgrade_in_child(url: str, how: str, barrier: Any, results: Any) -> None:
     """Wait for the sibling, then bring ``url`` to head; report what happened.
 
+    Both wait at ``barrier`` (its timeout set by the parent) once their
+    imports are done, so neither starts while the other is still starting.
+
     Reports ``(how, "ok", revisions, adoptions)`` or ``(how, "error", repr)``.
     ``adoptions`` lists what this process's runs adopter returned each time it
     was consulted (``None``: no runs table; a revision: the legacy table was
@@ -27,7 +30,7 @@ def upgrade_in_child(url: str, how: str, barrier: Any, results: Any) -> None:
             return rev
 
         adoption.detect_runs_revision = observed
-        barrier.wait(timeout=60)
+        barrier.wait()
         if how == "upgrade":
             revisions = migrate.upgrade(url)
         else:

@@ -15,17 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from agentkeep import migrations as migrate
+from tests.racing import READY_TIMEOUT_S
 
 from . import _legacy as L
 from ._workers import upgrade_in_child
 
-TIMEOUT_S = 90
+TIMEOUT_S = 90  # for an upgrade, once both children are up
 
 
 def race_upgrade(url: str) -> list[tuple[Any, ...]]:
     """Run the two upgraders at once; return both reports (bounded waits throughout)."""
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(2)
+    barrier = ctx.Barrier(2, timeout=READY_TIMEOUT_S)
     results = ctx.Queue()
     procs = [
         ctx.Process(target=upgrade_in_child, args=(url, how, barrier, results))
@@ -36,7 +37,7 @@ def race_upgrade(url: str) -> list[tuple[Any, ...]]:
     reports: list[tuple[Any, ...]] = []
     try:
         for _ in procs:
-            reports.append(results.get(timeout=TIMEOUT_S))
+            reports.append(results.get(timeout=READY_TIMEOUT_S + TIMEOUT_S))
     except queue.Empty:
         pass
     finally:

@@ -24,6 +24,7 @@ from sqlalchemy import create_engine, text
 from agentkeep.errors import DatabaseError
 from agentkeep.runs.domain import RunStatus, StepEntry
 from agentkeep.store import Store
+from tests.racing import READY_TIMEOUT_S
 
 from .support import SLOT_A, mk, run_rows
 
@@ -164,7 +165,8 @@ def test_a_process_killed_inside_its_write_unit_leaves_nothing_and_frees_the_loc
     child = ctx.Process(target=_hold_uncommitted, args=(db_url, ready), daemon=True)
     child.start()
     try:
-        assert ready.wait(60), "the child never reached its open write unit"
+        # its start-up (spawn, imports) comes first
+        assert ready.wait(READY_TIMEOUT_S), "the child never reached its open write unit"
         os.kill(child.pid, signal.SIGKILL)
         child.join(30)
     finally:

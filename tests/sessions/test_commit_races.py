@@ -38,7 +38,7 @@ from agentkeep.sessions.records import (
     UsageDelta,
 )
 from agentkeep.store import Store
-from tests.racing import Racing
+from tests.racing import READY_TIMEOUT_S, Racing
 from tests.support import query
 
 from .support import acquire_lease, enqueue
@@ -240,7 +240,8 @@ def test_a_committer_killed_mid_commit_leaves_all_or_nothing(
         )
         child.start()
         try:
-            assert ready.wait(60), f"the child never reached {point!r}"
+            # its start-up (spawn, imports) comes first
+            assert ready.wait(READY_TIMEOUT_S), f"the child never reached {point!r}"
             assert child.pid is not None
             os.kill(child.pid, signal.SIGKILL)
             child.join(30)

@@ -19,8 +19,11 @@ blob.
   commit would finish inside the pause and the sweep would delete its blobs.
 
 Every racer opens its own :class:`Store` from the URL (processes use the
-``spawn`` context). Commits are real (``commit_runtime_state`` under a lease);
-time is a :class:`SettableClock`; every loop is bounded.
+``spawn`` context), then waits for the other (:func:`tests.racing.wait_ready`),
+so the GC loop's run bound and the committer's waits count from a common
+start, not from a sibling's start-up. Commits are real
+(``commit_runtime_state`` under a lease); time is a :class:`SettableClock`;
+every loop is bounded.
 
 Checked by hand: with the GC's exclusive lock removed, the paused case fails
 on Postgres every time (the commit does not wait) and the loop cases in most
@@ -47,7 +50,7 @@ from agentkeep.sessions.records import (
     TurnCommitStamp,
 )
 from agentkeep.store import Store
-from tests.racing import SPAWN, run_processes, run_threads
+from tests.racing import SPAWN, run_processes, run_threads, wait_ready
 
 T0 = 1_700_000_000_000
 SESSIONS = ("gc-race-a", "gc-race-b")
@@ -104,6 +107,7 @@ def committer(url: str, ev: dict[str, Any]) -> list[str]:
     store = Store.open(url, clock=SettableClock(T0))
     refs = []
     try:
+        wait_ready(ev["ready"])
         for i in range(N_COMMITS):
             assert ev["ran"].wait(WAIT_S), "the GC loop stopped running"
             ev["ran"].clear()
@@ -119,6 +123,7 @@ def gc_loop(url: str, ev: dict[str, Any]) -> tuple[int, int]:
     store = Store.open(url, clock=SettableClock(T0))
     runs = deleted = 0
     try:
+        wait_ready(ev["ready"])
         for _ in range(MAX_GC_RUNS):
             finished = ev["done"].is_set()  # the last run starts after the last commit
             report = store.call_write(lambda r: r.maintenance.gc_unreachable_strict())
@@ -142,7 +147,8 @@ def _run_body(name: str, url: str, ev: dict[str, Any]) -> Any:
     try:
         return globals()[name](url, ev)
     except BaseException:
-        ev["ran"].set()  # never leave the other racer waiting
+        ev["ready"].abort()  # never leave the other racer waiting
+        ev["ran"].set()
         ev["done"].set()
         raise
 
@@ -151,10 +157,10 @@ def run_race(kind: str, url: str) -> tuple[list[str], tuple[int, int]]:
     """Run ``gc_loop`` and ``committer`` side by side; return their results."""
     names = ("gc_loop", "committer")
     if kind == "processes":
-        ev = {"ran": SPAWN.Event(), "done": SPAWN.Event()}
+        ev = {"ready": SPAWN.Barrier(2), "ran": SPAWN.Event(), "done": SPAWN.Event()}
         gc, commits = run_processes([(_run_body, (n, url, ev)) for n in names], JOIN_TIMEOUT_S)
     else:
-        t_ev = {"ran": threading.Event(), "done": threading.Event()}
+        t_ev = {"ready": threading.Barrier(2), "ran": threading.Event(), "done": threading.Event()}
         gc, commits = run_threads([(_run_body, (n, url, t_ev)) for n in names], JOIN_TIMEOUT_S)
     return commits, gc
 

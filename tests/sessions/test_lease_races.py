@@ -57,7 +57,7 @@ from agentkeep.sessions.domain import (
     SessionExecutionLease,
 )
 from agentkeep.store import Store
-from tests.racing import Racing
+from tests.racing import READY_TIMEOUT_S, Racing
 
 from .support import lease_row
 
@@ -345,7 +345,8 @@ def run_frozen_holder(
     stopped = False
     try:
         child.start()
-        (_, child_lease, child_claims) = _expect(out, "acquired", timeout=60)
+        # the child's first report: its start-up (spawn, imports) comes first
+        (_, child_lease, child_claims) = _expect(out, "acquired", timeout=READY_TIMEOUT_S)
         assert child_lease.fencing_token == 1
         renewed = time.monotonic() + 20
         while lease_row(store, sid)["lease_expires_at_ms"] <= child_lease.expires_at_epoch_ms:

@@ -25,6 +25,7 @@ from agentkeep.sessions.liveness import (
     is_definitely_dead_for_claimant,
     procfs_probe,
 )
+from tests.racing import READY_TIMEOUT_S
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs procfs")
 
@@ -80,7 +81,7 @@ def test_capture_liveness_in_a_child_names_the_child() -> None:
     child = ctx.Process(target=_child_capture, args=(out,), daemon=True)
     child.start()
     try:
-        theirs = out.get(timeout=60)
+        theirs = out.get(timeout=READY_TIMEOUT_S)  # its start-up (spawn, imports) comes first
         assert child.pid is not None
         assert isinstance(theirs, LocalProcess)
         assert theirs.pid == child.pid != os.getpid()

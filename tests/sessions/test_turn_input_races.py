@@ -39,7 +39,7 @@ from agentkeep.sessions.domain import (
     TurnInputClaim,
 )
 from agentkeep.store import Store
-from tests.racing import SPAWN, Racing, race_threads, run_processes
+from tests.racing import SPAWN, Racing, race_threads, run_processes, wait_ready
 
 SID = "sess-ti-race"
 T0_MS = 1_700_000_000_000
@@ -89,6 +89,7 @@ def _holder_a(url: str, barrier: Any, handoff: Any) -> dict[str, Any]:
     try:
         store = Store.open(url, clock=SettableClock(T0_MS))
         try:
+            wait_ready(barrier)  # 0: both are up; B's wait for the fence starts after this
             got = store.leases.try_claim_session_execution_lease(SID, A, TTL)
             assert isinstance(got, Acquired)
             fence = got.lease
@@ -143,6 +144,7 @@ def _taker_b(url: str, barrier: Any, handoff: Any, takeover: str) -> dict[str, A
         at = T0_MS + TTL + 1 if takeover == "expiry" else T0_MS + 10
         store = Store.open(url, clock=SettableClock(at))
         try:
+            wait_ready(barrier)  # 0
             kind, a_fence = out_get(handoff, "fence")
             barrier.wait()  # 1
             if takeover == "expiry":
