@@ -3,7 +3,7 @@
 Backend-dependent tests run on SQLite and Postgres (``backend``/``db_url``/``store``
 fixtures). SQLite-only tests are named ``test_sqlite_*`` and say so in their
 docstring; the Postgres-only aggregate-lock test is ``test_postgres_*``.
-Pure-function tests (``Sql``, ``is_transient``, ``retry_transient``,
+Pure-function tests (``is_transient``, ``retry_transient``,
 ``create_engine`` refusals) need no database.
 """
 
@@ -23,7 +23,7 @@ from sqlalchemy import exc as sa_exc
 from agentkeep import db
 from agentkeep import migrations as migrate
 from agentkeep.clock import SettableClock
-from agentkeep.db import LockNamespace, Sql
+from agentkeep.db import LockNamespace
 from agentkeep.errors import DatabaseError, InvalidInput, RunNotFound, StoreBusy
 from agentkeep.runs.domain import RunRecord, RunStatus
 from agentkeep.statements import Statement
@@ -247,35 +247,6 @@ def test_sqlite_is_transient_on_a_real_busy_error(tmp_path: Path) -> None:
     finally:
         holder.close()
         contender.close()
-
-
-# ---------------------------------------------------------------- Sql
-
-
-def test_sql_renders_named_and_pyformat() -> None:
-    stmt = Sql("SELECT id FROM runs WHERE id = :id AND created_at > :after_1 AND note = '12:30'")
-    assert stmt.render("named") == stmt.text
-    assert stmt.render("pyformat") == (
-        "SELECT id FROM runs WHERE id = %(id)s AND created_at > %(after_1)s AND note = '12:30'"
-    )
-    with pytest.raises(ValueError):
-        stmt.render("qmark")
-
-
-@pytest.mark.parametrize("bad", ["SELECT 7 % 2", "SELECT :a::text", "SELECT '%' || :a"])
-def test_sql_refuses_percent_and_casts(bad: str) -> None:
-    with pytest.raises(ValueError):
-        Sql(bad)
-
-
-def test_sql_runs_through_the_driver_on_each_backend(store: Store) -> None:
-    stmt = Sql("SELECT :a + :b, :c")
-    with store.read() as uow:
-        assert tuple(uow.driver.execute(stmt, {"a": 2, "b": 3, "c": "x"}).fetchone()) == (5, "x")
-    got = store.call_read(
-        lambda r: tuple(r.driver.execute(stmt, {"a": 1, "b": 1, "c": "y"}).fetchone())
-    )
-    assert got == (2, "y")
 
 
 # ---------------------------------------------------------------- create_engine

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import re
 import sqlite3
 import threading
 import time
@@ -58,7 +57,6 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
     "EngineSettings",
     "LockNamespace",
-    "Sql",
     "adopt_engine",
     "create_engine",
     "enable_wal",
@@ -545,42 +543,6 @@ def write_engine(engine: Engine) -> Engine:
 # Hot-path statements
 
 
-class Sql:
-    """A statement written once with ``:name`` parameters, rendered once per paramstyle.
-
-    Repositories keep their hot statements as module-level ``Sql`` constants
-    and run them with :func:`execute`, straight on the unit of work's driver
-    connection (inside the same transaction as ``uow.connection`` and
-    ``uow.session``). That skips SQLAlchemy's per-execution result set-up,
-    which costs more than the statement itself on SQLite (design §7).
-    The SQL must be valid on both dialects; it must not contain ``::`` casts
-    or ``%``.
-    """
-
-    __slots__ = ("_rendered", "text")
-
-    _PARAM = re.compile(r"(?<![:\w]):(\w+)")
-
-    def __init__(self, text: str) -> None:
-        if "%" in text or "::" in text:
-            raise ValueError("Sql statements may not contain '%' or '::'")
-        self.text = text
-        self._rendered = {
-            "named": text,
-            "pyformat": self._PARAM.sub(r"%(\1)s", text),
-        }
-
-    def render(self, paramstyle: str) -> str:
-        """The statement in the driver's paramstyle (``named`` or ``pyformat``)."""
-        sql = self._rendered.get(paramstyle)
-        if sql is None:
-            raise ValueError(f"unsupported paramstyle {paramstyle!r}")
-        return sql
-
-    def __repr__(self) -> str:
-        return f"Sql({self.text!r})"
-
-
 _SAVEPOINTS = itertools.count(1)
 _READ_SNAPSHOT_PG: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _READ_COMMITTED_PG: Final = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
@@ -600,7 +562,8 @@ _PG_JOINABLE: Final = frozenset({"read committed", "read uncommitted"})
 class Driver:
     """A unit of work's driver (DBAPI) connection, as repositories use it.
 
-    Repositories run their :class:`Sql` constants through :meth:`execute`,
+    Repositories run their :class:`~agentkeep.statements.Statement` constants
+    through :meth:`execute`,
     inside the unit's transaction: on SQLite that is the ``BEGIN IMMEDIATE``
     (or deferred ``BEGIN``) the unit opened; on Postgres the driver's implicit
     transaction. Driver errors come out as :class:`~agentkeep.errors.StoreBusy`
@@ -640,7 +603,7 @@ class Driver:
             conn.dialect.loaded_dbapi.Error,
         )
 
-    def execute(self, stmt: Statement | Sql, params: Mapping[str, Any]) -> Any:
+    def execute(self, stmt: Statement, params: Mapping[str, Any]) -> Any:
         """Run ``stmt``; return the DBAPI cursor.
 
         The statement is compiled for this connection's target on first use
@@ -649,20 +612,18 @@ class Driver:
         ``rowcount`` for UPDATE/DELETE (exact on both drivers; never for
         ``INSERT … ON CONFLICT``: use ``RETURNING``).
         """
-        if isinstance(stmt, Statement):
-            form = stmt.compiled(self.target)
-            sql: str = form.sql
-            bound: Any = form.bind(params)
-        else:
-            sql, bound = stmt.render(self._sql_paramstyle), params
+        form = stmt.compiled(self.target)
+        # The common case (a named or pyformat driver, nothing fixed in the
+        # construct) binds the caller's dict as it is.
+        bound = params if form.plain else form.bind(params)
         cur = self.raw.cursor()
         try:
-            cur.execute(sql, bound)
+            cur.execute(form.sql, bound)
         except self._error as exc:
             raise _translate_driver_error(exc) from exc
         return cur
 
-    def executemany(self, stmt: Statement | Sql, params: Sequence[Mapping[str, Any]]) -> int:
+    def executemany(self, stmt: Statement, params: Sequence[Mapping[str, Any]]) -> int:
         """Run ``stmt`` once per parameter set (one driver call: no per-row Python overhead).
 
         For batches of INSERT / UPDATE / upsert statements whose rows are not
@@ -676,28 +637,17 @@ class Driver:
         """
         if not params:
             return 0
-        if isinstance(stmt, Statement):
-            form = stmt.compiled(self.target)
-            sql: str = form.sql
-            rows: Any = [form.bind(p) for p in params]
-        else:
-            sql, rows = stmt.render(self._sql_paramstyle), params
+        form = stmt.compiled(self.target)
+        rows: Any = params if form.plain else [form.bind(p) for p in params]
         cur = self.raw.cursor()
         try:
-            cur.executemany(sql, rows)
+            cur.executemany(form.sql, rows)
             changed: int = cur.rowcount
         except self._error as exc:
             raise _translate_driver_error(exc) from exc
         finally:
             cur.close()
         return changed
-
-    @property
-    def _sql_paramstyle(self) -> str:
-        # A legacy Sql constant binds its dict in the driver's native named
-        # style, whatever paramstyle the engine's dialect was configured with
-        # (a host's pysqlite engine compiles Statements for qmark).
-        return "pyformat" if self.postgres else "named"
 
     def begin(self, *, write: bool) -> None:
         """Open the unit's transaction (lean one-call units).

@@ -146,12 +146,14 @@ class Compiled:
             None when there are none.
     """
 
-    __slots__ = ("fixed", "names", "sql")
+    __slots__ = ("fixed", "names", "plain", "sql")
 
     def __init__(self, sql: str, names: tuple[str, ...] | None, fixed: dict[str, Any] | None):
         self.sql = sql
         self.names = names
         self.fixed = fixed
+        #: True when a call's parameter dict is bound as it is (named style, nothing fixed).
+        self.plain = names is None and fixed is None
 
     def bind(self, params: Mapping[str, Any]) -> Any:
         """The parameters of one call, in the form the driver takes."""
