@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_commits.py [--n 300] [--rounds 3] [--scale 1000,100000]
 
 * commit: a small append (one node, one usage delta, a small checkpoint), one
-  call of ``store.sessions.commit_runtime_state`` against raw ``sqlite3``
+  call of ``store.commits.commit_runtime_state`` against raw ``sqlite3``
   running the repository's own statements in the same transaction shape
   (``BEGIN IMMEDIATE``, SAVEPOINT, FENCE_OK read, head read, manifest blob,
   usage row, node, fenced head upsert, ``COMMIT``) with the same canonical JSON
@@ -122,7 +122,7 @@ def store_commit(store: Store, lease: object) -> Callable[[], None]:
         node = SessionNodeRecord(
             node_id=f"n{i}", parent_node_id=state["leaf"], timestamp=i, payload={"text": "hi"}
         )
-        result = store.sessions.commit_runtime_state(
+        result = store.commits.commit_runtime_state(
             RuntimeCommit(
                 session_id="s",
                 expected_head_revision=state["rev"],
@@ -257,7 +257,7 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
 
 def store_load(store: Store) -> Callable[[], object]:
     def load() -> object:
-        read = store.sessions.load_session("s", ActivePathScope())
+        read = store.commits.load_session("s", ActivePathScope())
         assert read is not None
         return read
 
@@ -288,7 +288,7 @@ def _chain(store: Store, lease: object, depth: int, extra: int = 0) -> None:
         for i in range(depth)
     ]
     nodes += [SessionNodeRecord(node_id=f"x{i}", parent_node_id="p0") for i in range(extra)]
-    store.sessions.commit_runtime_state(
+    store.commits.commit_runtime_state(
         RuntimeCommit(
             session_id="s",
             session_execution_lease=lease,  # type: ignore[arg-type]

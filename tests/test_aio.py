@@ -72,6 +72,6 @@ def test_async_run_and_lease_operations(db_url: str) -> None:
             assert lease is not None and lease.fencing_token == outcome.lease.fencing_token
             assert await astore.queue.list_queued_work("S-async") == []
             assert await astore.turn_inputs.list_turn_inputs("S-async") == []
-            assert await astore.sessions.load_session_meta("S-async") is None
+            assert await astore.commits.load_session_meta("S-async") is None
 
     asyncio.run(main())

@@ -240,7 +240,7 @@ class AsyncTurnInputCalls(_AsyncCalls[TurnInputCalls]):
 
 
 class AsyncSessionCalls(_AsyncCalls[SessionCalls]):
-    """``astore.sessions``: session commits and reads as coroutines."""
+    """``astore.commits``: session commits and reads as coroutines."""
 
     __slots__ = ()
 
@@ -270,7 +270,7 @@ class AsyncStore:
     Attributes:
         store: the synchronous store (its units of work).
         runtime: the runtime store's operations as coroutines.
-        runs, leases, queue, turn_inputs, sessions, maintenance: the other
+        runs, leases, queue, turn_inputs, commits, maintenance: the other
             stores' one-call operations as coroutines.
     """
 
@@ -280,7 +280,7 @@ class AsyncStore:
         "queue",
         "runs",
         "runtime",
-        "sessions",
+        "commits",
         "store",
         "turn_inputs",
     )
@@ -292,7 +292,7 @@ class AsyncStore:
         self.leases = AsyncLeaseCalls(store.leases)
         self.queue = AsyncQueueCalls(store.queue)
         self.turn_inputs = AsyncTurnInputCalls(store.turn_inputs)
-        self.sessions = AsyncSessionCalls(store.sessions)
+        self.commits = AsyncSessionCalls(store.commits)
         self.maintenance = AsyncMaintenanceCalls(store.maintenance)
 
     @classmethod

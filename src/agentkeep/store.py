@@ -108,7 +108,7 @@ class Store:
         self.leases = LeaseCalls(self)
         self.queue = QueueCalls(self)
         self.turn_inputs = TurnInputCalls(self)
-        self.sessions = SessionCalls(self)
+        self.commits = SessionCalls(self)
         self.maintenance = MaintenanceCalls(self)
         #: The runtime store's domain rules (session codec, guards, codecs).
         self.runtime_domain: RuntimeDomain[Any] = (
@@ -167,7 +167,7 @@ class Store:
                 default NORMAL for a URL, the connections' own for an Engine).
             retry_attempts: attempts of a one-call operation on transient errors.
             auto_gc_every_commits: run blob GC after every N successful
-                ``store.sessions.commit_runtime_state`` calls (best effort).
+                ``store.commits.commit_runtime_state`` calls (best effort).
             runtime_domain: the runtime store's domain rules (default
                 :class:`~agentkeep.runtime.domain.ReferenceDomain`).
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine` (URL only).

@@ -63,7 +63,7 @@ class Repositories:
         "_queue",
         "_runs",
         "_runtime",
-        "_sessions",
+        "_commits",
         "_turn_inputs",
         "clock",
         "driver",
@@ -93,7 +93,7 @@ class Repositories:
         self._leases: SessionLeaseRepository | None = None
         self._queue: QueuedWorkRepository | None = None
         self._turn_inputs: TurnInputRepository | None = None
-        self._sessions: SessionCommitRepository | None = None
+        self._commits: SessionCommitRepository | None = None
         self._maintenance: MaintenanceRepository | None = None
 
     @property
@@ -118,13 +118,13 @@ class Repositories:
         return self._queue
 
     @property
-    def sessions(self) -> SessionCommitRepository:
+    def commits(self) -> SessionCommitRepository:
         """Session commits and reads (head, graph, checkpoints, usage) in this unit."""
-        if self._sessions is None:
-            self._sessions = SessionCommitRepository(
+        if self._commits is None:
+            self._commits = SessionCommitRepository(
                 self.driver, self.clock, writable=self.writable
             )
-        return self._sessions
+        return self._commits
 
     @property
     def maintenance(self) -> MaintenanceRepository:

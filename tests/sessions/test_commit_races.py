@@ -75,7 +75,7 @@ def _committer(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[tu
     for r in range(ROUNDS):
         barrier.wait()  # every commit of the previous round has finished
         seen = store.call_read(
-            lambda u: u.sessions.load_session(SID, ActivePathScope(leaf_node_id=None))
+            lambda u: u.commits.load_session(SID, ActivePathScope(leaf_node_id=None))
         )
         rev = 0 if seen is None else seen.head_revision
         leaf = None if seen is None else seen.graph.leaf_node_id
@@ -92,7 +92,7 @@ def _committer(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[tu
             usage_deltas=(UsageDelta(source="race", model="m", usage=TokenUsage(input_tokens=1)),),
         )
         try:
-            res = store.call_write(lambda u, c=c: u.sessions.commit_runtime_state(c))
+            res = store.call_write(lambda u, c=c: u.commits.commit_runtime_state(c))
             out.append(("won", r, rev, res.head_revision, nid))
         except HeadRevisionConflict as exc:
             out.append(("lost", r, rev, exc.expected, exc.actual))
@@ -169,7 +169,7 @@ def _doomed_committer(url: str, point: str, commit_json: str, ready: Any) -> Non
 
         dbmod.Driver.execute = paused  # type: ignore[method-assign]
     with store.write() as uow:
-        uow.sessions.commit_runtime_state(c)
+        uow.commits.commit_runtime_state(c)
     ready.set()
     signal.pause()  # killed here, after COMMIT
 
@@ -177,7 +177,7 @@ def _doomed_committer(url: str, point: str, commit_json: str, ready: Any) -> Non
 def _prepare_commit(store: Store) -> tuple[RuntimeCommit, dict[str, Any]]:
     """Head at 1, a live queue claim, an accepted and a pending input, an attachment."""
     fence = acquire_lease(store, SID, A, LONG_TTL)
-    store.call_write(lambda u: u.sessions.commit_runtime_state(mk(fence, nodes=(node("root"),))))
+    store.call_write(lambda u: u.commits.commit_runtime_state(mk(fence, nodes=(node("root"),))))
     q = claim_batches_after_enqueue(store, fence)
     accepted = enqueue(store, input_draft("T"))
     t_claim = claim_active(store, fence)
@@ -260,6 +260,6 @@ def test_a_committer_killed_mid_commit_leaves_all_or_nothing(
             return
         assert snapshot(reopened) == before, f"a commit killed after {point!r} left a trace"
         # The dead writer's lock is gone, and the very same commit now succeeds in full.
-        result = reopened.call_write(lambda u: u.sessions.commit_runtime_state(c))
+        result = reopened.call_write(lambda u: u.commits.commit_runtime_state(c))
         assert result.head_revision == 2
         _assert_fully_committed(reopened, c, refs)

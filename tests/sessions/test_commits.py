@@ -154,7 +154,7 @@ def mk(
 
 
 def commit(store: Store, c: RuntimeCommit, **kw: Any) -> RuntimeCommitResult:
-    return store.call_write(lambda r: r.sessions.commit_runtime_state(c, **kw))
+    return store.call_write(lambda r: r.commits.commit_runtime_state(c, **kw))
 
 
 def stamp(turn: str, h: str = "h1", sid: str = SID) -> TurnCommitStamp:
@@ -181,7 +181,7 @@ def qdraft(
 def load(
     store: Store, sid: str = SID, scope: FullGraphScope | ActivePathScope | None = None
 ) -> PersistedSessionRead | None:
-    return store.call_read(lambda r: r.sessions.load_session(sid, scope or FullGraphScope()))
+    return store.call_read(lambda r: r.commits.load_session(sid, scope or FullGraphScope()))
 
 
 def loaded(store: Store, sid: str = SID, **kw: Any) -> PersistedSessionRead:
@@ -196,7 +196,7 @@ def path_ids(store: Store, leaf: str | None = None, sid: str = SID) -> list[str]
 
 
 def head_revision(store: Store, sid: str = SID) -> int:
-    return store.call_read(lambda r: r.sessions.get_head_revision(sid))
+    return store.call_read(lambda r: r.commits.get_head_revision(sid))
 
 
 def _plain(value: Any) -> Any:
@@ -472,7 +472,7 @@ def test_c_08_each_session_has_its_own_head(store: Store) -> None:
     assert b.token_ledger == ()
     # The same node id may exist in two sessions.
     commit(store, mk(fb, sid=OTHER, nodes=(node("a1"),)))
-    assert store.call_read(lambda r: r.sessions.load_node(OTHER, "a1")) == node("a1")
+    assert store.call_read(lambda r: r.commits.load_node(OTHER, "a1")) == node("a1")
 
 
 def test_a_fence_of_another_session_is_refused(store: Store) -> None:
@@ -852,7 +852,7 @@ def test_i_12_tombstoned_nodes_are_invisible_to_every_read(store: Store) -> None
     fence = hold(store)
     commit(store, mk(fence, nodes=(node("a"), node("b", "a"), node("c", "b"))))
     execute_sql(store, "UPDATE graph_nodes SET tombstoned = 1 WHERE node_id = 'c'")
-    assert store.call_read(lambda r: r.sessions.load_node(SID, "c")) is None
+    assert store.call_read(lambda r: r.commits.load_node(SID, "c")) is None
     assert [n.node_id for n in loaded(store).graph.nodes] == ["a", "b"]
     assert loaded(store).graph.leaf_node_id == "c"  # the head's leaf, even if not visible
     assert path_ids(store) == []  # the walk starts at a tombstoned leaf
@@ -900,14 +900,14 @@ def test_m_09_an_undecodable_node_is_none_and_skipped(
     commit(store, mk(fence, nodes=(node("a"), node("b", "a"), node("c", "b"))))
     execute_sql(store, "UPDATE graph_nodes SET node_json = '{not json' WHERE node_id = 'b'")
     with caplog.at_level(logging.WARNING, logger="agentkeep.sessions"):
-        assert store.call_read(lambda r: r.sessions.load_node(SID, "b")) is None
+        assert store.call_read(lambda r: r.commits.load_node(SID, "b")) is None
         assert [n.node_id for n in loaded(store).graph.nodes] == ["a", "c"]
         # the walk continues through the undecodable node (the parent column is intact)
         assert path_ids(store) == ["a", "c"]
     warnings = [r for r in caplog.records if "graph_nodes" in r.getMessage()]
     assert len(warnings) == 1, "a warning once per row"
-    assert store.call_read(lambda r: r.sessions.load_node(SID, "a")) == node("a")
-    assert store.call_read(lambda r: r.sessions.load_node(SID, "zz")) is None
+    assert store.call_read(lambda r: r.commits.load_node(SID, "a")) == node("a")
+    assert store.call_read(lambda r: r.commits.load_node(SID, "zz")) is None
 
 
 def test_a_node_whose_json_names_another_id_is_undecodable(store: Store) -> None:
@@ -916,7 +916,7 @@ def test_a_node_whose_json_names_another_id_is_undecodable(store: Store) -> None
     execute_sql(
         store, "UPDATE graph_nodes SET node_json = :j WHERE node_id = 'a'", j='{"node_id":"b"}'
     )
-    assert store.call_read(lambda r: r.sessions.load_node(SID, "a")) is None
+    assert store.call_read(lambda r: r.commits.load_node(SID, "a")) is None
 
 
 def test_a_parent_cycle_on_the_path_is_corrupt(store: Store) -> None:
@@ -1213,7 +1213,7 @@ def test_c_27_auto_gc_runs_every_n_successful_facade_commits(
         assert gc_runs == [2]
         # commits inside a caller's unit neither count nor collect
         with s.write() as uow:
-            uow.sessions.commit_runtime_state(mk(fence))
+            uow.commits.commit_runtime_state(mk(fence))
         calls.commit_runtime_state(mk(fence))
         assert gc_runs == [2]
         calls.commit_runtime_state(mk(fence))
@@ -1365,11 +1365,11 @@ def test_a_caught_commit_error_keeps_the_callers_earlier_work(store: Store) -> N
     with store.write() as uow:
         batch = uow.queue.enqueue_queued_work(qdraft(n=1))
         with pytest.raises(HeadRevisionConflict):  # fails before its first write
-            uow.sessions.commit_runtime_state(_loaded_commit(fence, expected=0))
+            uow.commits.commit_runtime_state(_loaded_commit(fence, expected=0))
         with pytest.raises(SessionBindingMismatch):  # fails after all its other writes
-            uow.sessions.commit_runtime_state(late_failure)
+            uow.commits.commit_runtime_state(late_failure)
         # the unit is still usable, and the failed commits left nothing
-        assert uow.sessions.get_head_revision(SID) == 1
+        assert uow.commits.get_head_revision(SID) == 1
     assert [b.batch_id for b in store.queue.list_queued_work(SID)] == [batch.batch_id]
     assert query(store, "SELECT * FROM usage_deltas") == []
     assert query(store, "SELECT * FROM graph_nodes") == []
@@ -1381,7 +1381,7 @@ def test_a_failing_unit_rolls_back_a_successful_commit(store: Store) -> None:
     fence = hold(store)
     before = snapshot(store)
     with pytest.raises(RuntimeError), store.write() as uow:
-        uow.sessions.commit_runtime_state(_loaded_commit(fence))
+        uow.commits.commit_runtime_state(_loaded_commit(fence))
         raise RuntimeError("the caller's later work failed")
     assert snapshot(store) == before
 
@@ -1389,10 +1389,10 @@ def test_a_failing_unit_rolls_back_a_successful_commit(store: Store) -> None:
 def test_commit_and_reads_in_one_unit_see_each_other(store: Store) -> None:
     fence = hold(store)
     with store.write() as uow:
-        uow.sessions.commit_runtime_state(mk(fence, nodes=(node("a"),)))
-        got = uow.sessions.load_session(SID)
+        uow.commits.commit_runtime_state(mk(fence, nodes=(node("a"),)))
+        got = uow.commits.load_session(SID)
         assert got is not None and got.head_revision == 1
-        assert uow.sessions.load_node(SID, "a") == node("a")
+        assert uow.commits.load_node(SID, "a") == node("a")
 
 
 def test_writes_are_refused_in_a_read_unit(store: Store) -> None:
@@ -1402,10 +1402,10 @@ def test_writes_are_refused_in_a_read_unit(store: Store) -> None:
     )
     with store.read() as uow:
         with pytest.raises(ReadOnlyUnitOfWork):
-            uow.sessions.commit_runtime_state(mk(fence))
+            uow.commits.commit_runtime_state(mk(fence))
         with pytest.raises(ReadOnlyUnitOfWork):
-            uow.sessions.save_session_meta(meta)
-        assert uow.sessions.load_session(SID) is None
+            uow.commits.save_session_meta(meta)
+        assert uow.commits.load_session(SID) is None
 
 
 def _bad_inputs(fence: LeaseFence) -> Iterator[tuple[str, Callable[[], Any]]]:
@@ -1456,7 +1456,7 @@ def test_bad_input_is_refused_before_anything_is_written(store: Store) -> None:
             commit(store, build())
         assert snapshot(store) == before, name
     with pytest.raises(InvalidInput):
-        store.call_write(lambda r: r.sessions.commit_runtime_state("not a commit"))  # type: ignore[arg-type]
+        store.call_write(lambda r: r.commits.commit_runtime_state("not a commit"))  # type: ignore[arg-type]
     with pytest.raises(InvalidInput):
         commit(store, mk(fence), blob_profile="fast")
     with pytest.raises(InvalidInput):
@@ -1559,11 +1559,11 @@ def test_a_fault_mid_commit_leaves_nothing(
     else:
         with store.write() as uow:
             with pytest.raises(DatabaseError, match="injected fault"):
-                uow.sessions.commit_runtime_state(c)
-            uow.sessions.save_session_meta(
+                uow.commits.commit_runtime_state(c)
+            uow.commits.save_session_meta(
                 SessionMeta(session_id=SID, session_name="kept", created_at="t", model="m")
             )
-        assert store.call_read(lambda r: r.sessions.load_session_meta(SID)) is not None
+        assert store.call_read(lambda r: r.commits.load_session_meta(SID)) is not None
         execute_sql(store, "DELETE FROM session_meta")
     assert snapshot(store) == before
 
@@ -1573,7 +1573,7 @@ def test_a_fault_mid_commit_leaves_nothing(
 
 
 def test_session_meta_round_trips_and_upserts(store: Store) -> None:
-    assert store.call_read(lambda r: r.sessions.load_session_meta(SID)) is None
+    assert store.call_read(lambda r: r.commits.load_session_meta(SID)) is None
     meta = SessionMeta(
         session_id=SID,
         session_name="first",

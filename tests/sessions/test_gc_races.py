@@ -94,7 +94,7 @@ def _commit(store: Store, sid: str, i: int) -> RuntimeCommitResult:
         checkpoint=_checkpoint(i),
         turn_commit=stamp,
     )
-    return store.call_write(lambda r: r.sessions.commit_runtime_state(rc))
+    return store.call_write(lambda r: r.commits.commit_runtime_state(rc))
 
 
 def committer(url: str, ev: dict[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ vacuum per session vs all sessions, tombstones scoped to their session,
 refused arguments and read units (nothing changed), and the one-call facade.
 
 Heads, checkpoints, turn-commit records and graph nodes are written by real
-commits (``uow.sessions.commit_runtime_state`` under a lease); orphan blobs,
+commits (``uow.commits.commit_runtime_state`` under a lease); orphan blobs,
 artifact refs and corruptions by ``checkpoints.put_blob`` and raw SQL.
 
 Decision recorded by these tests (module docstring of
@@ -135,7 +135,7 @@ def commit(
         graph=graph or UnchangedGraph(),
     )
     with store.write() as uow:
-        result = uow.sessions.commit_runtime_state(rc)
+        result = uow.commits.commit_runtime_state(rc)
     return result.checkpoint_ref, result.manifest
 
 
@@ -176,15 +176,15 @@ def add_nodes(store: Store, sid: str, *node_ids: str) -> None:
 def live_nodes(store: Store, sid: str) -> tuple[list[str], list[str]]:
     """Node ids a full-graph load and an active-path load (from the head leaf) return."""
     with store.read() as uow:
-        full = uow.sessions.load_session(sid, FullGraphScope())
-        path = uow.sessions.load_session(sid, ActivePathScope())
+        full = uow.commits.load_session(sid, FullGraphScope())
+        path = uow.commits.load_session(sid, ActivePathScope())
     assert full is not None and path is not None
     return [n.node_id for n in full.graph.nodes], [n.node_id for n in path.graph.nodes]
 
 
 def load_node(store: Store, sid: str, node_id: str) -> SessionNodeRecord | None:
     with store.read() as uow:
-        return uow.sessions.load_node(sid, node_id)
+        return uow.commits.load_node(sid, node_id)
 
 
 def tombstoned(store: Store, sid: str) -> dict[str, int]:

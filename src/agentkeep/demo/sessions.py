@@ -118,7 +118,7 @@ def _drain(store: Store, sid: str, lease: Any, owner: LeaseOwnerIdentity, events
             events["ops"] += 2
             if claim is None and tclaim is None:
                 break
-            revision = store.sessions.get_head_revision(sid)
+            revision = store.commits.get_head_revision(sid)
             turn_id = f"turn-{secrets.token_hex(6)}"
             node = SessionNodeRecord(
                 node_id=f"n-{turn_id}",
@@ -126,7 +126,7 @@ def _drain(store: Store, sid: str, lease: Any, owner: LeaseOwnerIdentity, events
                 timestamp=int(time.time()),
                 payload={"worker": owner.owner_id},
             )
-            result = store.sessions.commit_runtime_state(
+            result = store.commits.commit_runtime_state(
                 RuntimeCommit(
                     session_id=sid,
                     expected_head_revision=revision,
@@ -156,7 +156,7 @@ def _drain(store: Store, sid: str, lease: Any, owner: LeaseOwnerIdentity, events
 
 
 def _leaf(store: Store, sid: str) -> str | None:
-    read = store.sessions.load_session(sid, ActivePathScope())
+    read = store.commits.load_session(sid, ActivePathScope())
     return None if read is None else read.graph.leaf_node_id
 
 
@@ -257,7 +257,7 @@ def run(url: str, *, workers: int = 4, ops: int = 200, sessions: int = 3) -> Rep
     by_sid: dict[str, list[int]] = defaultdict(list)
     for sid, revision, _ in turns:
         by_sid[sid].append(revision)
-    heads = {sid: store.sessions.get_head_revision(sid) for sid in sids}
+    heads = {sid: store.commits.get_head_revision(sid) for sid in sids}
     report.figure("turns committed", str(len(turns)))
     report.check(
         "head revisions are gap-free per session (1..head, each once)",
@@ -268,7 +268,7 @@ def run(url: str, *, workers: int = 4, ops: int = 200, sessions: int = 3) -> Rep
         "no turn was committed twice",
         len({turn for _, _, turn in turns}) == len(turns),
     )
-    paths = {sid: store.sessions.load_session(sid, ActivePathScope()) for sid in sids}
+    paths = {sid: store.commits.load_session(sid, ActivePathScope()) for sid in sids}
     report.check(
         "each session's graph is one chain of its turns (never forked)",
         all(

@@ -65,7 +65,7 @@ every step of the spec in its order, which fixes the error precedence:
 Atomicity. Every write of a commit runs inside :meth:`Driver.savepoint`: any
 error (typed, or a database error such as a failing trigger) rolls back all of
 the commit and nothing else. Called through the one-call facade
-(``store.sessions.commit_runtime_state``) the commit is its own unit. Inside a
+(``store.commits.commit_runtime_state``) the commit is its own unit. Inside a
 caller's ``store.write()`` block, an error that propagates out of the block
 rolls the whole unit back; a caller that *catches* a typed error from the
 commit keeps the work it did earlier in the unit, and the commit left nothing.
@@ -656,7 +656,7 @@ def _check_revision(session_id: str, value: object) -> int:
 
 
 class SessionCommitRepository:
-    """Session commits and reads inside one unit of work (``uow.sessions``)."""
+    """Session commits and reads inside one unit of work (``uow.commits``)."""
 
     def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
         self._db = driver

@@ -111,7 +111,7 @@ _session_log = logging.getLogger("agentkeep.sessions")
 
 
 class SessionCalls(OneCalls):
-    """``store.sessions``: session commits and reads, each call in its own unit of work.
+    """``store.commits``: session commits and reads, each call in its own unit of work.
 
     Auto-GC (spec §4.12): when the store was opened with
     ``auto_gc_every_commits=N``, every N-th successful
@@ -122,7 +122,7 @@ class SessionCalls(OneCalls):
     Commits made inside ``store.write()`` do not count and never trigger GC.
     """
 
-    _repository = "sessions"
+    _repository = "commits"
 
     load_session = read(_SESSIONS.load_session)
     load_node = read(_SESSIONS.load_node)
@@ -139,7 +139,7 @@ class SessionCalls(OneCalls):
     ) -> RuntimeCommitResult:
         """See :meth:`SessionCommitRepository.commit_runtime_state`; then maybe auto-GC."""
         result = self._store.call_write(
-            lambda r: r.sessions.commit_runtime_state(commit, blob_profile=blob_profile)
+            lambda r: r.commits.commit_runtime_state(commit, blob_profile=blob_profile)
         )
         self._maybe_auto_gc()
         return result
