@@ -40,7 +40,8 @@ def _worker(url: str, run_ids: list[str], worker: int, ops: int, barrier: Any, o
     events: dict[str, Any] = {"won": [], "handback_lost": 0, "gens": [], "steps": [], "ops": 0}
     try:
         store = Store.open(url)
-        barrier.wait(timeout=60)
+        # The wait covers the slowest worker's start-up (imports included).
+        barrier.wait(timeout=300)
         events["start"] = time.time()
         for i in range(ops):
             rid = rng.choice(run_ids)

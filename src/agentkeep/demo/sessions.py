@@ -81,11 +81,21 @@ def _doomed(url: str, session_id: str, ready: Any) -> None:
     signal.pause()
 
 
-def _worker(url: str, sessions: list[str], worker: int, deadline: float, out: Any) -> None:
+#: How long a worker waits for the others to start (imports included).
+_READY_S = 300.0
+
+
+def _worker(
+    url: str, sessions: list[str], worker: int, seconds: float, ready: Any, out: Any
+) -> None:
     events: dict[str, Any] = {"batches": [], "inputs": [], "fencing": [], "turns": [], "ops": 0}
     try:
         store = Store.open(url)
         owner = _owner(f"worker-{worker}")
+        # Every worker has started (spawned interpreters import slowly on a
+        # loaded machine): only now does the time window begin.
+        ready.wait(timeout=_READY_S)
+        deadline = time.time() + seconds
         idle_rounds = 0
         while time.time() < deadline and idle_rounds < 40:
             did = False
@@ -196,15 +206,15 @@ def run(url: str, *, workers: int = 4, ops: int = 200, sessions: int = 3) -> Rep
     )
 
     out = ctx.Queue()
-    deadline = time.time() + 60
+    started_together = ctx.Barrier(workers)
     procs = [
-        ctx.Process(target=_worker, args=(url, sids, w, deadline, out), daemon=True)
+        ctx.Process(target=_worker, args=(url, sids, w, 60.0, started_together, out), daemon=True)
         for w in range(workers)
     ]
     started = time.perf_counter()
     for p in procs:
         p.start()
-    results = dict(out.get(timeout=180) for _ in procs)
+    results = dict(out.get(timeout=_READY_S + 180) for _ in procs)
     elapsed = time.perf_counter() - started
     for p in procs:
         p.join(timeout=30)
