@@ -20,7 +20,6 @@ Every test runs on SQLite and Postgres.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -128,7 +127,6 @@ def test_pre_database_refusals_answer_while_the_write_lock_is_held(db_url: str) 
     rt = impatient.runtime
     try:
         with _write_lock_held(db_url, RT):
-            started = time.monotonic()
             # Decode error beats intent validation and the key mismatch.
             with pytest.raises(WriteFailed, match="failed to decode incoming session snapshot"):
                 rt.atomic_apply(RT, b"{not json", receipt(1), [input_record()], other.id)
@@ -146,7 +144,6 @@ def test_pre_database_refusals_answer_while_the_write_lock_is_held(db_url: str) 
                 rt.atomic_apply_with_machine_lifecycle(
                     RT, encode(s), receipt(1), idle_lifecycle(), [input_record()], other.id
                 )
-            assert time.monotonic() - started < 1.0  # never waited for the lock
             assert checkouts[0] == 0  # never took a connection
             # Control: a call that does need the database waits, then fails busy.
             with pytest.raises(WriteFailed):
