@@ -4,6 +4,8 @@ SQLAlchemy 2.x models, one Alembic migration history and fenced repositories
 on SQLite (default) and Postgres. Start with :meth:`Store.open`; see README.md.
 
 Every public error class is importable from here and from :mod:`agentkeep.errors`.
+The package's documentation starts at docs/README.md; its layout is in
+docs/architecture.md#layout.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The async facade: :class:`AsyncStore`, ``astore.runtime`` and the other stores (§6.7).
+"""The async facade: :class:`AsyncStore`, ``astore.runtime`` and the other stores.
+
+Described in docs/architecture.md#async-facade.
 
 Every async method runs the synchronous one-call operation of the same name
 on a worker thread (the repositories hold the only implementation of every
@@ -7,8 +9,9 @@ awaiting task is cancelled while the operation runs, the cancellation waits
 until the thread has finished — committed completely or not at all — and
 only then propagates. So a cancelled caller can never be followed by a write
 that lands later (after, say, a same-runtime-id replacement). This matters
-most for ``commit_unregister_finalization`` (test #30 of the spec) and is
-applied uniformly, which is stricter and harmless.
+most for ``commit_unregister_finalization`` (the original store hardened
+only that operation) and is applied uniformly, which is stricter and
+harmless (docs/decisions.md#cancellation-waits-for-the-transaction).
 
 Consequence for callers: ``asyncio.wait_for(op, timeout)`` returns only once
 the operation's thread is done, even after the timeout fired. Use

@@ -8,7 +8,8 @@ Alembic's ``env.py`` and the drift check compare the migrated database with
 
 A table that exists on one dialect only (for example a SQLite counter that a
 Postgres sequence replaces) carries ``info={"dialects": {...}}``; the drift
-check skips it on the other dialects (:func:`table_applies`).
+check skips it on the other dialects (:func:`table_applies`). See
+docs/architecture.md#migrations.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Time sources.
 
 Every store samples ``now`` once per operation, after the aggregate write lock
-is held, from the injected :class:`Clock` (spec/README.md decision 2). Tests use
-:class:`SettableClock`; no test sleeps to make time pass.
+is held, from the injected :class:`Clock`
+(docs/decisions.md#now-is-sampled-once-after-the-lock). Tests use
+:class:`SettableClock`; no test sleeps to make time pass
+(docs/architecture.md#time).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ errors its own way overrides :meth:`OneCalls._call_write` /
 
 Operations that do more than forward (a refusal before the unit opens, an
 encode done once outside the unit, auto-GC after a commit) stay ordinary
-methods of the facade.
+methods of the facade. See docs/architecture.md#one-call-operations.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ compiling such a construct raises :class:`UncompilableStatement`. Fixed-size
 Rows come back as the driver's plain tuples, in the order of the construct's
 columns; no SQLAlchemy result or type processing is applied, so statements
 bind and read only values the drivers handle natively (str, int, bytes, None).
+See docs/architecture.md#statements and docs/architecture.md#the-lean-path.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each store contributes a scenario module with a ``run(url, workers, ops) -> Report``
 function; :func:`run_all` runs them in order, prints every report and returns
-whether every invariant held.
+whether every invariant held (docs/architecture.md#command-line).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ for a number of rounds, picks a run at random and either
 Afterwards the parent checks: no resume was won twice at once (every
 hand-back succeeded, and each run's log holds exactly the resumes the workers
 won), generations are distinct and gap-free per run (1..G), and no step entry
-was lost or duplicated.
+was lost or duplicated (the generation model: docs/runs.md#the-assignment-model).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ boundary left no receipt and no inputs), I2 (superseded means nothing
 written), the receipt-key fence, I6 (a retired epoch refuses
 ``persist_ops_lifecycle`` and ``initialize_ops_lifecycle_if_absent``, its
 marker stays) and I7 (no reader ever saw a final lifecycle next to an ops row
-of the retired epoch).
+of the retired epoch). The invariants are those of docs/runtime.md#invariants.
 """
 
 from __future__ import annotations

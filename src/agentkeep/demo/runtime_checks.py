@@ -2,7 +2,7 @@
 
 Given what the workers report and what the database holds afterwards, check
 and print the invariants: I1 and I2 for boundary commits, the receipt-key
-fence, I6 and I7 for unregister finalization.
+fence, I6 and I7 for unregister finalization (docs/runtime.md#invariants).
 """
 
 from __future__ import annotations

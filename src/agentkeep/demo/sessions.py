@@ -14,7 +14,8 @@ exactly once (nothing lost, nothing done twice — including the doomed
 worker's claim, which the new generation re-claimed), every session's fencing
 tokens as handed out are distinct and increasing, and the reclaiming
 generation is above the killed worker's; head revisions are gap-free per
-session, no turn was committed twice, and each session's graph is one chain.
+session, no turn was committed twice, and each session's graph is one chain
+(the store's invariants: docs/sessions.md#invariants).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Connections of the v0.6.34 legacy migrator: opening, fail-fast locks, audit DDL.
 
+Described in docs/legacy-migration.md#locks-and-errors.
+
 The migrator is not a Store operation: it opens its own connection (the
 stdlib :mod:`sqlite3` driver, or :mod:`psycopg` for Postgres) so that it
 controls exactly which locks it takes and never runs the store's schema
@@ -35,11 +37,12 @@ Locks and fences (each fails at once instead of waiting):
   EXCLUSIVE MODE NOWAIT``: WriteFailed (SQLSTATE 55P03) while any other
   transaction holds any lock on them, readers included.
 
-Error variants by phase (spec §0.2, §2.39): a missing SQLite file or Postgres
-database is ReadFailed("runtime database does not exist: ..."); other open
-failures are ReadFailed for a dry run and WriteFailed for an apply; failing to
-set the busy timeout is ReadFailed; taking the apply lock, DDL, DML and COMMIT
-failures are WriteFailed; SELECT failures are ReadFailed.
+Error variants by phase, the runtime store's ReadFailed and WriteFailed
+(docs/runtime.md#errors): a missing SQLite file or Postgres database is
+ReadFailed("runtime database does not exist: ..."); other open failures are
+ReadFailed for a dry run and WriteFailed for an apply; failing to set the busy
+timeout is ReadFailed; taking the apply lock, DDL, DML and COMMIT failures are
+WriteFailed; SELECT failures are ReadFailed.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ AUDIT: Final = Table(
     Column("action", Text, nullable=False),
 )
 
-#: §1.12, verbatim (one statement per entry: sqlite3 runs one at a time).
+#: The original store's audit table DDL, verbatim (one statement per entry:
+#: sqlite3 runs one at a time); see docs/legacy-migration.md#the-audit-table.
 _SQLITE_AUDIT_DDL: Final = (
     f"CREATE TABLE IF NOT EXISTS {AUDIT_TABLE} ("
     "runtime_id TEXT NOT NULL, table_name TEXT NOT NULL, row_key TEXT NOT NULL, "
@@ -122,7 +126,8 @@ def _pg_trigger(name: str, timing: str, level: str) -> str:
     )
 
 
-#: §1.12 on Postgres (§6.5): BYTEA payloads, plpgsql triggers, TRUNCATE blocked too.
+#: The same audit table on Postgres: BYTEA payloads, plpgsql triggers, TRUNCATE
+#: blocked too (docs/decisions.md#legacy-migrator-on-both-backends).
 _PG_AUDIT_DDL: Final = (
     f"CREATE TABLE IF NOT EXISTS {AUDIT_TABLE} ("
     "runtime_id TEXT NOT NULL, table_name TEXT NOT NULL, row_key TEXT NOT NULL, "

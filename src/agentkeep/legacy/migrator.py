@@ -1,4 +1,6 @@
-"""Explicit migrator of v0.6.34 completed-idle runtime rows (spec runtime §2.39).
+"""Explicit migrator of v0.6.34 completed-idle runtime rows.
+
+Described in docs/legacy-migration.md#the-v0634-legacy-migrator.
 
 Ordinary runtime-store reads are fail-closed: a bare legacy lifecycle
 (``"idle"``) and legacy input rows raise ReadFailed. This module is the one
@@ -18,51 +20,55 @@ current record), ``would_migrate`` or ``blocked`` (with the exact detail).
 
 **Apply**: takes the exclusive lock without waiting (WriteFailed when another
 connection is in the way), runs the same preflight inside that transaction,
-refuses with :class:`~agentkeep.legacy.report.LegacyMigrationBlocked`
-(a ReadFailed, ``legacy migration blocked for runtime(s): A, B``) when any
-runtime is blocked, else creates the append-only audit table
-``runtime_legacy_v0_6_34_audit`` (§1.12; plpgsql triggers on Postgres, which
-also block TRUNCATE) and, per runtime in id order: audits and replaces the
-lifecycle record, audits and replaces each input (by input id), audits and
-deletes a zero ops record; then commits. WouldMigrate items become Migrated.
-Applying again reports those runtimes ``current``. Session snapshots,
-receipts, the ``sessions`` table and everything else are never written.
-Locks, fences and error variants are described in
+refuses with :class:`~agentkeep.legacy.report.LegacyMigrationBlocked` (a
+ReadFailed, ``legacy migration blocked for runtime(s): A, B``) when any runtime
+is blocked, else creates the append-only audit table
+``runtime_legacy_v0_6_34_audit`` (docs/legacy-migration.md#the-audit-table;
+plpgsql triggers on Postgres, which also block TRUNCATE) and, per runtime in id
+order: audits and replaces the lifecycle record, audits and replaces each input
+(by input id), audits and deletes a zero ops record; then commits. WouldMigrate
+items become Migrated. Applying again reports those runtimes ``current``.
+Session snapshots, receipts, the ``sessions`` table and everything else are
+never written. Locks, fences and error variants are described in
 :mod:`agentkeep.legacy.connections`.
 
-**Preflight**, per runtime (first matching rule wins): a current lifecycle is
-Current; anything but the exact bytes ``"idle"`` is Blocked; then the
-companions, in this order, each only if its table (and row) exists: the
-session snapshot (decodes, owned by this runtime), the receipts by (run_id,
-sequence) (decode, sequence fits i64, payload identity equals the row), the
-inputs by input id (not current-format; the strict legacy shape; a terminal
-pair; payload id equals the row key; mapped, recovered, encoded and
-re-decoded), the ops row (not current-format; the strict legacy shape; zero;
-default capacity). The first failure is the Blocked detail. Otherwise the
-migrated lifecycle record is computed (a failure there is
+**Preflight** (docs/legacy-migration.md#preflight,
+docs/legacy-migration.md#companion-checks), per runtime (first matching rule
+wins): a current lifecycle is Current; anything but the exact bytes ``"idle"``
+is Blocked; then the companions, in this order, each only if its table (and
+row) exists: the session snapshot (decodes, owned by this runtime), the
+receipts by (run_id, sequence) (decode, sequence fits i64, payload identity
+equals the row), the inputs by input id (not current-format; the strict legacy
+shape; a terminal pair; payload id equals the row key; mapped, recovered,
+encoded and re-decoded), the ops row (not current-format; the strict legacy
+shape; zero; default capacity). The first failure is the Blocked detail.
+Otherwise the migrated lifecycle record is computed (a failure there is
 :class:`~agentkeep.errors.RuntimeInternalError` and aborts the call) and the
 runtime WouldMigrate.
 
-**Input mapping.** Our :class:`~agentkeep.runtime.domain.StoredInputState` is
-smaller than upstream's, so a legacy input maps as: ``input_id`` (canonical),
-``current_state`` = legacy ``current_state``, ``terminal_outcome`` = legacy
-``terminal_outcome`` (``{"outcome_type": ...}``), ``recovery_count`` kept;
-under ``details``: ``history``, ``created_at``, ``updated_at``, ``durability``,
+**Input mapping** (docs/legacy-migration.md#input-mapping). Our
+:class:`~agentkeep.runtime.domain.StoredInputState` is smaller than upstream's,
+so a legacy input maps as: ``input_id`` (canonical), ``current_state`` = legacy
+``current_state``, ``terminal_outcome`` = legacy ``terminal_outcome``
+(``{"outcome_type": ...}``), ``recovery_count`` kept; under ``details``:
+``history``, ``created_at``, ``updated_at``, ``durability``,
 ``idempotency_key`` (kept), ``last_run_id``, ``last_boundary_sequence``,
-``attempt_count`` (seeded from the legacy row), ``admission_sequence`` and
+``attempt_count`` (taken from the legacy row), ``admission_sequence`` and
 ``recovery_lane`` (null). Dropped (absent): ``policy``, ``runtime_semantics``,
 ``reconstruction_source``, ``persisted_input`` (and upstream's
 ``interaction_terminal_outbox``, which v0.6.34 did not have). The conversions
 live behind :class:`~agentkeep.legacy.adapter.LegacyV0634Adapter`.
 
-Choices where the spec is open:
+Choices where the original store was open
+(docs/decisions.md#legacy-migrator-on-both-backends,
+docs/decisions.md#legacy-migrator-details):
 
 * Both backends. On Postgres the same tables (BYTEA payloads) are checked with
   ``to_regclass`` and never created; a missing database is ReadFailed.
-* The dry run reads inside one read transaction (the seed runs autocommit
-  SELECTs), so the report is one consistent snapshot.
-* A database error while reading companion rows fails the call with
-  ReadFailed (the seed turns it into a Blocked detail); a payload that is
+* The dry run reads inside one read transaction (the original store runs
+  autocommit SELECTs), so the report is one consistent snapshot.
+* A database error while reading companion rows fails the call with ReadFailed
+  (the original store turns it into a Blocked detail); a payload that is
   neither BLOB nor TEXT is ReadFailed too. TEXT payloads are read as their
   UTF-8 bytes.
 * Each UPDATE/DELETE must touch exactly one row (it always does under the
@@ -362,7 +368,10 @@ def _classify(
 def _companions(
     conn: LegacyConnection, adapter: LegacyV0634Adapter, tables: frozenset[str], runtime_id: str
 ) -> tuple[tuple[_PreparedInput, ...], bytes | None]:
-    """Check the companion rows in spec order; raise LegacyBlocked at the first failure."""
+    """Check the companion rows in order; raise LegacyBlocked at the first failure.
+
+    The order is that of docs/legacy-migration.md#companion-checks.
+    """
     if "runtime_session_snapshots" in tables:
         rows = conn.select(_SNAPSHOT, {"rid": runtime_id})
         if rows:

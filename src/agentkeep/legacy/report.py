@@ -1,4 +1,4 @@
-"""The report of the explicit v0.6.34 legacy migrator (spec runtime §2.39).
+"""The report of the explicit v0.6.34 legacy migrator (docs/legacy-migration.md#the-report).
 
 A report is ``{applied, items}``: one item per ``runtime_states`` row, sorted
 by runtime id, each with a disposition (``would_migrate``, ``migrated``,

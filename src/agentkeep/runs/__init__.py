@@ -1,8 +1,9 @@
 """The run store: status compare-and-set, step and degradation logs, assignment slots.
 
-Spec: shared/spec/runs.md. Tables in :mod:`.models`, values in :mod:`.domain`,
-JSON encoding in :mod:`.codec`, operations in :mod:`.repository` (one-call
-forms in :mod:`.facade`), legacy adoption in :mod:`.adoption`.
+Described in docs/runs.md#the-run-store. Tables in :mod:`.models`, values in
+:mod:`.domain`, JSON encoding in :mod:`.codec`, operations in
+:mod:`.repository` (one-call forms in :mod:`.facade`), legacy adoption in
+:mod:`.adoption`.
 
 The run store's errors (:class:`~agentkeep.errors.RunNotFound`, ...) live in
 :mod:`agentkeep.errors` with every other error, and are re-exported here.

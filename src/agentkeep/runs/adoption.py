@@ -1,10 +1,11 @@
 """Adoption of an un-versioned ``runs`` table written by the original store.
 
-Spec runs §1.5–1.7. :func:`detect_runs_revision` fingerprints the table and
-returns the revision of the ``runs`` branch whose shape it has (L0 → runs_0001
-… L3 → runs_0005); :mod:`agentkeep.migrations` stamps it and upgrades to head, in
-the same transaction. Only the column *set* matters, not the column order
-(files carried forward by ``ALTER TABLE ADD COLUMN`` append columns).
+Described in docs/runs.md#adopting-legacy-files. :func:`detect_runs_revision`
+fingerprints the table and returns the revision of the ``runs`` branch whose
+shape it has (L0 → runs_0001 … L3 → runs_0005); :mod:`agentkeep.migrations`
+stamps it and upgrades to head, in the same transaction. Only the column *set*
+matters, not the column order (files carried forward by
+``ALTER TABLE ADD COLUMN`` append columns).
 
 What is compared per column: declared type (case-insensitive), NOT NULL
 (except on ``id``, which legacy rowid tables report as nullable), the default

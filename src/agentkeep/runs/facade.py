@@ -3,8 +3,8 @@
 Each operation runs the :class:`~agentkeep.runs.repository.RunRepository`
 method of the same name in its own unit of work (write or read), retried as a
 whole on a transient busy/serialisation error (:mod:`agentkeep.one_call`). The
-repository holds the only implementation; see it for fences, outcomes and
-errors.
+repository holds the only implementation; see it, and
+docs/runs.md#operations, for fences, outcomes and errors.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Tables of the run store: ``runs`` (and, on SQLite, its ``seq`` counter).
 
 The column names and declared types are the original SQLite store's, so an
-un-versioned file written by it can be adopted (spec runs §1.1, §1.5). The
-revisions that build these tables are ``alembic/versions/runs_000*.py``; this
-module is the same schema, and the drift check keeps the two equal.
+un-versioned file written by it can be adopted (docs/runs.md#the-runs-table,
+docs/runs.md#adopting-legacy-files). The revisions that build these tables are
+``alembic/versions/runs_000*.py``; this module is the same schema, and the
+drift check keeps the two equal.
 
 Invariants:
 

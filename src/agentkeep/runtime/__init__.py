@@ -1,8 +1,9 @@
 """The runtime store: snapshots, boundary receipts, input-state CAS, outbox, lifecycle, ops epochs.
 
-Spec: shared/spec/runtime.md. Reach it as ``store.runtime.<op>(...)`` (one
-call, one unit of work), ``uow.runtime.<op>(...)`` inside ``store.write()``,
-or ``await astore.runtime.<op>(...)`` (:mod:`agentkeep.aio`).
+Described in docs/runtime.md#the-runtime-store. Reach it as
+``store.runtime.<op>(...)`` (one call, one unit of work),
+``uow.runtime.<op>(...)`` inside ``store.write()``, or
+``await astore.runtime.<op>(...)`` (:mod:`agentkeep.aio`).
 
 Where things live: tables in :mod:`.models` (Alembic branch ``runtime``),
 domain rules behind :class:`RuntimeDomain` in :mod:`.domain` (the reference

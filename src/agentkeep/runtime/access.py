@@ -15,7 +15,8 @@ owns the things no part hand-rolls:
   :func:`agentkeep.db.lock_aggregate` (``BEGIN IMMEDIATE`` already is it on
   SQLite; ``pg_advisory_xact_lock`` on Postgres), so every read-check-write
   after it is race-free, including checks for rows that do not exist yet.
-* **Errors by phase** (spec runtime §0.2, §6.8): a failing SELECT is
+* **Errors by phase** (docs/runtime.md#errors,
+  docs/decisions.md#errors-by-phase): a failing SELECT is
   :class:`~agentkeep.runtime.errors.ReadFailed`, a failing INSERT / UPDATE /
   DELETE (constraint violation, trigger abort) is
   :class:`~agentkeep.runtime.errors.WriteFailed`. A busy / lock-timeout error
@@ -36,12 +37,12 @@ owns the things no part hand-rolls:
   of it behind; a one-call unit rolls back as a whole and needs none.
 
 Payload columns are read through :func:`as_bytes`: a TEXT value in a payload
-column (a SQLite file edited by hand, spec §0.3) is returned as its UTF-8 bytes.
-A fence binds the value as it was read instead (:func:`stored_form`), so it
-matches a TEXT row too. The fences themselves live with their operations
-(:mod:`~agentkeep.runtime.input_cas`, :mod:`~agentkeep.runtime.snapshots`,
-:mod:`~agentkeep.runtime.mob`); :func:`upsert_replacing` builds the
-unconditional last-writer-wins upserts.
+column (a SQLite file edited by hand; docs/runtime.md#common-rules) is returned
+as its UTF-8 bytes. A fence binds the value as it was read instead
+(:func:`stored_form`), so it matches a TEXT row too. The fences themselves live
+with their operations (:mod:`~agentkeep.runtime.input_cas`,
+:mod:`~agentkeep.runtime.snapshots`, :mod:`~agentkeep.runtime.mob`);
+:func:`upsert_replacing` builds the unconditional last-writer-wins upserts.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Adoption of un-versioned runtime-store tables written by the original store.
 
 The Rust runtime store created its eleven tables with ``CREATE TABLE IF NOT
-EXISTS`` on every connection (spec runtime §1.14), so an old file holds some
-or all of them, in exactly that shape, and no version table.
-:func:`detect_runtime_revision` checks every present runtime table against
-that shape (column set, declared types, NOT NULL, primary key, the outbox's
-CHECK), creates the missing ones, and returns ``runtime_0001`` for
-:mod:`agentkeep.migrations` to stamp, in the same transaction. Rows are kept
-as they are: legacy *contents* (a bare ``"idle"`` lifecycle) stay fail-closed
+EXISTS`` on every connection
+(docs/runtime.md#adopting-un-versioned-runtime-tables), so an old file holds
+some or all of them, in exactly that shape, and no version table.
+:func:`detect_runtime_revision` checks every present runtime table against that
+shape (column set, declared types, NOT NULL, primary key, the outbox's CHECK),
+creates the missing ones, and returns ``runtime_0001`` for
+:mod:`agentkeep.migrations` to stamp, in the same transaction. Rows are kept as
+they are: legacy *contents* (a bare ``"idle"`` lifecycle) stay fail-closed
 on read and belong to the explicit legacy migrator.
 
 Anything else raises :class:`~agentkeep.errors.LegacySchemaMismatch` before a
@@ -37,7 +38,8 @@ class _Col(NamedTuple):
 
 _T, _B = "TEXT", "BLOB"
 
-#: Table -> column -> (declared type, NOT NULL, primary-key position), per §1.14.
+#: Table -> column -> (declared type, NOT NULL, primary-key position), as the
+#: original store's DDL declares them.
 #: ``NOT NULL`` is not compared on primary-key columns: ``x TEXT PRIMARY KEY``
 #: is nullable in SQLite, our baseline declares it NOT NULL; both hold the same rows.
 SHAPE: Final[dict[str, dict[str, _Col]]] = {
@@ -92,10 +94,10 @@ def detect_runtime_revision(conn: Connection) -> str | None:
     Returns:
         ``None`` when no runtime table exists (a fresh database for this
         branch); ``"runtime_0001"`` after creating the tables an older file
-        lacks, when every present table has the §1.14 shape.
+        lacks, when every present table has the original store's shape.
 
     Raises:
-        LegacySchemaMismatch: a present table differs from §1.14, or
+        LegacySchemaMismatch: a present table differs from that shape, or
             un-versioned runtime tables sit in a Postgres database.
     """
     present = [name for name in SHAPE if inspect(conn).has_table(name)]

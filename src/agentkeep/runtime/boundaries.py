@@ -1,9 +1,11 @@
-"""Boundary commits (``atomic_apply`` and its terminal form) and receipts (§2.10–2.11, §2.16).
+"""Boundary commits (``atomic_apply`` and its terminal form) and boundary receipts.
 
 A run boundary commits, in one transaction under the ``runtime:<id>`` write
 lock: the session snapshot (if any), the machine lifecycle (terminal form
 only), the compaction outbox rows of the snapshot's intents, the boundary
-receipt and the input states. All of it or none of it (I1).
+receipt and the input states. All of it or none of it (I1,
+docs/runtime.md#invariants). The operations are described in
+docs/runtime.md#boundary-commits.
 
 What lives here: :func:`prepare_boundary` (every check that needs no
 database, run before the unit opens in the one-call form), the repository
@@ -19,8 +21,8 @@ nothing of itself. The outbox rows have their own insert-and-compare fence
 (:func:`~agentkeep.runtime.outbox.insert_outbox_intents`); the snapshot,
 lifecycle and input upserts are unconditional under the lock.
 
-**The supersession verdict** (§2.10 step 6): when the boundary save guard
-rejects the incoming snapshot against the stored head,
+**The supersession verdict** (docs/runtime.md#the-supersession-verdict): when
+the boundary save guard rejects the incoming snapshot against the stored head,
 
 a. a stored *placeholder* (no history, at most one System message) is
    replaced anyway;
@@ -128,7 +130,9 @@ def prepare_boundary(
     session_store_key: str | None,
     machine_lifecycle: MachineLifecycleCommit | None = None,
 ) -> PreparedBoundary:
-    """Run a boundary's checks that need no database, in the spec's order.
+    """Run a boundary's checks that need no database, in the documented order.
+
+    The order is that of docs/runtime.md#atomic_apply, step 1.
 
     Raises:
         WriteFailed: the snapshot does not decode, an intent is invalid, or
@@ -159,7 +163,10 @@ def prepare_boundary(
 
 
 def _supersession_verdict(access: RuntimeAccess, runtime_id: str, incoming: Any) -> bool:
-    """True to persist ``incoming``; raises when it is superseded or refused (§2.10 step 6)."""
+    """True to persist ``incoming``; raises when it is superseded or refused.
+
+    See docs/runtime.md#the-supersession-verdict.
+    """
     domain = access.domain
     _, previous = previous_session(access, runtime_id)
     try:
@@ -193,7 +200,9 @@ class BoundaryOps:
         input_updates: Sequence[InputStatePersistenceRecord | StoredInputState] = (),
         session_store_key: str | None = None,
     ) -> None:
-        """Commit a run boundary atomically (§2.10; see the module docstring).
+        """Commit a run boundary atomically (see the module docstring).
+
+        See docs/runtime.md#atomic_apply.
 
         Args:
             runtime_id: the runtime.
@@ -232,7 +241,9 @@ class BoundaryOps:
         input_updates: Sequence[InputStatePersistenceRecord | StoredInputState],
         session_store_key: str,
     ) -> None:
-        """Commit a terminal boundary with the machine lifecycle, atomically (§2.11).
+        """Commit a terminal boundary with the machine lifecycle, atomically.
+
+        See docs/runtime.md#atomic_apply_with_machine_lifecycle.
 
         As :meth:`atomic_apply`, with the snapshot and key required and the
         lifecycle record written after the snapshot; any failure rolls back
@@ -285,7 +296,9 @@ class BoundaryOps:
     def load_boundary_receipt(
         self, runtime_id: str, run_id: str, sequence: int
     ) -> RunBoundaryReceipt | None:
-        """The receipt at ``(runtime_id, run_id, sequence)``, or None (§2.16).
+        """The receipt at ``(runtime_id, run_id, sequence)``, or None.
+
+        See docs/runtime.md#load_boundary_receipt.
 
         Raises:
             InvalidInput: ``sequence`` is not a u64.

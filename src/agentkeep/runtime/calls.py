@@ -6,7 +6,8 @@ name in its own unit of work, retried as a whole on a transient busy error
 a caller's snapshot, checking a batch's shape) runs *before* the unit opens,
 so a refused call never waits for the write lock.
 
-Errors keep the spec's variants (§0.2): a busy / lock-timeout error that
+Errors keep the original store's variants (docs/runtime.md#errors,
+docs/decisions.md#errors-by-phase): a busy / lock-timeout error that
 outlasts the retries, or any driver failure outside a statement (connect,
 ``BEGIN``, ``COMMIT``), becomes :class:`~agentkeep.runtime.errors.WriteFailed`
 for a write and :class:`~agentkeep.runtime.errors.ReadFailed` for a read

@@ -1,21 +1,25 @@
-"""Domain rules of the runtime store (spec runtime §3), behind the :class:`RuntimeDomain` protocol.
+"""Domain rules of the runtime store, behind the :class:`RuntimeDomain` protocol.
 
 The store depends only on :class:`RuntimeDomain`; :class:`ReferenceDomain` is
 the shipped implementation. Payloads are ``bytes`` of canonical JSON
 (:func:`agentkeep.columns.canonical_json`, UTF-8), so encoding a decoded
-canonical payload gives back the same bytes. The rules live in three modules,
-and every public name of theirs listed in ``__all__`` below is re-exported
-here:
+canonical payload gives back the same bytes. The protocol and the reference
+rules are described in docs/runtime.md#the-runtime-domain. The rules live in
+three modules, and every public name of theirs listed in ``__all__`` below is
+re-exported here:
 
 * :mod:`agentkeep.runtime.session_model`: the reference session JSON model
-  with its transcript revisions (§3.0), commit fingerprints and compaction
-  intents (§3.4), the session codec, identifier helpers (§3.11).
-* :mod:`agentkeep.runtime.guards`: the save guards R1–R4 (§3.1), head
-  coherence (§3.2), the transcript-rewrite guard (§3.3), the placeholder check
-  (§2.0.14) and intent validation (§3.4).
-* :mod:`agentkeep.runtime.records`: input states (§3.10), machine lifecycle
-  records (§3.7), ops snapshots (§3.8), the unregister-finalization value and
-  its authority token (§3.9). The input-state batch compare-and-swap is not a
+  with its transcript revisions (docs/runtime.md#reference-session-format),
+  commit fingerprints and compaction intents
+  (docs/runtime.md#compaction-intents), the session codec, identifier helpers
+  (docs/runtime.md#common-rules).
+* :mod:`agentkeep.runtime.guards`: the boundary save guard (rules R1–R4), head
+  coherence and the transcript-rewrite guard (docs/runtime.md#save-guards),
+  the placeholder check (docs/runtime.md#placeholder-sessions) and intent
+  validation (docs/runtime.md#compaction-intents).
+* :mod:`agentkeep.runtime.records`: input states, machine lifecycle records,
+  ops snapshots, the unregister-finalization value and its authority token
+  (docs/runtime.md#records). The input-state batch compare-and-swap is not a
   domain rule: it lives whole in :mod:`agentkeep.runtime.input_cas`.
 
 Errors. Decoding a caller-supplied value raises
@@ -24,19 +28,21 @@ raises :class:`~agentkeep.runtime.errors.ReadFailed`; guard rejections raise
 :class:`~agentkeep.runtime.errors.GuardRejected` (a ``WriteFailed``) or
 :class:`~agentkeep.runtime.errors.TranscriptRevisionConflict`.
 
-Choices where the spec is open (each detailed in the module it concerns):
+Choices where the original store was open (each detailed in the module it
+concerns; docs/decisions.md#runtime-store):
 
 * Decoding is strict everywhere (duplicate keys, unknown fields, wrong JSON
   types, unknown versions refused; nothing defaulted or upgraded), except that
   a malformed ``transcript_history`` is kept verbatim on the session instead
-  of failing its decode (session_model).
+  of failing its decode (session_model;
+  docs/decisions.md#strict-decoding-and-malformed-histories).
 * A malformed history counts as absent for the placeholder check and is
   refused by every guard (guards).
 * The boundary guard generalises R3 to rewrite chains with appends, and names
   "monotonicity" for a shorter incoming transcript, else "continuity"
-  (guards).
+  (guards; docs/decisions.md#boundary-guard-rules).
 * Lifecycle records and ops snapshots have exactly one current version and
-  closed value sets (records).
+  closed value sets (records; docs/decisions.md#closed-record-versions).
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ SessionT = TypeVar("SessionT")
 
 
 class RuntimeDomain(Protocol[SessionT]):
-    """The domain operations the runtime store calls (§3.0).
+    """The domain operations the runtime store calls (docs/runtime.md#the-runtime-domain).
 
     The store passes bytes in and gets typed values, verdicts or bytes back;
     its transactions and fences depend on nothing else.
@@ -167,7 +173,8 @@ class RuntimeDomain(Protocol[SessionT]):
     def is_placeholder(self, session: SessionT) -> bool:
         """True for a session without history and at most one System message.
 
-        A malformed (undecodable) history counts as absent (§2.0.14).
+        A malformed (undecodable) history counts as absent
+        (docs/runtime.md#placeholder-sessions).
         """
         ...
 
@@ -217,7 +224,10 @@ class RuntimeDomain(Protocol[SessionT]):
 
 
 class ReferenceDomain:
-    """The shipped :class:`RuntimeDomain` for :class:`Session` (rules §3.1–§3.11)."""
+    """The shipped :class:`RuntimeDomain` for :class:`Session`.
+
+    Its rules are those of docs/runtime.md#the-runtime-domain.
+    """
 
     # -- session codec -----------------------------------------------------
 
@@ -261,7 +271,7 @@ class ReferenceDomain:
     # -- guards (see agentkeep.runtime.guards) -------------------------------
 
     def boundary_save_guard(self, incoming: Session, previous: Session | None) -> None:
-        """Accept ``incoming`` iff coherent and one of R1–R4 holds (§3.1).
+        """Accept ``incoming`` iff coherent and one of R1–R4 holds (docs/runtime.md#save-guards).
 
         Raises:
             GuardRejected: with rule ``monotonicity`` if ``incoming`` is
@@ -270,7 +280,7 @@ class ReferenceDomain:
         guards.boundary_save_guard(incoming, previous)
 
     def head_coherence_guard(self, incoming: Session) -> None:
-        """Check a well-formed history has ``head == rev(messages)`` (§3.2).
+        """Check a well-formed history has ``head == rev(messages)`` (docs/runtime.md#save-guards).
 
         Raises:
             GuardRejected: rule ``coherence``.
@@ -280,7 +290,9 @@ class ReferenceDomain:
     def rewrite_save_guard(
         self, incoming: Session, previous: Session | None, commit: TranscriptCommit
     ) -> None:
-        """Check a transcript rewrite against the persisted session (§3.3, in order).
+        """Check a transcript rewrite against the persisted session, in order.
+
+        The rewrite guard of docs/runtime.md#save-guards.
 
         Raises:
             TranscriptRevisionConflict: ``commit``'s parent is not the persisted revision.
@@ -295,7 +307,9 @@ class ReferenceDomain:
     # -- compaction intents ------------------------------------------------
 
     def validated_compaction_intents(self, session: Session) -> tuple[CompactionIntent, ...]:
-        """Validate the session's intents (§3.4 (a)–(e)) and return them in order.
+        """Validate the session's intents and return them in order.
+
+        The checks of docs/runtime.md#compaction-intents.
 
         Raises:
             WriteFailed: an intent is foreign, unbacked, has wrong counts, or a key repeats.
@@ -303,7 +317,10 @@ class ReferenceDomain:
         return guards.validated_compaction_intents(session)
 
     def complete_compaction_intent(self, session: Session, projection: ProjectionId) -> Session:
-        """Remove the intent of ``projection``; a no-op if absent (§3.5)."""
+        """Remove the intent of ``projection``; a no-op if absent.
+
+        See docs/runtime.md#compaction-intents.
+        """
         kept = tuple(i for i in session.compaction_intents if i.projection != projection)
         if len(kept) == len(session.compaction_intents):
             return session

@@ -6,7 +6,8 @@ map). Each runs, in its own unit, the operation of the repository part of
 its concern (the pre-encoded ``apply_*`` form when it did work before the
 unit opened); the parts and the fence modules hold the only implementation
 of every fence. :mod:`agentkeep.runtime.calls` says how errors and retries
-are reported.
+are reported (docs/runtime.md#errors; the one-call form in general:
+docs/architecture.md#one-call-operations).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class RuntimeCalls(
     __slots__ = ()
 
     def auth_authority_key(self) -> str | None:
-        """The identity of the database holding the OAuth flow state (§2.4).
+        """The identity of the database holding the OAuth flow state.
+
+        See docs/runtime.md#auth_authority_key.
 
         Two handles on the same physical database agree on it:
         ``"sqlite:" + canonical path`` (symlinks and relative parts resolved;

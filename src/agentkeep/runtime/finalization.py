@@ -1,17 +1,21 @@
 """Unregister finalization: one atomic commit, and a verdict when its acknowledgement is lost.
 
-Spec runtime §2.26, §2.0.15, §6.7. ``commit_unregister_finalization`` writes,
-in one transaction under the ``runtime:<id>`` write lock: the final lifecycle
-record, the final input states, the retired-epoch tombstone, and — when the
-stored ops snapshot belongs to the retired epoch — the deletion of that ops
-row (an ops row of a *newer* epoch is kept). So it is never observable that
-the lifecycle is final while the retired epoch's ops row survives (I7), and a
-late ``persist_ops_lifecycle`` of that epoch is refused forever (I6).
+Described in docs/runtime.md#unregister-finalization; its async form waits,
+when its caller is cancelled, until the transaction has finished
+(docs/architecture.md#async-facade). ``commit_unregister_finalization``
+writes, in one transaction under the ``runtime:<id>`` write lock: the final
+lifecycle record, the final input states, the retired-epoch tombstone, and —
+when the stored ops snapshot belongs to the retired epoch — the deletion of
+that ops row (an ops row of a *newer* epoch is kept). So it is never
+observable that the lifecycle is final while the retired epoch's ops row
+survives (I7), and a late ``persist_ops_lifecycle`` of that epoch is refused
+forever (I6; both in docs/runtime.md#invariants).
 
-**Uncertain commits.** When COMMIT fails — or its acknowledgement is lost —
-the store cannot know whether it landed. It re-reads the four facts it wrote
-(lifecycle bytes, each input's bytes, ops bytes, the tombstone) on another
-connection (the failed one is discarded) and decides:
+**Uncertain commits** (docs/runtime.md#uncertain-commits,
+docs/decisions.md#uncertain-commits-are-re-read). When COMMIT fails — or its
+acknowledgement is lost — the store cannot know whether it landed. It re-reads
+the four facts it wrote (lifecycle bytes, each input's bytes, ops bytes, the
+tombstone) on another connection (the failed one is discarded) and decides:
 
 * equal to the final state → success (also an idempotent retry whose
   "before" already was final);
@@ -22,14 +26,15 @@ connection (the failed one is discarded) and decides:
   Retry the (idempotent) finalization; never publish a compensating lifecycle
   rollback on it.
 
-**Fault hooks.** A ``fault_hook`` is called at the named
-:class:`FinalizationPoint` s. Raising at ``AFTER_LIFECYCLE_WRITE`` or
+**Fault hooks** (docs/runtime.md#fault-hooks). A ``fault_hook`` is called at
+the named :class:`FinalizationPoint` s. Raising at ``AFTER_LIFECYCLE_WRITE`` or
 ``AFTER_OPS_DELETE`` is a power cut (rolled back, ``WriteFailed`` with the
 hook's message); raising at ``BEFORE_COMMIT`` is a COMMIT that failed and
 rolled back; raising at ``AFTER_COMMIT`` is an acknowledgement lost after a
 durable COMMIT; raising at ``BEFORE_REOBSERVE`` is a failed re-read (the hook
 may also change the database there). :func:`synthetic_fault` builds the
-seed's three one-shot faults. The hook is per call, never global.
+original store's three one-shot faults. The hook is per call, never global
+(docs/decisions.md#fault-hooks-not-globals).
 
 What lives here: the repository part :class:`FinalizationOps`
 (``uow.runtime.finalization``: its two steps, reachable only there),
@@ -115,8 +120,8 @@ class SyntheticFault(Exception):
 
 
 def synthetic_fault(code: int) -> FaultHook:
-    """The seed's one-shot faults: 1 power cut after the lifecycle write, 2 after the
-    ops deletion, 3 acknowledgement lost after a durable COMMIT.
+    """The original store's one-shot faults: 1 power cut after the lifecycle write,
+    2 after the ops deletion, 3 acknowledgement lost after a durable COMMIT.
 
     Raises:
         ValueError: ``code`` is not 1, 2 or 3.
@@ -136,7 +141,10 @@ def synthetic_fault(code: int) -> FaultHook:
 
 @dataclass(frozen=True, slots=True)
 class FinalizationObservation:
-    """The four facts a finalization writes, as stored (§2.0.15); equal iff byte-equal."""
+    """The four facts a finalization writes, as stored; equal iff byte-equal.
+
+    Compared to classify an uncertain commit (docs/runtime.md#uncertain-commits).
+    """
 
     lifecycle: bytes | None
     inputs: tuple[tuple[str, bytes | None], ...]
@@ -171,7 +179,9 @@ class FinalizationOps:
     def observe_unregister_finalization(
         self, runtime_id: str, input_ids: Sequence[str], retired_epoch: str
     ) -> FinalizationObservation:
-        """Read the lifecycle, the given inputs, the ops row and the tombstone (§2.0.15).
+        """Read the lifecycle, the given inputs, the ops row and the tombstone.
+
+        The "before" and re-read observations of docs/runtime.md#uncertain-commits.
 
         Raises:
             ReadFailed: a SELECT failed.
@@ -192,7 +202,9 @@ class FinalizationOps:
         retired_epoch: str,
         hook: FaultHook,
     ) -> tuple[FinalizationObservation, FinalizationObservation]:
-        """Lock, observe, write everything (§2.26 steps 3–11); return (before, final).
+        """Lock, observe, write everything; return (before, final).
+
+        Steps 2–5 of docs/runtime.md#commit_unregister_finalization.
 
         The caller commits. Raises like :meth:`FinalizationCalls.commit_unregister_finalization`
         before its COMMIT.
@@ -247,7 +259,9 @@ class FinalizationCalls(RuntimeCallsBase):
         *,
         fault_hook: FaultHook | None = None,
     ) -> None:
-        """Commit an unregister finalization atomically; classify a lost acknowledgement (§2.26).
+        """Commit an unregister finalization atomically; classify a lost acknowledgement.
+
+        See docs/runtime.md#commit_unregister_finalization.
 
         Waits for the write lock up to the busy timeout (and retries the
         whole attempt on a transient error before COMMIT). Idempotent: a

@@ -1,11 +1,17 @@
-"""Save guards of the reference domain (spec runtime §3.1–§3.4, §2.0.14).
+"""Save guards of the reference domain: boundary, head coherence, rewrite, placeholder, intents.
 
-The boundary save guard (R1–R4), head coherence, the transcript-rewrite guard,
-the placeholder check and compaction-intent validation, for
+The boundary save guard (rules R1–R4), head coherence, the transcript-rewrite
+guard (docs/runtime.md#save-guards), the placeholder check
+(docs/runtime.md#placeholder-sessions) and compaction-intent validation
+(docs/runtime.md#compaction-intents), for
 :class:`~agentkeep.runtime.session_model.Session`.
-:class:`~agentkeep.runtime.domain.ReferenceDomain` delegates to these functions.
+:class:`~agentkeep.runtime.domain.ReferenceDomain` delegates to these
+functions. They are pure (no database access); the locks and fences are the
+store's.
 
-Choices where the spec is open:
+Choices where the original store was open
+(docs/decisions.md#boundary-guard-rules,
+docs/decisions.md#strict-decoding-and-malformed-histories):
 
 * The boundary save guard refuses a previous row with another session id.
   R2 requires the commit lists to be equal (history can be neither erased,
@@ -147,7 +153,7 @@ def _guard_reject(incoming: Session, previous: Session | None, detail: str) -> G
 
 
 def boundary_save_guard(incoming: Session, previous: Session | None) -> None:
-    """Accept ``incoming`` iff coherent and one of R1–R4 holds (§3.1).
+    """Accept ``incoming`` iff coherent and one of R1–R4 holds (docs/runtime.md#save-guards).
 
     Raises:
         GuardRejected: with rule ``monotonicity`` if ``incoming`` is shorter
@@ -188,7 +194,9 @@ def boundary_save_guard(incoming: Session, previous: Session | None) -> None:
 
 
 def head_coherence_guard(incoming: Session) -> None:
-    """Check the history is well-formed and ``head == rev(messages)`` (§3.2).
+    """Check the history is well-formed and ``head == rev(messages)``.
+
+    The head coherence guard of docs/runtime.md#save-guards.
 
     Raises:
         GuardRejected: rule ``coherence``.
@@ -208,7 +216,9 @@ def head_coherence_guard(incoming: Session) -> None:
 def rewrite_save_guard(
     incoming: Session, previous: Session | None, commit: TranscriptCommit
 ) -> None:
-    """Check a transcript rewrite against the persisted session (§3.3, in order).
+    """Check a transcript rewrite against the persisted session, in order.
+
+    The rewrite guard of docs/runtime.md#save-guards.
 
     Raises:
         TranscriptRevisionConflict: ``commit``'s parent is not the persisted revision.
@@ -251,7 +261,7 @@ def rewrite_save_guard(
 def is_placeholder(session: Session) -> bool:
     """True iff no history and the messages are empty or exactly one System message.
 
-    A malformed history counts as absent (§2.0.14).
+    A malformed history counts as absent (docs/runtime.md#placeholder-sessions).
     """
     if session.history is not None:
         return False
@@ -261,7 +271,9 @@ def is_placeholder(session: Session) -> bool:
 
 
 def validated_compaction_intents(session: Session) -> tuple[CompactionIntent, ...]:
-    """Validate the session's intents (§3.4 (a)–(e)) and return them in order.
+    """Validate the session's intents and return them in order.
+
+    The checks of docs/runtime.md#compaction-intents.
 
     Raises:
         WriteFailed: an intent is foreign, unbacked (a malformed history backs

@@ -1,8 +1,9 @@
 """The input-state batch compare-and-swap: its preparation, its fence and its outcomes.
 
-Spec runtime §2.23, §3.6. ``compare_and_swap_input_states_atomically``
-swaps a batch of input states iff every row still holds the value the caller
-expects: it is the adoption fence for a set of inputs. All of it lives here:
+Described in docs/runtime.md#compare_and_swap_input_states_atomically.
+``compare_and_swap_input_states_atomically`` swaps a batch of input states
+iff every row still holds the value the caller expects: it is the adoption
+fence for a set of inputs. All of it lives here:
 
 1. :func:`prepare_input_state_batch_cas` — outside the database (in the
    one-call form, before the unit opens): check the batch's shape
@@ -113,7 +114,9 @@ def prepare_input_state_batch_cas(
     expected: Sequence[StoredInputState],
     replacements: Sequence[InputStatePersistenceRecord | StoredInputState],
 ) -> tuple[PreparedInputStateCas, ...]:
-    """Check a batch's shape and encode both sides (pure: no database), §2.23 step 1.
+    """Check a batch's shape and encode both sides (pure: no database).
+
+    Step 1 of docs/runtime.md#compare_and_swap_input_states_atomically.
 
     Args:
         domain: encodes the states (:meth:`RuntimeDomain.encode_input_state`).
@@ -186,7 +189,9 @@ def stored_input_state(access: RuntimeAccess, runtime_id: str, input_id: str) ->
 def apply_input_state_batch_cas(
     access: RuntimeAccess, runtime_id: str, prepared: Sequence[PreparedInputStateCas]
 ) -> InputStateCasOutcome:
-    """Steps 2–8 of §2.23 on a prepared batch: lock, read, compare, swap through the fence.
+    """Lock, read, compare, swap through the fence, on a prepared batch.
+
+    Steps 2–6 of docs/runtime.md#compare_and_swap_input_states_atomically.
 
     An empty batch returns SWAPPED without touching the database.
 

@@ -1,6 +1,6 @@
 """Input states of a runtime: reads, upserts, and the part that runs the batch compare-and-swap.
 
-Spec runtime §1.1, §2.14–§2.15, §2.22–§2.23.
+Described in docs/runtime.md#input-states.
 
 One row per ``(runtime_id, input_id)`` in ``runtime_input_states`` holds the
 canonical JSON of a :class:`~agentkeep.runtime.domain.StoredInputState`. Rows
@@ -18,10 +18,12 @@ Writes take the ``runtime:<id>`` write lock first (``BEGIN IMMEDIATE`` on
 SQLite, the runtime's advisory lock on Postgres), so every read-check-write
 below is race-free against every other writer of the runtime.
 
-The batch compare-and-swap (§2.23), the adoption fence for a set of inputs,
-lives whole in :mod:`~agentkeep.runtime.input_cas` (its preparation, its
-fenced write and its outcomes); :meth:`InputStateOps.compare_and_swap_input_states_atomically`
-runs it. The upserts here have no fence: last writer wins.
+The batch compare-and-swap
+(docs/runtime.md#compare_and_swap_input_states_atomically), the adoption fence
+for a set of inputs, lives whole in :mod:`~agentkeep.runtime.input_cas` (its
+preparation, its fenced write and its outcomes);
+:meth:`InputStateOps.compare_and_swap_input_states_atomically` runs it. The
+upserts here have no fence: last writer wins.
 
 Input ids must be canonical (lower-case, hyphenated) UUIDs: any other id is
 :class:`~agentkeep.errors.InvalidInput` before the database is touched.
@@ -139,7 +141,10 @@ def input_state_bytes(access: RuntimeAccess, runtime_id: str, input_id: str) -> 
 def upsert_input_states(
     access: RuntimeAccess, runtime_id: str, encoded: Iterable[tuple[str, bytes]]
 ) -> None:
-    """Upsert encoded states in order (§2.0.12), inside the caller's locked transaction.
+    """Upsert encoded states in order, inside the caller's locked transaction.
+
+    Rows are only ever upserted, so the last writer wins
+    (docs/runtime.md#input-states).
 
     Takes no lock and opens no savepoint: the caller holds the runtime's
     write lock and makes its whole operation atomic. Encode first with
@@ -256,7 +261,9 @@ class InputStateOps:
         expected: Sequence[StoredInputState],
         replacements: Sequence[InputStateRecord],
     ) -> InputStateCasOutcome:
-        """Swap a batch of input states iff every row still holds its expected value (§2.23).
+        """Swap a batch of input states iff every row still holds its expected value.
+
+        Described in docs/runtime.md#compare_and_swap_input_states_atomically.
 
         See :mod:`~agentkeep.runtime.input_cas` for the exact order of the
         checks and the fence.

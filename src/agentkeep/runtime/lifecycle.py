@@ -1,6 +1,8 @@
 """Machine lifecycle records, ops-lifecycle snapshots and retired ops epochs.
 
-Spec runtime §1.4–§1.6, §2.24–§2.25, §2.27–§2.30, §3.7–§3.8.
+Described in docs/runtime.md#machine-lifecycle and
+docs/runtime.md#ops-lifecycle-and-retired-epochs; the record formats in
+docs/runtime.md#records.
 
 :class:`LifecycleOps` is the repository part ``uow.runtime.lifecycle``; the
 row steps the boundary and finalization writers share are plain functions
@@ -175,7 +177,7 @@ class LifecycleOps:
     def __init__(self, access: RuntimeAccess) -> None:
         self._access = access
 
-    # -- machine lifecycle (§2.24, §2.25, §3.7) ------------------------------
+    # -- machine lifecycle (docs/runtime.md#machine-lifecycle) ------------------
 
     def load_machine_lifecycle_record(self, runtime_id: str) -> bytes | None:
         """Load the raw lifecycle record bytes (no decode; a TEXT value as its UTF-8 bytes).
@@ -186,7 +188,7 @@ class LifecycleOps:
         return lifecycle_bytes(self._access, runtime_id)
 
     def load_machine_lifecycle(self, runtime_id: str) -> MachineLifecycleCommit | None:
-        """Load and strictly decode the lifecycle record (§3.7).
+        """Load and strictly decode the lifecycle record (docs/runtime.md#load_machine_lifecycle).
 
         Returns:
             The lifecycle snapshot, or None if the runtime has no record.
@@ -199,7 +201,9 @@ class LifecycleOps:
         return None if data is None else self._access.domain.decode_lifecycle(data)
 
     def load_runtime_state(self, runtime_id: str) -> RuntimeState | None:
-        """Load the runtime state of the lifecycle record (strict decode, §3.7).
+        """Load the runtime state of the lifecycle record (strict decode).
+
+        See docs/runtime.md#load_runtime_state.
 
         Returns:
             ``"idle"``, ``"stopped"``, ``"retired"`` (reference domain), or
@@ -217,7 +221,9 @@ class LifecycleOps:
         commit: MachineLifecycleCommit,
         input_states: Sequence[InputStateRecord] = (),
     ) -> None:
-        """Upsert the lifecycle record, then the input states, in one transaction (§2.25).
+        """Upsert the lifecycle record, then the input states, in one transaction.
+
+        See docs/runtime.md#commit_machine_lifecycle.
 
         Unconditional: no fence, and the ops snapshot is not touched.
 
@@ -246,10 +252,12 @@ class LifecycleOps:
             upsert_lifecycle(access, runtime_id, data)
             upsert_input_states(access, runtime_id, inputs)
 
-    # -- ops lifecycle (§2.27–§2.30) -----------------------------------------
+    # -- ops lifecycle (docs/runtime.md#ops-lifecycle-and-retired-epochs) ------
 
     def persist_ops_lifecycle(self, runtime_id: str, snapshot: OpsSnapshot) -> None:
-        """Store the runtime's ops snapshot unless its epoch is retired (§2.27).
+        """Store the runtime's ops snapshot unless its epoch is retired.
+
+        See docs/runtime.md#persist_ops_lifecycle.
 
         The row is overwritten whatever epoch it held: only retirement fences.
 
@@ -273,7 +281,9 @@ class LifecycleOps:
     def initialize_ops_lifecycle_if_absent(
         self, runtime_id: str, candidate: OpsSnapshot
     ) -> OpsSnapshot:
-        """Store ``candidate`` if the runtime has no ops snapshot; return the canonical one (§2.28).
+        """Store ``candidate`` if the runtime has no ops snapshot; return the canonical one.
+
+        See docs/runtime.md#initialize_ops_lifecycle_if_absent.
 
         Steps, in order: encode the candidate; refuse it if its epoch is
         retired; insert it unless a row exists; read and decode the row now
@@ -314,7 +324,7 @@ class LifecycleOps:
         return canonical
 
     def load_ops_lifecycle(self, runtime_id: str) -> OpsSnapshot | None:
-        """Load and decode the runtime's ops snapshot (§2.29).
+        """Load and decode the runtime's ops snapshot (docs/runtime.md#load_ops_lifecycle).
 
         Raises:
             ReadFailed: the SELECT failed or the row does not decode.
@@ -323,7 +333,9 @@ class LifecycleOps:
         return None if data is None else self._access.domain.decode_ops(data)
 
     def delete_ops_lifecycle(self, runtime_id: str) -> None:
-        """Delete the runtime's ops snapshot, if any (§2.30). It does not retire its epoch.
+        """Delete the runtime's ops snapshot, if any. It does not retire its epoch.
+
+        See docs/runtime.md#delete_ops_lifecycle.
 
         Raises:
             WriteFailed: the DELETE failed.

@@ -1,4 +1,4 @@
-"""Mob host bindings and revocation receipts (spec runtime §1.10–§1.11, §2.31–§2.38).
+"""Mob host bindings and revocation receipts (docs/runtime.md#mob-host-bindings).
 
 Both tables are global (keyed by mob id, not runtime-scoped) and hold opaque
 bytes. Every write takes the ``mob:<id>`` write lock first (``BEGIN
@@ -26,12 +26,12 @@ Fences and outcomes:
 
 Through these operations a mob never has both a binding and a receipt.
 
-**TEXT-vs-BLOB (spec §0.3, §5.2 item 23): normalised.** The seed compares the
-binding in SQL (``record_json = ?`` with a BLOB parameter), which on SQLite
-never matches a value stored as TEXT (a file edited by hand), so a
-compare-and-put on such a row would return False although its bytes match.
-This port compares in application code instead: under the write lock it
-reads the stored value, normalises it with
+**TEXT-vs-BLOB: normalised** (docs/decisions.md#text-payloads-in-compare-and-set).
+The original store compares the binding in SQL (``record_json = ?`` with a BLOB
+parameter), which on SQLite never matches a value stored as TEXT (a file edited
+by hand), so a compare-and-put on such a row would return False although its
+bytes match. This port compares in application code instead: under the write
+lock it reads the stored value, normalises it with
 :func:`~agentkeep.runtime.access.as_bytes` (TEXT → its UTF-8 bytes) and
 compares that with ``expected``; absent or different: False, nothing written.
 

@@ -1,23 +1,25 @@
-"""Tables of the runtime store (spec runtime §1.1–§1.11, the DDL of §1.14).
+"""Tables of the runtime store: the original store's eleven tables, as mapped models.
 
-The eleven tables keep the seed's names, columns and composite keys, so a
-file written by the original Rust store is adopted as it is
-(:mod:`agentkeep.runtime.adoption`). Built by
-``alembic/versions/runtime_0001_baseline.py``; the drift check keeps the two
-equal.
+The tables are described in docs/runtime.md#tables. The eleven tables keep the
+original store's names, columns and composite keys, so a file written by the
+original Rust store is adopted as it is (:mod:`agentkeep.runtime.adoption`).
+Built by ``alembic/versions/runtime_0001_baseline.py``; the drift check keeps
+the two equal.
 
 * Payload columns are ``LargeBinary`` (``BLOB`` / ``bytea``): the store treats
   them as opaque bytes and compares them byte for byte. A ``TEXT`` value found
   in one (a SQLite file edited by hand) is read as its UTF-8 bytes.
 * Every query is an exact lookup on, or a prefix scan of, a primary key
   (``runtime_id`` leads every runtime-scoped key), except the outbox's pending
-  list, which has its own index (revision ``runtime_0002``; the seed had
-  none, and finalized tombstones are never deleted).
+  list, which has its own index (revision ``runtime_0002``; the original
+  store had none, and finalized tombstones are never deleted:
+  docs/decisions.md#outbox-pending-index).
 * Text key columns that a list orders by (``input_id``, ``mob_id``, the outbox
   key) use the ``"C"`` collation on Postgres, so lists come back in byte order
   as on SQLite whatever the database's locale.
 * The legacy migrator's audit table is not here: the migrator creates it on
-  demand (§1.12), so a dry run creates nothing.
+  demand (docs/legacy-migration.md#the-audit-table), so a dry run creates
+  nothing.
 
 Invariants (kept by the repositories, never by these declarations alone):
 outbox rows are never deleted and only move ``pending`` → ``finalized``;
@@ -68,7 +70,7 @@ class BoundaryReceiptRow(Base):
     """One receipt per committed run boundary; insert-only (the boundary's idempotency fence).
 
     ``sequence`` is the u64 receipt sequence stored as the i64 with the same
-    bit pattern (§1.2).
+    bit pattern (docs/runtime.md#receipt-sequence-encoding).
     """
 
     __tablename__ = "runtime_boundary_receipts"
@@ -178,7 +180,7 @@ class MobHostRevocationRow(Base):
     receipt_json: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
 
-#: The runtime store's tables, in the order of the DDL of §1.14.
+#: The runtime store's tables, in the order of the original store's DDL.
 RUNTIME_TABLES: Final = (
     InputStateRow.__tablename__,
     BoundaryReceiptRow.__tablename__,

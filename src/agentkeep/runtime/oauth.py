@@ -1,4 +1,4 @@
-"""The OAuth login-flow singleton (spec runtime §1.7, §2.5–§2.7).
+"""The OAuth login-flow singleton (docs/runtime.md#oauth-flow-state).
 
 One global row (``id = 'auth_oauth_flow_state'``, not runtime-scoped) of
 ``runtime_auth_oauth_flow_state`` holds an opaque payload. Writes take the

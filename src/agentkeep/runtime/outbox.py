@@ -1,13 +1,16 @@
-"""The compaction-projection outbox (spec runtime §1.9, §2.0.8–§2.0.10, §2.12–§2.13).
+"""The compaction-projection outbox: its fences, the pending list and finalization.
+
+Described in docs/runtime.md#compaction-outbox.
 
 A row is born ``pending`` in the transaction that commits the snapshot
 carrying its intent (only a boundary commit inserts rows), moves to
 ``finalized`` when the projection is acknowledged, and is never deleted: a
 finalized row is a tombstone that refuses every replay of its intent.
 
-The three checks every snapshot writer runs live here, one function each,
-taking the unit's :class:`~agentkeep.runtime.access.RuntimeAccess` (the
-caller holds the ``runtime:<id>`` write lock):
+The three checks every snapshot writer runs (docs/runtime.md#outbox-checks)
+live here, one function each, taking the unit's
+:class:`~agentkeep.runtime.access.RuntimeAccess` (the caller holds the
+``runtime:<id>`` write lock):
 
 * :func:`insert_outbox_intents` (boundary writers): the outbox's fence.
   Each intent is inserted if absent (``INSERT ... ON CONFLICT DO NOTHING``),
@@ -24,9 +27,10 @@ caller holds the ``runtime:<id>`` write lock):
 :class:`OutboxOps` is the repository part with the pending list and
 finalization (``uow.runtime.outbox``).
 
-Invariants (I3, I4): rows are never deleted; ``state`` only moves ``pending``
-→ ``finalized``; the ``intent_json`` of a key never changes; once a row is
-finalized its intent is gone from the snapshot and no path can put it back.
+Invariants (I3, I4 of docs/runtime.md#invariants): rows are never deleted;
+``state`` only moves ``pending`` → ``finalized``; the ``intent_json`` of a key
+never changes; once a row is finalized its intent is gone from the snapshot and
+no path can put it back.
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def _outbox_row(
 def insert_outbox_intents(
     access: RuntimeAccess, runtime_id: str, intents: Sequence[CompactionIntent]
 ) -> None:
-    """Insert each intent if absent and compare the stored one (§2.0.8).
+    """Insert each intent if absent and compare the stored one (docs/runtime.md#outbox-checks).
 
     Raises:
         WriteFailed: a different intent is stored at the same key, or a
@@ -141,7 +145,9 @@ def insert_outbox_intents(
 def reject_finalized_replays(
     access: RuntimeAccess, runtime_id: str, intents: Sequence[CompactionIntent]
 ) -> None:
-    """Refuse a boundary snapshot that carries an acknowledged intent (§2.0.10).
+    """Refuse a boundary snapshot that carries an acknowledged intent.
+
+    See docs/runtime.md#outbox-checks.
 
     Raises:
         WriteFailed: an intent's outbox row is finalized.
@@ -157,11 +163,14 @@ def reject_finalized_replays(
 
 
 def ensure_intents_already_outboxed(access: RuntimeAccess, runtime_id: str, session: Any) -> None:
-    """A non-boundary snapshot may carry only identical pending outbox intents (§2.0.9).
+    """A non-boundary snapshot may carry only identical pending outbox intents.
+
+    See docs/runtime.md#outbox-checks.
 
     Raises:
-        WriteFailed: an intent is invalid (§3.4), has no outbox row, its
-            row is finalized, or the stored intent differs.
+        WriteFailed: an intent is invalid (docs/runtime.md#compaction-intents),
+            has no outbox row, its row is finalized, or the stored intent
+            differs.
         ReadFailed: a stored intent does not decode.
     """
     for intent in access.domain.validated_compaction_intents(session):
@@ -189,7 +198,9 @@ class OutboxOps:
         self._access = access
 
     def load_pending_compaction_projections(self, runtime_id: str) -> list[CompactionIntent]:
-        """The runtime's pending intents, ordered by their key (§2.12).
+        """The runtime's pending intents, ordered by their key.
+
+        See docs/runtime.md#load_pending_compaction_projections.
 
         Raises:
             ReadFailed: the SELECT failed or any row does not decode (the
@@ -207,7 +218,9 @@ class OutboxOps:
     def mark_compaction_projection_finalized(
         self, runtime_id: str, projection: ProjectionId
     ) -> None:
-        """Acknowledge a projection: drop its intent from the snapshot, tombstone its row (§2.13).
+        """Acknowledge a projection: drop its intent from the snapshot, tombstone its row.
+
+        See docs/runtime.md#mark_compaction_projection_finalized.
 
         Takes the ``runtime:<id>`` write lock. If a snapshot row exists, the
         intent is removed from it (a no-op when already gone) and the
@@ -243,5 +256,8 @@ class OutboxCalls(RuntimeCallsBase):
     mark_compaction_projection_finalized = write(OutboxOps.mark_compaction_projection_finalized)
 
     def supports_compaction_projection_outbox(self) -> bool:
-        """True: this store commits compaction intents and their outbox rows atomically (§2.3)."""
+        """True: this store commits compaction intents and their outbox rows atomically.
+
+        See docs/runtime.md#supports_compaction_projection_outbox.
+        """
         return True

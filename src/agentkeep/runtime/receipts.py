@@ -1,4 +1,4 @@
-"""Boundary receipts: the value, its JSON and the u64 sequence key (spec runtime §1.2, §2.0.5).
+"""Boundary receipts: the value, its JSON and the u64 sequence key.
 
 A :class:`RunBoundaryReceipt` is written once per committed run boundary
 (insert-only; its key ``(runtime_id, run_id, sequence)`` is the boundary's
@@ -8,7 +8,8 @@ The u64 ``sequence`` is stored as the i64 with the same bit pattern
 (:func:`encode_receipt_sequence`): SQLite INTEGER and Postgres BIGINT are
 signed 64-bit, and clamping would make every sequence at or above 2**63
 share one key. The mapping is a bijection; the column is only ever matched
-exactly, never ordered, so the high half sorting as negative does not matter.
+exactly, never ordered, so the high half sorting as negative does not matter
+(docs/runtime.md#receipt-sequence-encoding).
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""Runtime records of the reference domain (spec runtime §3.6–§3.10).
+"""Runtime records of the reference domain: input states, lifecycle, ops, finalization.
 
 Input states (and the batch compare-and-swap's size limit; the batch's
 preparation lives with its fence in :mod:`agentkeep.runtime.input_cas`),
 machine lifecycle records, ops snapshots, the unregister-finalization value
-and its capability token.
+and its capability token (docs/runtime.md#records). These are values and
+codecs only: no database access, no fence.
 
-Choices where the spec is open:
+Choices where the original store was open
+(docs/decisions.md#closed-record-versions):
 
 * Records decode strictly (see :mod:`agentkeep.runtime.session_model`): input
   states carry ``stored_input_state_version`` 1; lifecycle records
@@ -53,12 +55,13 @@ __all__ = [
 STORED_INPUT_STATE_VERSION: Final = 1
 LIFECYCLE_RECORD_VERSION: Final = 3
 OPS_SNAPSHOT_VERSION: Final = 1
-#: The most rows one input-state batch compare-and-swap may hold (§3.6).
+#: The most rows one input-state batch compare-and-swap may hold
+#: (docs/runtime.md#compare_and_swap_input_states_atomically).
 MAX_INPUT_STATE_BATCH_CAS: Final = 256
 
 
 # --------------------------------------------------------------------------
-# Input states (§3.10)
+# Input states (docs/runtime.md#records)
 
 
 class StoredInputState(BaseModel):
@@ -94,7 +97,10 @@ class StoredInputState(BaseModel):
 
 
 class InputStatePersistenceRecord(BaseModel):
-    """A machine-authorized input state, the only form the store writes (§3.10)."""
+    """A machine-authorized input state, the only form the store writes.
+
+    See docs/runtime.md#records.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -128,7 +134,7 @@ def encode_input_state(state: StoredInputState) -> bytes:
 
 
 # --------------------------------------------------------------------------
-# Machine lifecycle (§3.7), ops snapshot (§3.8), unregister finalization (§3.9)
+# Machine lifecycle, ops snapshot, unregister finalization (docs/runtime.md#records)
 
 RuntimeState: TypeAlias = Literal["idle", "stopped", "retired"]
 
@@ -237,7 +243,9 @@ def issue_delete_ops_finalization_authority() -> DeleteOpsFinalizationAuthority:
 
 @dataclass(frozen=True, slots=True)
 class UnregisterFinalizationCommit:
-    """What ``commit_unregister_finalization`` writes atomically (§3.9).
+    """What ``commit_unregister_finalization`` writes atomically.
+
+    See docs/runtime.md#records and docs/runtime.md#commit_unregister_finalization.
 
     Attributes:
         lifecycle: the final lifecycle snapshot.

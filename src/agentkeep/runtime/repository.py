@@ -1,4 +1,7 @@
-"""The runtime store's repository: every operation of spec runtime §2, in one namespace.
+"""The runtime store's repository: every operation of the runtime store, in one namespace.
+
+Every operation is described under its own heading in
+docs/runtime.md#the-runtime-store.
 
 ``uow.runtime`` (and, one call per unit, ``store.runtime``) is a
 :class:`RuntimeRepository`. It is composed, not inherited: one part object
@@ -37,19 +40,21 @@ Unregister finalization (:mod:`~agentkeep.runtime.finalization`) owns its
 transaction (it classifies an unacknowledged COMMIT on a fresh connection),
 so it is a one-call operation only: ``store.runtime.commit_unregister_finalization``.
 
-Choices where the spec is open (spec runtime §6 offers them):
+Choices where the original store was open (docs/decisions.md#runtime-store):
 
 * **Locks.** Every runtime-scoped write takes ``runtime:<id>``; mob
   operations ``mob:<id>``; the OAuth flow its singleton key — ``BEGIN
   IMMEDIATE`` on SQLite, ``pg_advisory_xact_lock`` under READ COMMITTED on
   Postgres (never SERIALIZABLE, never ``FOR UPDATE`` alone: absence checks
-  need the lock).
-* **Errors by phase**, as the seed: failing SELECTs are ``ReadFailed``,
-  failing writes ``WriteFailed``; a busy database is retried as a whole unit
-  and reported as ``WriteFailed`` / ``ReadFailed`` once the retries are spent.
-  Refusals that need no database (undecodable snapshot, invalid intent, key
-  mismatch, bad batch shape, non-UUID input id) are raised before the unit
-  opens. Reads never create tables (the schema comes from migrations).
+  need the lock; docs/decisions.md#runtime-locks).
+* **Errors by phase**, as the original store: failing SELECTs are
+  ``ReadFailed``, failing writes ``WriteFailed``; a busy database is retried
+  as a whole unit and reported as ``WriteFailed`` / ``ReadFailed`` once the
+  retries are spent (docs/decisions.md#errors-by-phase). Refusals that need no
+  database (undecodable snapshot, invalid intent, key mismatch, bad batch
+  shape, non-UUID input id) are raised before the unit opens
+  (docs/decisions.md#checks-before-the-unit-opens). Reads never create tables
+  (the schema comes from migrations).
 * **Fences in SQL.** A compare-and-set (input-state batch swap, snapshot
   replace / clear if current, mob compare-and-put / delete / revoke)
   compares in Python under the lock, then writes with ``UPDATE`` /
@@ -63,16 +68,20 @@ Choices where the spec is open (spec runtime §6 offers them):
   are decided by the compare and are unchanged.
 * **TEXT in payload columns** is read as its UTF-8 bytes everywhere; the
   compare-and-sets compare after that normalisation and bind their fence on
-  the value as stored, so a TEXT row matches (the seed's SQL comparison
-  silently missed TEXT rows); the identical-bytes fast path keeps the seed's
-  SQL comparison, so a TEXT row takes the slow path and is rewritten as a
-  BLOB.
+  the value as stored, so a TEXT row matches (the original store's SQL
+  comparison silently missed TEXT rows); the identical-bytes fast path keeps
+  the original SQL comparison, so a TEXT row takes the slow path and is
+  rewritten as a BLOB (docs/decisions.md#text-payloads-in-compare-and-set).
 * **Units of work.** Inside ``store.write()``, an operation that can fail
-  after writing runs in a SAVEPOINT, so a caught error leaves nothing of it.
-* **Fault injection** is a per-call hook at named points, never global state.
+  after writing runs in a SAVEPOINT, so a caught error leaves nothing of it
+  (docs/decisions.md#savepoints-in-caller-units).
+* **Fault injection** is a per-call hook at named points, never global state
+  (docs/decisions.md#fault-hooks-not-globals).
 * **Async**: every operation's cancellation waits for its thread (stricter
-  than the seed, which hardens only unregister finalization).
-* The outbox's pending list has an index (``runtime_0002``); the seed had none.
+  than the original store, which hardens only unregister finalization;
+  docs/decisions.md#cancellation-waits-for-the-transaction).
+* The outbox's pending list has an index (``runtime_0002``); the original
+  store had none (docs/decisions.md#outbox-pending-index).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The snapshot row and its quarantine marker, as every snapshot writer touches them.
 
-Spec runtime §1.3, §1.8, §2.0.6–§2.0.7. This module holds the statements on
+Described in docs/runtime.md#session-snapshots and
+docs/runtime.md#quarantine. This module holds the statements on
 ``runtime_session_snapshots`` and ``runtime_projection_quarantine`` that the
 snapshot writers (:mod:`~agentkeep.runtime.snapshots`), the boundary commits
 (:mod:`~agentkeep.runtime.boundaries`) and outbox finalization
@@ -10,9 +11,10 @@ the calling operation holds the ``runtime:<id>`` write lock. No fence lives
 here; the snapshot compare-and-set fences are in
 :mod:`~agentkeep.runtime.snapshots`.
 
-Invariant kept here (I5): every unconditional snapshot write goes through
-:func:`upsert_snapshot`, which deletes the quarantine marker in the same
-transaction, because a written snapshot is authoritative again.
+Invariant kept here (I5, docs/runtime.md#invariants): every unconditional
+snapshot write goes through :func:`upsert_snapshot`, which deletes the
+quarantine marker in the same transaction, because a written snapshot is
+authoritative again.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def previous_session(access: RuntimeAccess, runtime_id: str) -> tuple[bytes | No
 
     Raises:
         ReadFailed: the row does not decode (legacy, unversioned, corrupt):
-            fail-closed, never read as absent (§2.0.3).
+            fail-closed, never read as absent (docs/runtime.md#errors).
     """
     data = snapshot_bytes(access, runtime_id)
     if data is None:
@@ -113,7 +115,7 @@ def previous_session(access: RuntimeAccess, runtime_id: str) -> tuple[bytes | No
 
 
 def upsert_snapshot(access: RuntimeAccess, runtime_id: str, data: bytes) -> None:
-    """Write the snapshot and clear the quarantine marker (§2.0.6).
+    """Write the snapshot and clear the quarantine marker (docs/runtime.md#quarantine).
 
     Raises:
         WriteFailed: a statement failed (a trigger abort on the snapshot row).

@@ -1,4 +1,4 @@
-"""Non-boundary session-snapshot writes and reads (spec runtime §2.8–§2.9, §2.17–§2.21).
+"""Non-boundary session-snapshot writes and reads (docs/runtime.md#session-snapshots).
 
 :class:`SnapshotOps` is the repository part ``uow.runtime.snapshots``. The
 snapshot row is the runtime's authoritative session (its head). Every
@@ -145,7 +145,9 @@ class SnapshotOps:
     # -- commit ------------------------------------------------------------
 
     def commit_session_snapshot(self, runtime_id: str, session_snapshot: bytes) -> None:
-        """Commit a non-boundary snapshot if it continues the stored head (§2.8).
+        """Commit a non-boundary snapshot if it continues the stored head.
+
+        See docs/runtime.md#commit_session_snapshot.
 
         Args:
             runtime_id: the runtime.
@@ -181,7 +183,9 @@ class SnapshotOps:
     def commit_session_transcript_rewrite_snapshot(
         self, runtime_id: str, session_snapshot: bytes, commit: TranscriptCommit
     ) -> None:
-        """Commit a transcript rewrite of the stored head (§2.9).
+        """Commit a transcript rewrite of the stored head.
+
+        See docs/runtime.md#commit_session_transcript_rewrite_snapshot.
 
         Args:
             runtime_id: the runtime.
@@ -214,7 +218,9 @@ class SnapshotOps:
     # -- reads and clears ----------------------------------------------------
 
     def load_session_snapshot(self, runtime_id: str) -> bytes | None:
-        """The stored snapshot bytes, undecoded (a TEXT row as its UTF-8 bytes) (§2.17).
+        """The stored snapshot bytes, undecoded (a TEXT row as its UTF-8 bytes).
+
+        See docs/runtime.md#load_session_snapshot.
 
         Raises:
             ReadFailed: the SELECT failed.
@@ -222,7 +228,9 @@ class SnapshotOps:
         return snapshot_bytes(self._access, runtime_id)
 
     def is_runtime_projection_quarantined(self, runtime_id: str) -> bool:
-        """Whether the runtime's snapshot was cleared as rejected and not written since (§2.21).
+        """Whether the runtime's snapshot was cleared as rejected and not written since.
+
+        See docs/runtime.md#is_runtime_projection_quarantined.
 
         Returns:
             True while the durable quarantine marker is set; False for a
@@ -234,7 +242,9 @@ class SnapshotOps:
         return is_quarantined(self._access, runtime_id)
 
     def clear_session_snapshot(self, runtime_id: str) -> None:
-        """Delete the snapshot row unconditionally (§2.18); quarantine and outbox untouched.
+        """Delete the snapshot row unconditionally; quarantine and outbox untouched.
+
+        See docs/runtime.md#clear_session_snapshot.
 
         Raises:
             WriteFailed: the DELETE failed.
@@ -247,7 +257,9 @@ class SnapshotOps:
     def replace_session_snapshot_if_current(
         self, runtime_id: str, expected_current: bytes, replacement: bytes
     ) -> bool:
-        """Replace the snapshot if the stored bytes are ``expected_current`` (§2.19).
+        """Replace the snapshot if the stored bytes are ``expected_current``.
+
+        See docs/runtime.md#replace_session_snapshot_if_current.
 
         No save guard runs (a shrink or repair is allowed); the replacement
         is held to outbox authority only.
@@ -282,7 +294,9 @@ class SnapshotOps:
         return True
 
     def clear_session_snapshot_if_current(self, runtime_id: str, expected_current: bytes) -> bool:
-        """Delete the snapshot if its bytes are ``expected_current`` and quarantine it (§2.20).
+        """Delete the snapshot if its bytes are ``expected_current`` and quarantine it.
+
+        See docs/runtime.md#clear_session_snapshot_if_current.
 
         Returns:
             True if deleted (the durable quarantine marker is set in the same

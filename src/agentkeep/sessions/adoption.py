@@ -4,7 +4,9 @@ The original Rust session store kept one session per file in tables of a
 different shape (a singleton head, no ``session_id`` on most tables), so there
 is no historical shape to stamp: a database that holds our session tables
 without a version row is refused with
-:class:`~agentkeep.errors.LegacySchemaMismatch`, and nothing is written.
+:class:`~agentkeep.errors.LegacySchemaMismatch`, and nothing is written
+(docs/sessions.md#un-versioned-session-tables,
+docs/decisions.md#unknown-legacy-shapes-are-refused).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Content-addressed blobs and checkpoints (spec sessions §1.10, §4.9; spec/README.md).
+"""Content-addressed blobs and checkpoints: encode, store, read and hydrate.
+
+The format and the reading rules are in docs/sessions.md#checkpoints-and-blobs;
+why canonical JSON and zlib (the original store used MessagePack envelopes)
+in docs/decisions.md#blob-encoding.
 
 A blob is the canonical JSON encoding of a value (sorted keys, compact, UTF-8),
 compressed with zlib when its size reaches the blob profile's threshold. Its

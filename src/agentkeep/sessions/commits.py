@@ -1,4 +1,4 @@
-"""Session commits and session reads (spec sessions §1.1–1.4, §1.9, §1.12, §2.2–2.4, §2.9, §4.11).
+"""Session commits and session reads: the atomic turn commit, loads, node reads, metadata.
 
 This module owns the rows a turn records: the session head (``session_head``,
 one per session, the head-revision compare-and-set target), the conversation
@@ -8,16 +8,22 @@ idempotency ledger (``runtime_turn_commits``), the commit stamp of attachments
 (``session_meta``). Checkpoint blobs are written through
 :mod:`agentkeep.sessions.checkpoints`; queued work and turn inputs through
 :mod:`agentkeep.sessions.queue` and :mod:`agentkeep.sessions.turn_inputs`.
+The tables, the commit and the reads are described in
+docs/sessions.md#turn-commits and docs/sessions.md#session-reads.
 
-The commit (:meth:`SessionCommitRepository.commit_runtime_state`, §2.4) runs
-every step of the spec in its order, which fixes the error precedence:
+The commit (:meth:`SessionCommitRepository.commit_runtime_state`) runs its
+steps in this order, which fixes the error precedence
+(docs/sessions.md#order-of-checks-and-writes lists the same order; the
+numbers below are the ones the code's comments use):
 
 1. the ``session:<id>`` write lock, then the blob-GC lock **shared** (GC takes
    it exclusive, so a commit's fresh blobs are never swept before its head
    names them; both are no-ops on SQLite, whose ``BEGIN IMMEDIATE`` is
-   database-wide); ``now`` is sampled once, after the locks (spec/README.md
-   decision 2; the seed sampled it before the lock, §0.2);
-2. (the seed's binding check does not exist: there is one head per session);
+   database-wide); ``now`` is sampled once, after the locks (the original
+   store sampled it before the lock:
+   docs/decisions.md#now-is-sampled-once-after-the-lock);
+2. (the original store's "bound session" check has nothing to check: there
+   is one head per session, docs/decisions.md#many-sessions-per-database);
 3. turn-commit idempotency: a stamp for another session is
    :class:`~agentkeep.errors.RuntimeTurnCommitConflict`; a recorded
    ``(session, turn)`` with the same hash is a **replay** — the stored result
@@ -30,18 +36,19 @@ every step of the spec in its order, which fixes the error precedence:
    revision (0 without a head), else
    :class:`~agentkeep.errors.HeadRevisionConflict`; ``None`` is a blind write;
 7. completed queue claims: one for another session, or one that does not
-   name **exactly** the rows its claim owns (strict, spec/README.md; the seed
-   compared counts — scenario C-14), is
+   name **exactly** the rows its claim owns (strict; the original store
+   compared counts: docs/decisions.md#strict-claim-completion), is
    :class:`~agentkeep.errors.QueuedWorkClaimSuperseded`;
 8. the same for turn-input claims (:class:`~agentkeep.errors.TurnInputClaimSuperseded`);
 9. the checkpoint's blobs and manifest; 10. the usage deltas, in order;
 11. the graph delta (``Unchanged`` / ``Append`` / ``ReplaceFull``, scoped to
     the session); a node id that exists already in the session, or twice in
-    the delta, is :class:`NodeAlreadyExists` (defined here; the seed surfaced
-    the unique violation as a ``Backend`` error);
+    the delta, is :class:`NodeAlreadyExists` (defined here; the original store
+    surfaced the unique violation as a ``Backend`` error);
 12. the live node count, kept incrementally (the head's count plus the
     appended nodes, or the replacement's size; ``tombstone_nodes`` decrements
-    it), so a commit costs O(its delta), never O(graph) (the seed counted);
+    it), so a commit costs O(its delta), never O(graph) (the original store
+    counted the table: docs/decisions.md#live-node-count-is-incremental);
 13. the head, written as an upsert fenced by the
     revision read in step 6 (a miss is
     :class:`~agentkeep.errors.ConcurrentModification`, a bug signal: the lock
@@ -75,7 +82,8 @@ Reads (:meth:`~SessionCommitRepository.load_session`,
 :meth:`~SessionCommitRepository.get_head_revision`,
 :meth:`~SessionCommitRepository.load_session_meta`) take no lock and work in
 read and write units; ``load_session`` issues several SELECTs, which see one
-snapshot in a ``store.read()`` unit (decision 5).
+snapshot in a ``store.read()`` unit
+(docs/decisions.md#multi-statement-reads-use-one-snapshot).
 
 Statements. Every statement of this module is a module-level
 :class:`~agentkeep.statements.Statement` built from the mapped tables of
@@ -85,38 +93,44 @@ fixes itself (``tombstoned = 0``, the ``pending_active`` and
 ``deferred_next_turn`` states) are bound on every call. Row decoders read the
 columns in the order of the column tuples next to the statements.
 
-Choices recorded here (spec [PROPOSED] points and spec/README.md decisions):
+Choices where the original store was open (docs/decisions.md#session-store):
 
 * Multi-session: every statement is scoped by ``session_id``; ``ReplaceFull``
   deletes only the session's nodes; the node count and the ledger are the
-  session's.
+  session's (docs/decisions.md#many-sessions-per-database).
 * A duplicate node id is the typed :class:`NodeAlreadyExists` (a
   :class:`~agentkeep.errors.Duplicate` and a
-  :class:`~agentkeep.errors.SessionStoreError`), not a backend error.
+  :class:`~agentkeep.errors.SessionStoreError`), not a backend error
+  (docs/decisions.md#typed-duplicate-errors).
 * A fenced release (``release_session_execution_lease``) naming another
   session is :class:`~agentkeep.errors.SessionBindingMismatch`, raised where
   the release would run (step 3c or 21): taking a second session's lock
   inside a commit could deadlock two commits on Postgres.
 * The arguments are checked before anything is locked or written
   (:class:`~agentkeep.errors.InvalidInput`): ids non-blank, opaque values JSON,
-  completions and drafts well-formed. A replay is checked the same way.
-* Corrupt stored data fails loudly (decision 4) with
+  completions and drafts well-formed. A replay is checked the same way
+  (docs/decisions.md#arguments-are-checked-before-the-lock).
+* Corrupt stored data fails loudly
+  (docs/decisions.md#corrupt-data-fails-loudly) with
   :class:`~agentkeep.errors.SessionCorrupt` naming table, key and column: the
   head row (schema version, config, frames), a stored turn-commit result, a
   checkpoint manifest, an ingress read by step 16, session metadata. The
-  seed's silent skips are kept only for graph nodes and usage deltas, with a
-  warning logged once per row; a SQL failure is never read as an empty graph.
+  original store's silent skips are kept only for graph nodes and usage
+  deltas, with a warning logged once per row; a SQL failure is never read as
+  an empty graph.
 * The active path is one recursive CTE over the ``parent_node_id`` column,
   each step an index lookup on ``(session_id, node_id)``: its cost follows
   the path, not the graph. It stops at a missing or tombstoned ancestor; a
-  cycle of parent ids (only corrupt data can make one) is ``SessionCorrupt``.
+  cycle of parent ids (only corrupt data can make one) is ``SessionCorrupt``
+  (docs/decisions.md#active-path-is-one-recursive-query).
 * A merged ledger counter above ``2**63-1`` is ``SessionCorrupt`` (the newer
   upstream's checked addition), not a silently wrapped value.
 * ``save_session_meta`` raises its errors (typed) instead of swallowing them,
-  and ``load_session_meta`` returns None only for a missing row; the seed
-  swallowed both (§2.9).
-* Batch-id nonces are taken per draft at step 18 (the seed reserved a block
-  before the transaction); ids also hash 64 random bits (decision 7).
+  and ``load_session_meta`` returns None only for a missing row; the original
+  store swallowed both (docs/decisions.md#session-metadata-errors-are-raised).
+* Batch-id nonces are taken per draft at step 18 (the original store reserved
+  a block before the transaction); ids also hash 64 random bits
+  (docs/decisions.md#derived-ids-carry-random-bits).
 * Argument checks reuse the queue's and turn inputs' own checkers for
   completions and drafts (their private ``_check_completion`` /
   ``_check_draft``), so a malformed one is refused before the lock.
@@ -406,11 +420,11 @@ def _active_path() -> Any:
     return select(path.c.seq, path.c.node_id, path.c.parent_node_id, path.c.node_json)
 
 
-#: The active-path walk (§2.2): from ``:leaf`` up through ``parent_node_id``
-#: across live nodes of ``:sid``. Every step is a lookup on the unique index
-#: ``(session_id, node_id)``; ``UNION`` (not ``UNION ALL``) ends a cycle.
-#: The rows (seq, node id, parent id, node JSON) come unordered; the caller
-#: orders them by following the parents.
+#: The active-path walk (docs/sessions.md#load_session): from ``:leaf`` up
+#: through ``parent_node_id`` across live nodes of ``:sid``. Every step is a
+#: lookup on the unique index ``(session_id, node_id)``; ``UNION`` (not
+#: ``UNION ALL``) ends a cycle. The rows (seq, node id, parent id, node JSON)
+#: come unordered; the caller orders them by following the parents.
 ACTIVE_PATH: Final = Statement(_active_path(), name="sessions.active_path")
 _PENDING_ACTIVE: Final = Statement(
     select(PendingTurnInputRow.input_id, PendingTurnInputRow.ingress_json)
@@ -501,7 +515,8 @@ _USAGE_FIELDS: Final = (
     "reasoning_output_tokens",
 )
 
-# Rows already warned about (decision 4: log once per row), bounded.
+# Rows already warned about (log once per row: docs/decisions.md#corrupt-data-fails-loudly),
+# bounded.
 _warned: set[tuple[str, str, str]] = set()
 _WARN_CAP: Final = 10_000
 
@@ -522,7 +537,7 @@ def _warn_once(table: str, session_id: str, key: str, detail: str) -> None:
 def merge_token_ledger(
     deltas: Sequence[UsageLedgerEntry], *, session_id: str = ""
 ) -> tuple[UsageLedgerEntry, ...]:
-    """Merge usage deltas into a ledger (§4.11).
+    """Merge usage deltas into a ledger (docs/sessions.md#usage-ledger).
 
     Entries whose ``usage.total()`` is 0 are skipped (reasoning tokens are not
     in the total, so a reasoning-only entry is dropped); the others are summed
@@ -626,7 +641,10 @@ class _Prepared:
 def _decode_node(
     session_id: str, seq: object, node_id: object, raw: object
 ) -> SessionNodeRecord | None:
-    """A stored node, or None (logged once) when its JSON does not decode (§2.2, decision 4)."""
+    """A stored node, or None (logged once) when its JSON does not decode.
+
+    See docs/sessions.md#load_session and docs/decisions.md#corrupt-data-fails-loudly.
+    """
     try:
         if not isinstance(raw, str):
             raise TypeError(f"{type(raw).__name__} instead of text")
@@ -668,7 +686,9 @@ class SessionCommitRepository:
     def commit_runtime_state(
         self, commit: RuntimeCommit, *, blob_profile: BlobProfile = BlobProfile.BALANCED
     ) -> RuntimeCommitResult:
-        """Record a turn atomically: checkpoint, usage, graph, head, claims, inputs, work (§2.4).
+        """Record a turn atomically: checkpoint, usage, graph, head, claims, inputs, work.
+
+        See docs/sessions.md#commit_runtime_state.
 
         The steps, their order and the error precedence are in the module
         docstring. Every write runs in a savepoint: on any error nothing of
@@ -897,7 +917,9 @@ class SessionCommitRepository:
     def load_session(
         self, session_id: str, scope: LoadScope = _DEFAULT_SCOPE
     ) -> PersistedSessionRead | None:
-        """The session's head, graph, checkpoint and token ledger (§2.2).
+        """The session's head, graph, checkpoint and token ledger.
+
+        See docs/sessions.md#load_session.
 
         Args:
             session_id: the session.
@@ -1025,7 +1047,7 @@ class SessionCommitRepository:
         return out
 
     def load_node(self, session_id: str, node_id: str) -> SessionNodeRecord | None:
-        """One live node of the session (§2.3).
+        """One live node of the session (docs/sessions.md#load_node).
 
         Returns:
             The node, or None when it does not exist, is tombstoned, or its
@@ -1044,9 +1066,10 @@ class SessionCommitRepository:
     # ------------------------------------------------------------------ metadata
 
     def save_session_meta(self, meta: SessionMeta) -> None:
-        """Insert or replace the session's metadata (§2.9).
+        """Insert or replace the session's metadata (docs/sessions.md#save_session_meta).
 
-        Unlike the seed, errors are raised, not swallowed.
+        Unlike the original store, errors are raised, not swallowed
+        (docs/decisions.md#session-metadata-errors-are-raised).
 
         Raises:
             InvalidInput: not a :class:`SessionMeta`, a blank session id, or a
@@ -1071,9 +1094,11 @@ class SessionCommitRepository:
         )
 
     def load_session_meta(self, session_id: str) -> SessionMeta | None:
-        """The session's metadata, or None if none was saved (§2.9).
+        """The session's metadata, or None if none was saved.
 
-        Unlike the seed, a stored row that does not decode is an error, not None.
+        See docs/sessions.md#load_session_meta. Unlike the original store, a
+        stored row that does not decode is an error, not None
+        (docs/decisions.md#session-metadata-errors-are-raised).
 
         Raises:
             InvalidInput: blank session id.

@@ -1,9 +1,10 @@
 """One-call forms of the session store's operations (``store.leases``, ``store.queue``, ...).
 
 Each method runs the repository method of the same name in its own unit of
-work, retried as a whole on a transient busy/serialisation error. The
-repositories hold the only implementation; see them for fences, outcomes and
-errors.
+work, retried as a whole on a transient busy/serialisation error
+(docs/architecture.md#one-call-operations). The repositories hold the only
+implementation; see them, and docs/sessions.md#the-session-store, for fences,
+outcomes and errors.
 """
 
 from __future__ import annotations
@@ -113,11 +114,12 @@ _session_log = logging.getLogger("agentkeep.sessions")
 class SessionCalls(OneCalls):
     """``store.commits``: session commits and reads, each call in its own unit of work.
 
-    Auto-GC (spec §4.12): when the store was opened with
+    Auto-GC (docs/sessions.md#auto-gc): when the store was opened with
     ``auto_gc_every_commits=N``, every N-th successful
     :meth:`commit_runtime_state` through this object (replays included) is
     followed by a blob GC in its own unit. The counter is process-local and
-    per ``SessionCalls`` object, separate from the id nonces (§0.5 [PROPOSED]);
+    per ``SessionCalls`` object, separate from the id nonces (the original
+    store shared one counter: docs/decisions.md#derived-ids-carry-random-bits);
     GC errors are logged and swallowed, never reported to the committer.
     Commits made inside ``store.write()`` do not count and never trigger GC.
     """

@@ -1,9 +1,12 @@
-"""Derived ids of queued batches and turn inputs (spec sessions §2.7.1, §4.10; decision 7).
+"""Derived ids of queued batches and turn inputs: the ``Debug`` rendering of a source key.
 
-The seed hashes ``session_id``, the Rust ``Debug`` rendering of the optional
-source key, ``now`` and a process-local nonce; we add 64 random bits so two
-hosts (or two processes sharing a file) never mint the same id. This module
-holds the one ``Debug`` renderer both derivations use.
+The original store hashes ``session_id``, the Rust ``Debug`` rendering of the
+optional source key, ``now`` and a process-local nonce; we add 64 random bits
+so two hosts (or two processes sharing a file) never mint the same id
+(docs/decisions.md#derived-ids-carry-random-bits). This module holds the one
+``Debug`` renderer both derivations use (the formulas:
+docs/sessions.md#enqueue_queued_work and
+docs/sessions.md#enqueue_pending_turn_input).
 """
 
 from __future__ import annotations

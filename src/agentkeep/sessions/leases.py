@@ -1,17 +1,20 @@
-"""Fenced session execution leases (spec sessions §0.4, §2.5, §3.2).
+"""Fenced session execution leases: acquire, take over, renew, release, and the FENCE_OK check.
 
-One lease per session decides who may work on it. Its ``fencing_token`` is
-the session-lease *generation*: it grows by exactly one on every acquisition
-or takeover and never decreases (release keeps it), so a worker that lost the
-lease can be told apart from the one that holds it by a single integer.
+One lease per session decides who may work on it
+(docs/sessions.md#execution-leases; its states and transitions:
+docs/sessions.md#lease-states). Its ``fencing_token`` is the session-lease
+*generation*: it grows by exactly one on every acquisition or takeover and
+never decreases (release keeps it), so a worker that lost the lease can be
+told apart from the one that holds it by a single integer.
 
 Every operation takes the ``session:<id>`` write lock first
 (:func:`agentkeep.db.lock_aggregate`), samples ``now`` once after it, and
 writes with a fenced statement; inside the lock a fence that matches nothing
 is a bug signal (:class:`~agentkeep.errors.ConcurrentModification`).
 
-:func:`ensure_session_execution_lease` is FENCE_OK (§0.4): the one check every
-fenced operation of the session store calls (claims here, commits later).
+:func:`ensure_session_execution_lease` is FENCE_OK
+(docs/sessions.md#named-predicates): the one check every fenced operation of
+the session store calls (claims, completions, commits).
 
 Outcomes:
 
@@ -86,7 +89,10 @@ _GET: Final = Statement(select(*_LEASE_COLUMNS).where(_BY_SESSION), name="leases
 
 
 def _acquire(dialect: Dialect) -> Any:
-    """Insert, or overwrite the row whose generation was read (§2.5.1)."""
+    """Insert, or overwrite the row whose generation was read.
+
+    An acquisition as described in docs/sessions.md#execution-leases.
+    """
     insert = upsert(dialect, _L).values(
         session_id=p("sid"),
         lease_owner_id=p("owner"),
@@ -225,7 +231,9 @@ def _check_owner(value: object) -> LeaseOwnerIdentity:
 def ensure_session_execution_lease(
     db: Driver, session_id: str, fence: LeaseFence, now: int
 ) -> None:
-    """FENCE_OK (§0.4): ``fence`` is the live lease of ``session_id`` at ``now``.
+    """FENCE_OK: ``fence`` is the live lease of ``session_id`` at ``now``.
+
+    See docs/sessions.md#named-predicates.
 
     A pure read; it never extends the lease. Call it inside the write unit,
     after :func:`begin_session_write`.
@@ -270,7 +278,10 @@ class SessionLeaseRepository:
     def _acquire(
         self, session_id: str, owner: LeaseOwnerIdentity, previous: int | None, now: int, ttl: int
     ) -> SessionExecutionLease:
-        """§2.5.1: the next generation, a fresh token, ``expires = now + ttl`` (saturating)."""
+        """An acquisition: the next generation, a fresh token, ``expires = now + ttl``.
+
+        ``now + ttl`` saturates at 2**63-1 (docs/sessions.md#execution-leases).
+        """
         fencing = saturating_add(previous or 0, 1)
         token = f"{session_id}:{owner.owner_id}:{owner.incarnation_id}:{now}:{fencing}"
         expires = saturating_add(now, ttl)
@@ -301,7 +312,9 @@ class SessionLeaseRepository:
     def try_claim_session_execution_lease(
         self, session_id: str, owner: LeaseOwnerIdentity, ttl_ms: int
     ) -> AcquireOutcome:
-        """Acquire the session's lease, or extend it if ``owner`` already holds it (§2.5.2).
+        """Acquire the session's lease, or extend it if ``owner`` already holds it.
+
+        See docs/sessions.md#try_claim_session_execution_lease.
 
         * No live lease (none, released, or ``expires <= now``): acquire with
           generation ``previous + 1`` — also for the previous owner, whose
@@ -348,7 +361,9 @@ class SessionLeaseRepository:
         *,
         probe: ProcessProbe = procfs_probe,
     ) -> AcquireOutcome:
-        """Take the lease over from a holder that is definitely dead (§2.5.3).
+        """Take the lease over from a holder that is definitely dead.
+
+        See docs/sessions.md#reclaim_session_execution_lease.
 
         A lease that is absent, released or expired is simply acquired
         (``observed_holder`` is ignored). A live lease is taken over — with
@@ -416,7 +431,9 @@ class SessionLeaseRepository:
     def renew_session_execution_lease(
         self, fence: LeaseFence, ttl_ms: int
     ) -> SessionExecutionLease:
-        """Extend a live lease held with exactly ``fence`` to ``now + ttl`` (§2.5.4).
+        """Extend a live lease held with exactly ``fence`` to ``now + ttl``.
+
+        See docs/sessions.md#renew_session_execution_lease.
 
         An expired lease cannot be renewed, even if nobody took it over: the
         holder must ``try_claim`` and gets a new generation.
@@ -452,7 +469,9 @@ class SessionLeaseRepository:
         )
 
     def release_session_execution_lease(self, completion: LeaseFence) -> None:
-        """Release the lease held with exactly ``completion`` (§2.5.5).
+        """Release the lease held with exactly ``completion``.
+
+        See docs/sessions.md#release_session_execution_lease.
 
         The generation is kept (the next acquisition is generation + 1). No
         expiry check: an expired, not-taken-over lease can still be released.

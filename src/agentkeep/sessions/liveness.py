@@ -1,4 +1,6 @@
-"""Lease-owner liveness: capture this process's identity, and decide "definitely dead" (§4.14).
+"""Lease-owner liveness: capture this process's identity, and decide "definitely dead".
+
+See docs/sessions.md#lease-owners and docs/decisions.md#lease-owner-liveness.
 
 A takeover before expiry (``reclaim_session_execution_lease``) is allowed only
 when the holder is *verifiably* gone: both owners are :class:`LocalProcess` on

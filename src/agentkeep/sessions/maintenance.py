@@ -1,22 +1,26 @@
-"""Maintenance of the session store: tombstones, vacuum, blob GC (spec sessions §2.8, §4.12, §6.2).
+"""Maintenance of the session store: tombstones, vacuum, blob GC.
 
-This module owns three jobs:
+This module owns three jobs (docs/sessions.md#maintenance):
 
 * :meth:`MaintenanceRepository.tombstone_nodes` soft-deletes graph nodes of
-  one session (``tombstoned = 1``); every read skips them (I-12).
+  one session (``tombstoned = 1``); every read skips them (I-12,
+  docs/sessions.md#invariants).
 * :meth:`MaintenanceRepository.vacuum` physically deletes one session's
   tombstoned nodes and its ``cancelled``/``completed`` turn inputs;
   :meth:`MaintenanceRepository.vacuum_all_sessions` does the same for every
-  session at once (spec/README.md: vacuum takes a ``session_id`` and has an
-  explicit all-sessions form). Vacuum is not SQLite's ``VACUUM``: it never
-  touches blobs, queued work, turn-commit records, usage deltas or leases. It
-  ends source-key idempotency for the deleted inputs (§2.7.1).
+  session at once (the original store's vacuum deleted terminal inputs of
+  every session; here it takes a ``session_id`` and the global job is
+  explicit: docs/decisions.md#vacuum-is-per-session). Vacuum is not SQLite's
+  ``VACUUM``: it never touches blobs, queued work, turn-commit records, usage
+  deltas or leases. It ends source-key idempotency for the deleted inputs
+  (docs/sessions.md#enqueue_pending_turn_input).
 * :meth:`MaintenanceRepository.gc_unreachable` deletes every blob that no root
   reaches (I-13).
 
-Locks (spec/README.md decision 1, §6.2). On SQLite every write unit already
-holds the database-wide write lock (``BEGIN IMMEDIATE``), so the advisory locks
-below are no-ops there. On Postgres:
+Locks (docs/decisions.md#one-write-lock-per-aggregate,
+docs/architecture.md#the-aggregate-write-lock). On SQLite every write unit
+already holds the database-wide write lock (``BEGIN IMMEDIATE``), so the
+advisory locks below are no-ops there. On Postgres:
 
 * ``tombstone_nodes`` takes the ``session:<id>`` lock;
 * ``vacuum(session_id)`` takes the ``session:<id>`` lock, then the blob-GC lock
@@ -44,7 +48,7 @@ session lock (a commit holds the session lock and waits for the GC lock): run
 ``vacuum_all_sessions`` and the GC in their own units of work (the one-call
 forms do).
 
-Blob GC (§4.12, with the decisions of spec/README.md):
+Blob GC (docs/sessions.md#blob-gc, docs/decisions.md#blob-gc-roots-and-locks):
 
 * **One write transaction** holding the blob-GC lock exclusive. Commits hold
   it shared from before they insert their blobs until their head is
@@ -57,7 +61,7 @@ Blob GC (§4.12, with the decisions of spec/README.md):
   ``session_head.checkpoint_ref`` (every session, not one head), every
   ``runtime_turn_commits.checkpoint_ref`` (the checkpoint a stored turn-commit
   result names, so an idempotent replay never returns a collected
-  checkpoint — the hazard of §4.12), and every ``artifact_refs.blob_ref``.
+  checkpoint), and every ``artifact_refs.blob_ref``.
 * **Mark**: every root is marked. Head and turn-commit roots are checkpoint
   manifests; an artifact root is one when its stored ``kind`` is
   ``checkpoint_manifest``. Each present manifest is decoded
@@ -76,17 +80,20 @@ Blob GC (§4.12, with the decisions of spec/README.md):
   ``deleted_blob_count`` the blobs deleted.
 
 Errors of the GC — decided here: :meth:`~MaintenanceRepository.gc_unreachable`
-keeps the spec's contract (§2.8.3): it never raises for corrupt data or a
-database failure, it logs the error (logger ``agentkeep.sessions.maintenance``,
-level ERROR) and returns an all-zero :class:`GcReport`, having deleted
-nothing. It is what automatic GC after commits calls, where a failure must
-not fail the commit. :meth:`~MaintenanceRepository.gc_unreachable_strict` is
-the same GC for operators and tests that must see the failure: it raises
+keeps the original store's contract
+(docs/decisions.md#gc-never-fails-a-commit): it never raises for corrupt data
+or a database failure, it logs the error (logger
+``agentkeep.sessions.maintenance``, level ERROR) and returns an all-zero
+:class:`GcReport`, having deleted nothing. It is what automatic GC after
+commits calls, where a failure must not fail the commit.
+:meth:`~MaintenanceRepository.gc_unreachable_strict` is the same GC for
+operators and tests that must see the failure: it raises
 :class:`~agentkeep.errors.SessionCorrupt` (naming ``blobs``, the manifest hash
 and ``content``) or the database error. Both run inside a savepoint, so a
 failure leaves nothing of the GC behind and the caller's unit of work stays
-usable (decision 3). Calling either inside ``store.read()`` is a programming
-error and raises :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
+usable (docs/decisions.md#a-typed-error-means-nothing-was-written). Calling
+either inside ``store.read()`` is a programming error and raises
+:class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
 
 Statements are :class:`~agentkeep.statements.Statement` constants built from
 :mod:`agentkeep.sessions.models`. Those that take a list of ids or hashes use a
@@ -243,7 +250,7 @@ class MaintenanceRepository:
     # ---------------------------------------------------------------- tombstones
 
     def tombstone_nodes(self, session_id: str, node_ids: Sequence[str]) -> None:
-        """Soft-delete graph nodes of one session (§2.8.1).
+        """Soft-delete graph nodes of one session (docs/sessions.md#tombstone_nodes).
 
         Sets ``tombstoned = 1`` on the session's nodes named by ``node_ids``;
         every read skips them afterwards (I-12) and :meth:`vacuum` deletes
@@ -281,7 +288,9 @@ class MaintenanceRepository:
     # ---------------------------------------------------------------- vacuum
 
     def vacuum(self, session_id: str) -> VacuumReport:
-        """Delete one session's tombstoned nodes and terminal turn inputs (§2.8.2).
+        """Delete one session's tombstoned nodes and terminal turn inputs.
+
+        See docs/sessions.md#vacuum.
 
         Deletes the session's graph nodes with ``tombstoned = 1`` and its
         ``cancelled`` and ``completed`` turn inputs; other sessions are not
@@ -334,7 +343,9 @@ class MaintenanceRepository:
     # ---------------------------------------------------------------- blob GC
 
     def gc_unreachable(self) -> GcReport:
-        """Delete every blob no root reaches; never fails on corrupt data (§2.8.3, §4.12).
+        """Delete every blob no root reaches; never fails on corrupt data.
+
+        See docs/sessions.md#gc_unreachable and docs/sessions.md#blob-gc.
 
         Same GC as :meth:`gc_unreachable_strict`, but a failure (a present root
         manifest that does not decode, or a database error such as a lock

@@ -1,8 +1,14 @@
-"""Tables of the session store's coordination half (spec sessions §1.5–1.8, §1.13).
+"""The session store's tables: leases, queued work and turn inputs, then the commit half.
 
-Every table is keyed by ``session_id`` so one database holds many sessions
-(needed for Postgres; spec/README.md). Built by ``alembic/versions/sessions_0001_*.py``;
-the drift check keeps the two equal.
+The coordination half (``session_execution_leases``, ``queued_work_batches``,
+``queued_work_items``, ``pending_turn_inputs``) is built by
+``alembic/versions/sessions_0001_*.py``, the commit half (head, graph, usage,
+turn commits, attachments, blobs, artifact refs, metadata) by
+``sessions_0002_*.py``; the drift check keeps models and migrations equal.
+Every table but the content-addressed ``blobs`` and ``artifact_refs`` is keyed
+by ``session_id``, so one database (and one Postgres server) holds many
+sessions (docs/decisions.md#many-sessions-per-database). The columns are
+described in docs/sessions.md#tables.
 
 Invariants:
 
@@ -56,11 +62,12 @@ class SessionLeaseRow(Base):
 
 
 class _ClaimColumns:
-    """The claim columns of a claimable row (§0.4 STAMP_CLAIM / CLEAR_CLAIM).
+    """The claim columns of a claimable row, written by STAMP_CLAIM and CLEAR_CLAIM.
 
     ``claim_token`` NULL means unclaimed; ``claim_fencing_token`` only grows;
     ``claim_session_lease_generation`` is the lease generation the claim was
-    taken under.
+    taken under (docs/sessions.md#claim-columns,
+    docs/sessions.md#named-predicates).
     """
 
     claim_id: Mapped[str | None] = mapped_column(Text)
@@ -144,7 +151,8 @@ class PendingTurnInputRow(_ClaimColumns, Base):
 
 
 # --------------------------------------------------------------------------
-# The commit half (spec sessions §1.1–1.4, §1.9–1.12), keyed by session_id.
+# The commit half (docs/sessions.md#tables), keyed by session_id except the
+# content-addressed blobs and artifact_refs.
 
 
 class SessionHeadRow(Base):

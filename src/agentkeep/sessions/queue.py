@@ -1,17 +1,20 @@
-"""Durable queued work of sessions: enqueue, fenced claims, abandon, cancel, lists (spec §2.6).
+"""Durable queued work of sessions: enqueue, fenced claims, abandon, cancel, lists.
 
 This module owns the rows of ``queued_work_batches`` and ``queued_work_items``
-(§1.6, §1.7): a batch is a FIFO entry (``enqueue_seq``) of one or more payload
-items, claimed as a whole under a session-lease *generation* (§3.3). The pure
-rules — which candidates a claim selects (§4.1, §4.2), the claim token (§4.6)
-— live in :mod:`agentkeep.sessions.domain`; the column encodings in
-:mod:`agentkeep.sessions.codec`.
+(docs/sessions.md#queued-work): a batch is a FIFO entry (``enqueue_seq``) of
+one or more payload items, claimed as a whole under a session-lease
+*generation* (its claim states: docs/sessions.md#batch-claim-states). The pure
+rules — which candidates a claim selects (docs/sessions.md#selection-rules)
+and how a claim's id and token derive from its first row
+(docs/sessions.md#named-predicates) — live in :mod:`agentkeep.sessions.domain`;
+the column encodings in :mod:`agentkeep.sessions.codec`.
 
 Fences:
 
 * Every write takes the ``session:<id>`` write lock first and samples ``now``
   once after it (:func:`~agentkeep.sessions.leases.begin_session_write`;
-  spec/README.md decision 2 — the seed samples before the lock, §0.2).
+  the original store sampled it before the lock:
+  docs/decisions.md#now-is-sampled-once-after-the-lock).
 * Claims and completion run FENCE_OK
   (:func:`~agentkeep.sessions.leases.ensure_session_execution_lease`) before
   anything else; the claimant's generation is the fence's ``fencing_token``.
@@ -19,7 +22,8 @@ Fences:
   (``claim_token IS NULL OR claim_session_lease_generation <> :generation``):
   claims never expire by time; they go stale only when the generation moves.
 * Abandon and completion are fenced by ``(session_id, claim_id, claim_token)``
-  only (I-7): a superseded claimant can never touch re-claimed rows.
+  only (I-7, docs/sessions.md#invariants): a superseded claimant can never
+  touch re-claimed rows.
 * Cancel and the pending list hold no fence; they use NOT CLAIM_LIVE (the
   claim's generation is not the fencing token of a live lease).
 
@@ -37,9 +41,9 @@ Outcomes:
   own writes are rolled back to a savepoint and ``None`` is returned; the rest
   of the unit of work is untouched.
 * The batches in a returned claim are the snapshots **as loaded before the
-  claim UPDATE** (spec §2.6.2): their claim columns show the state the claim
-  replaced. Re-read with :meth:`QueuedWorkRepository.list_queued_work` to see
-  the stamped rows.
+  claim UPDATE** (docs/sessions.md#claiming-queued-work): their claim columns
+  show the state the claim replaced. Re-read with
+  :meth:`QueuedWorkRepository.list_queued_work` to see the stamped rows.
 * Cancel returns the pre-delete snapshot, or ``None`` for "absent" and
   "live-claimed" alike.
 
@@ -51,28 +55,33 @@ Errors:
 * :class:`~agentkeep.errors.SessionExecutionLeaseExpired` — the fence is not
   the live lease (claims, completion).
 * :class:`~agentkeep.errors.QueuedWorkSourceKeyConflict` — a resubmission under
-  an existing ``source_key`` with different content (decision in
-  spec/README.md; the seed-era revision returned the first batch unchanged).
+  an existing ``source_key`` with different content (the original store
+  returned the first batch unchanged;
+  docs/decisions.md#queued-work-source-keys-compare-content).
 * :class:`~agentkeep.errors.QueuedWorkClaimSuperseded` — a completion that does
-  not name **exactly** the rows its claim owns (strict check, spec/README.md:
-  no duplicates, none missing, none extra; the seed compared counts only).
+  not name **exactly** the rows its claim owns: no duplicates, none missing,
+  none extra (the original store compared counts only;
+  docs/decisions.md#strict-claim-completion).
 * :class:`~agentkeep.errors.SessionCorrupt` — a stored policy, merge key,
   payload or counter does not decode, or a batch in a claim's scan window has
   mixed or empty payload classes; it names the table, row and column. A
   corrupt batch is never skipped: it fails every claim whose window holds it
   and every list of its session (cancel it after repairing the row by hand).
 
-Choices not settled by the spec (written down here, per spec/README.md):
+Choices where the original store was open (docs/decisions.md#session-store):
 
-* A blank ``source_key`` is refused like a blank id.
-* Batch ids hash 64 random bits besides the process-local nonce (decision 7):
+* A blank ``source_key`` is refused like a blank id
+  (docs/decisions.md#arguments-are-checked-before-the-lock).
+* Batch ids hash 64 random bits besides the process-local nonce, so two hosts
+  never mint the same id (docs/decisions.md#derived-ids-carry-random-bits):
   ``"qwb:" + sha256(f"{session_id}:{debug(source_key)}:{now}:{nonce}:{random64}")``.
 * Enqueue writes the batch and its items inside a savepoint, so a failure
   leaves neither even when the caller catches the error and goes on in the
-  same unit of work.
+  same unit of work (docs/decisions.md#multi-row-writes-run-in-savepoints).
 * In a by-ids claim every named row that is read is decoded at once, so a
   corrupt row named by the caller fails the claim even if a later id is
-  missing (the seed would have returned ``None`` first).
+  missing (the original store would have returned ``None`` first;
+  docs/decisions.md#by-ids-claims-decode-every-named-batch).
 """
 
 from __future__ import annotations
@@ -145,7 +154,7 @@ __all__ = [
     "next_enqueue_nonce",
 ]
 
-#: Extra rows a claim scan reads past ``max_batches`` (§4.5).
+#: Extra rows a claim scan reads past ``max_batches`` (docs/sessions.md#claim_ready_queued_work).
 CLAIM_SCAN_SLACK: Final = 32
 
 _B = QueuedWorkBatchRow
@@ -156,8 +165,8 @@ _BY_BATCH = _B.batch_id == p("bid")
 _READY = _B.available_at_ms <= p("now")
 # CLAIMABLE under the claimant's generation: unclaimed, or claimed under another one.
 _CLAIMABLE = or_(_B.claim_token.is_(None), _B.claim_session_lease_generation != p("generation"))
-# NOT CLAIM_LIVE(row, :now) (§0.4): unclaimed, or claimed under a generation
-# that is not the fencing token of a live lease.
+# NOT CLAIM_LIVE(row, :now): unclaimed, or claimed under a generation that is
+# not the fencing token of a live lease (docs/sessions.md#named-predicates).
 _NOT_CLAIM_LIVE = or_(
     _B.claim_token.is_(None),
     ~exists().where(
@@ -182,7 +191,9 @@ def _with_items(*where: Any) -> Any:
 
 
 def _scan() -> Any:
-    """The claim scan (§2.6.3 step 3): CLAIMABLE and READY, the window, then its items.
+    """The claim scan: CLAIMABLE and READY, the window, then its items.
+
+    Step 3 of the claim pipeline (docs/sessions.md#claiming-queued-work).
 
     The window comes off ix_queued_work_batches_session_seq in ``enqueue_seq``
     order and stops at ``:limit``; the window's items are joined outside it.
@@ -239,7 +250,8 @@ _INSERT_ITEM: Final = Statement(
     ),
     name="queue.insert_item",
 )
-# STAMP_CLAIM (§0.4) fenced by CLAIMABLE; the per-row counter saturates at 2**63-1.
+# STAMP_CLAIM fenced by CLAIMABLE; the per-row counter saturates at 2**63-1
+# (docs/sessions.md#named-predicates).
 _STAMP_CLAIM: Final = Statement(
     update(_B)
     .values(
@@ -254,7 +266,7 @@ _STAMP_CLAIM: Final = Statement(
     .where(_BY_SESSION, _BY_BATCH, _CLAIMABLE),
     name="queue.stamp_claim",
 )
-# CLEAR_CLAIM (§0.4): claim_fencing_token is kept.
+# CLEAR_CLAIM (docs/sessions.md#named-predicates): claim_fencing_token is kept.
 _CLEAR_CLAIM: Final = Statement(
     update(_B).values(CLEARED_CLAIM).where(*_CLAIM_FENCE), name="queue.clear_claim"
 )
@@ -266,7 +278,8 @@ _DELETE_CANCELLABLE: Final = Statement(
     delete(_B).where(_BY_SESSION, _BY_BATCH, _NOT_CLAIM_LIVE), name="queue.delete_cancellable"
 )
 
-# Process-local nonce of derived batch ids (§0.5; its own counter, not shared with GC).
+# Process-local nonce of derived batch ids: its own counter, not shared with the
+# auto-GC cadence (docs/decisions.md#derived-ids-carry-random-bits).
 _NONCES: Final = itertools.count()
 
 
@@ -279,7 +292,10 @@ class _LostRace(Exception):
 
 
 def claim_scan_limit(n: int) -> int:
-    """The LIMIT of a claim scan for ``n`` wanted batches: ``n + 32``, saturating (§4.5)."""
+    """The LIMIT of a claim scan for ``n`` wanted batches: ``n + 32``, saturating.
+
+    See docs/sessions.md#claim_ready_queued_work.
+    """
     return saturating_add(n, CLAIM_SCAN_SLACK)
 
 
@@ -425,7 +441,9 @@ def _corrupt_class(batch: QueuedWorkBatch) -> SessionCorrupt:
 def enqueue_queued_work_conn(
     db: Driver, draft: QueuedWorkDraft, now: int, nonce: int
 ) -> QueuedWorkBatch:
-    """Store ``draft`` (§4.10), or return the batch already stored under its source key.
+    """Store ``draft``, or return the batch already stored under its source key.
+
+    See docs/sessions.md#enqueue_queued_work.
 
     Call it inside the session's write lock with a checked draft (the session
     commit passes its own ``now`` and nonces). The batch row and its items are
@@ -485,13 +503,14 @@ def enqueue_queued_work_conn(
 
 
 def ensure_queued_work_completion(db: Driver, completion: QueuedWorkCompletion) -> None:
-    """Check that ``completion`` names exactly the rows its claim owns (§4.7, strict).
+    """Check that ``completion`` names exactly the rows its claim owns (strict).
 
     The owned rows are those with the completion's ``(session_id, claim_id,
-    claim_token)``. Strict (spec/README.md): ``batch_ids`` must have no
-    duplicates and equal that set — none missing, none extra. The seed only
-    compared counts (scenario C-14). A pure read; call it inside the session
-    write lock, before any write of the commit.
+    claim_token)``. Strict: ``batch_ids`` must have no duplicates and equal
+    that set — none missing, none extra. The original store only compared
+    counts (docs/decisions.md#strict-claim-completion). A pure read; call it
+    inside the session write lock, before any write of the commit
+    (docs/sessions.md#complete_queued_work_claim).
 
     Raises:
         QueuedWorkClaimSuperseded: the claim was re-claimed, abandoned or
@@ -553,7 +572,9 @@ class QueuedWorkRepository:
     # ------------------------------------------------------------------ enqueue
 
     def enqueue_queued_work(self, draft: QueuedWorkDraft) -> QueuedWorkBatch:
-        """Append a batch to its session's queue, idempotently by ``source_key`` (§2.6.1).
+        """Append a batch to its session's queue, idempotently by ``source_key``.
+
+        See docs/sessions.md#enqueue_queued_work.
 
         A new batch gets ``batch_id = "qwb:" + sha256 hex`` of
         ``f"{session_id}:{debug(source_key)}:{now}:{nonce}:{random64}"`` and
@@ -572,8 +593,8 @@ class QueuedWorkRepository:
 
         Raises:
             QueuedWorkSourceKeyConflict: the source key is stored with other
-                content (spec/README.md decision; the seed-era behaviour in
-                scenario Q-01 returned the first batch unchanged).
+                content (the original store returned the first batch
+                unchanged; docs/decisions.md#queued-work-source-keys-compare-content).
             InvalidInput: a bad draft (blank ids, no payloads, non-JSON body).
             ReadOnlyUnitOfWork: inside ``store.read()``.
         """
@@ -587,7 +608,9 @@ class QueuedWorkRepository:
     def claim_leading_ready_session_command(
         self, session_id: str, fence: LeaseFence, owner: LeaseOwnerIdentity
     ) -> QueuedWorkClaim | None:
-        """Claim the first claimable ready batch if it is a session command (§2.6.3).
+        """Claim the first claimable ready batch if it is a session command.
+
+        See docs/sessions.md#claim_leading_ready_session_command.
 
         Scans ``claim_scan_limit(1)`` claimable (unclaimed, or claimed under
         another generation) ready batches in ``enqueue_seq`` order; claims the
@@ -623,7 +646,9 @@ class QueuedWorkRepository:
         boundary: ClaimBoundary,
         max_batches: int,
     ) -> QueuedWorkClaim | None:
-        """Claim the leading admissible group of ready turn work (§2.6.4).
+        """Claim the leading admissible group of ready turn work.
+
+        See docs/sessions.md#claim_ready_queued_work.
 
         Scans ``max_batches + 32`` claimable ready batches in ``enqueue_seq``
         order and claims the prefix chosen by
@@ -677,7 +702,9 @@ class QueuedWorkRepository:
         boundary: ClaimBoundary,
         batch_ids: Sequence[str],
     ) -> QueuedWorkClaim | None:
-        """Claim exactly the named batches, in the caller's order, as one group (§2.6.5).
+        """Claim exactly the named batches, in the caller's order, as one group.
+
+        See docs/sessions.md#claim_ready_queued_work_by_batch_ids.
 
         Every id must name a claimable ready batch of the session whose items
         are all turn work, and the ids in the given order must form exactly
@@ -741,7 +768,10 @@ class QueuedWorkRepository:
         limit: int,
         select: Callable[[list[QueuedWorkBatch]], int],
     ) -> QueuedWorkClaim | None:
-        """FENCE_OK, scan the window, select a prefix, stamp it (§2.6.2–2.6.4)."""
+        """FENCE_OK, scan the window, select a prefix, stamp it.
+
+        The shared claim pipeline (docs/sessions.md#claiming-queued-work).
+        """
         now = begin_session_write(self._db, self._clock, self._writable, session_id)
         ensure_session_execution_lease(self._db, session_id, fence, now)
         generation = fence.fencing_token
@@ -765,7 +795,11 @@ class QueuedWorkRepository:
         generation: int,
         selected: list[QueuedWorkBatch],
     ) -> QueuedWorkClaim | None:
-        """Derive the claim lease from the head (§4.6) and STAMP_CLAIM every row, all or none."""
+        """Derive the claim lease from the head and STAMP_CLAIM every row, all or none.
+
+        The claim's id and token derive from the first selected row
+        (docs/sessions.md#named-predicates).
+        """
         head = selected[0]
         fencing = saturating_add(head.claim_fencing_token, 1)
         claim_id = f"qwc:{head.enqueue_seq}:{fencing}"
@@ -804,7 +838,9 @@ class QueuedWorkRepository:
     # ------------------------------------------------------------------ settle a claim
 
     def abandon_queued_work_claim(self, claim: QueuedWorkClaim | QueuedWorkCompletion) -> None:
-        """Give a claim's rows back unclaimed (§2.6.6); the per-row counter is kept.
+        """Give a claim's rows back unclaimed; the per-row counter is kept.
+
+        See docs/sessions.md#abandon_queued_work_claim.
 
         Fenced by ``(session_id, claim_id, claim_token)`` only; no lease check.
         A stale or superseded claim (its rows re-claimed, completed or
@@ -861,9 +897,9 @@ class QueuedWorkRepository:
         Raises:
             SessionExecutionLeaseExpired: ``fence`` is not the live lease.
             QueuedWorkClaimSuperseded: the completion is for another session,
-                or does not name exactly the rows its claim owns (scenario
-                C-14 of the spec passed a count-only check; the strict
-                decision refuses it and deletes nothing).
+                or does not name exactly the rows its claim owns (the
+                original store passed a count-only check; this refuses it
+                and deletes nothing: docs/decisions.md#strict-claim-completion).
             InvalidInput: bad arguments.
         """
         _check_fence(fence)
@@ -878,7 +914,9 @@ class QueuedWorkRepository:
     # ------------------------------------------------------------------ cancel
 
     def cancel_queued_work_batch(self, session_id: str, batch_id: str) -> QueuedWorkBatch | None:
-        """Delete a batch that is not live-claimed, and return it as it was (§2.6.7).
+        """Delete a batch that is not live-claimed, and return it as it was.
+
+        See docs/sessions.md#cancel_queued_work_batch.
 
         Host operation, no fence. A batch is cancellable when it is unclaimed
         or its claim is stale (the claim's generation is not the fencing token
@@ -912,7 +950,9 @@ class QueuedWorkRepository:
     # ------------------------------------------------------------------ reads
 
     def list_queued_work(self, session_id: str) -> list[QueuedWorkBatch]:
-        """Every batch of the session with its items, in ``enqueue_seq`` order (§2.6.8).
+        """Every batch of the session with its items, in ``enqueue_seq`` order.
+
+        See docs/sessions.md#list_queued_work.
 
         Claimed or not, ready or not. One statement (items joined), so one
         snapshot in any unit of work.
@@ -925,7 +965,9 @@ class QueuedWorkRepository:
         return _batches(self._db.execute(_LIST, {"sid": session_id}).fetchall())
 
     def list_pending_queued_work(self, session_id: str) -> list[QueuedWorkBatch]:
-        """Batches not live-claimed now, with items, in ``enqueue_seq`` order (§2.6.9).
+        """Batches not live-claimed now, with items, in ``enqueue_seq`` order.
+
+        See docs/sessions.md#list_pending_queued_work.
 
         Unclaimed and stale-claimed batches are listed; so are future-dated
         ones (no ``available_at_ms`` filter).

@@ -1,17 +1,18 @@
-"""Pending turn inputs of sessions (spec sessions §1.8, §2.7, §3.1, §4.6, §4.8, §4.13, §4.15).
+"""Pending turn inputs of sessions: enqueue, fenced claims, completion, abandon, cancel, lists.
 
 This module owns the ``pending_turn_inputs`` table: user or host inputs that
-wait for a turn of their session, their lifecycle state and their claims.
+wait for a turn of their session, their lifecycle state and their claims
+(docs/sessions.md#turn-inputs).
 
-Lifecycle (§3.1). An input is enqueued ``pending_active`` (``ActiveTurn``
-ingress: deliver into that turn) or ``deferred_next_turn`` (``NextTurn``
-ingress). The session's lease holder claims inputs under its session-lease
-generation: an active-turn claim moves them to ``accepted``, a next-turn claim
-only marks ownership (the state stays ``deferred_next_turn``). A claim ends by
-completion (``completed``, in the session commit), by abandon (back to the
-claimable state), or by going *stale* when the lease generation changes.
-Hosts cancel inputs that nobody holds live (``cancelled``).
-
+Lifecycle (docs/sessions.md#turn-input-lifecycle). An input is enqueued
+``pending_active`` (``ActiveTurn`` ingress: deliver into that turn) or
+``deferred_next_turn`` (``NextTurn`` ingress). The session's lease holder
+claims inputs under its session-lease generation: an active-turn claim moves
+them to ``accepted``, a next-turn claim only marks ownership (the state stays
+``deferred_next_turn``). A claim ends by completion (``completed``, in the
+session commit), by abandon (back to the claimable state), or by going *stale*
+when the lease generation changes. Hosts cancel inputs that nobody holds live
+(``cancelled``).
 Fences:
 
 * Claims, completion and recovery are fenced by the caller's lease
@@ -21,9 +22,12 @@ Fences:
   time, only a new generation may re-claim a row.
 * Completion and abandon are fenced by ``(session_id, claim_id, claim_token)``
   only, so a superseded claimant can never touch rows re-claimed by another
-  (I-7). Abandon needs no lease.
+  (I-7, docs/sessions.md#invariants). Abandon needs no lease.
 * Cancel and the pending list hold no fence; they evaluate CLAIM_LIVE (the
   claim's generation is the fencing token of a live lease at ``now``).
+
+The predicates FENCE_OK, CLAIMABLE and CLAIM_LIVE are defined in
+docs/sessions.md#named-predicates.
 
 Statements are module-level :class:`~agentkeep.statements.Statement` constants
 built from :mod:`agentkeep.sessions.models` (``turn_inputs.*``); rows are read
@@ -33,35 +37,42 @@ statement writes or filters on are bound as ``:state_<value>`` (for example
 
 Every write operation checks its arguments (:class:`InvalidInput` before
 anything is written), then takes the ``session:<id>`` write lock and samples
-``now`` once *after* it (spec/README.md decision 2; the seed sampled it
-before the lock, §0.2 — it only matters for a lease that expires while a
-caller waits for the lock, which then fails FENCE_OK instead of passing it).
-Operations that write several rows run inside :meth:`Driver.savepoint`, so
-an error, or a claim that loses a race (``None``), leaves nothing of the
-operation behind even inside a larger unit of work (decision 3).
+``now`` once *after* it (the original store sampled it before the lock; it
+only matters for a lease that expires while a caller waits for the lock,
+which then fails FENCE_OK instead of passing it:
+docs/decisions.md#now-is-sampled-once-after-the-lock). Operations that write
+several rows run inside :meth:`Driver.savepoint`, so an error, or a claim
+that loses a race (``None``), leaves nothing of the operation behind even
+inside a larger unit of work
+(docs/decisions.md#a-typed-error-means-nothing-was-written).
 
-Choices recorded here (spec [PROPOSED] points and the decisions of spec/README.md):
+Choices where the original store was open (docs/decisions.md#session-store):
 
 * Source-key idempotency compares the draft with the ingress *as first
   submitted* (``submitted_ingress_json``), not with ``ingress_json``, which an
   interrupted turn rewrites to ``NextTurn``: re-submitting the original draft
-  after such a deferral returns the existing row (the seed raised a conflict,
-  scenario T-05).
-* Derived input ids hash 64 random bits besides the process-local nonce
-  (decision 7), so two hosts never mint the same id:
+  after such a deferral returns the existing row (the original store raised a
+  conflict; docs/decisions.md#submitted-ingress).
+* Derived input ids hash 64 random bits besides the process-local nonce, so
+  two hosts never mint the same id
+  (docs/decisions.md#derived-ids-carry-random-bits):
   ``"ti:" + sha256(f"{session_id}:{rust_debug(source_key)}:{now}:{nonce}:{random64}")``.
 * An explicit ``input_id`` that already exists, in any session, is
-  :class:`~agentkeep.errors.TurnInputDuplicate` (the seed surfaced the unique
-  violation as a backend error).
+  :class:`~agentkeep.errors.TurnInputDuplicate` (the original store surfaced
+  the unique violation as a backend error;
+  docs/decisions.md#typed-duplicate-errors).
 * Claims and cancels return the rows as stored after their write (claim
-  columns included); the seed returned the pre-update rows with only the
-  state changed.
-* Completion is strict (decision "strict claim completion"): the completed ids
-  must be exactly the rows the claim owns, without duplicates; an empty list
-  is refused as invalid input (a claim always holds at least one input).
-* Accepted inputs whose claim went stale are not stranded (the orphan hazard
-  of §3.1): :meth:`TurnInputRepository.recover_stale_turn_input_claims` returns
-  them to ``pending_active`` under the caller's live fence.
+  columns included); the original store returned the pre-update rows with
+  only the state changed (docs/decisions.md#claimed-rows-as-returned).
+* Completion is strict (docs/decisions.md#strict-claim-completion): the
+  completed ids must be exactly the rows the claim owns, without duplicates;
+  an empty list is refused as invalid input (a claim always holds at least
+  one input).
+* Accepted inputs whose claim went stale are not stranded (the original
+  store left them with no way out of ``accepted``):
+  :meth:`TurnInputRepository.recover_stale_turn_input_claims` returns them to
+  ``pending_active`` under the caller's live fence
+  (docs/decisions.md#stranded-accepted-inputs-are-recoverable).
 
 Outcomes and errors:
 
@@ -161,8 +172,9 @@ __all__ = [
     "rust_debug",
 ]
 
-#: Extra rows a claim scan reads beyond ``max_inputs`` (§4.5): non-matching
-#: rows are skipped, so a few more let one round trip find the matches.
+#: Extra rows a claim scan reads beyond ``max_inputs``: non-matching rows are
+#: skipped, so a few more let one round trip find the matches
+#: (docs/sessions.md#claim_active_turn_inputs).
 SCAN_SLACK: Final = 32
 
 _T = PendingTurnInputRow
@@ -170,7 +182,8 @@ _BY_SESSION = _T.session_id == p("sid")
 _BY_INPUT = _T.input_id == p("iid")
 # Abandon, ownership and completion: fenced by (session_id, claim_id, claim_token) only.
 _CLAIM_FENCE = (_BY_SESSION, _T.claim_id == p("cid"), _T.claim_token == p("token"))
-# CLAIM_LIVE (§0.4) of a pending_turn_inputs row, for observers without a fence.
+# CLAIM_LIVE of a pending_turn_inputs row, for observers without a fence
+# (docs/sessions.md#named-predicates).
 _CLAIM_LIVE = and_(
     _T.claim_token.is_not(None),
     exists().where(
@@ -254,7 +267,8 @@ _CANCEL: Final = Statement(
     .returning(*INPUT_COLUMNS),
     name="turn_inputs.cancel",
 )
-#: The claim scan (§2.7.5 step 3); served by ix_pending_turn_inputs_session_state_seq.
+#: The claim scan (docs/sessions.md#claim_active_turn_inputs, step 3); served by
+#: ix_pending_turn_inputs_session_state_seq.
 CLAIM_SCAN: Final = Statement(
     select(*INPUT_COLUMNS)
     .where(_BY_SESSION, _T.state == p("state"), _CLAIMABLE)
@@ -262,7 +276,8 @@ CLAIM_SCAN: Final = Statement(
     .limit(p("limit")),
     name="turn_inputs.claim_scan",
 )
-# STAMP_CLAIM (§0.4) with the per-row counter capped at 2**63-1 (§0.2).
+# STAMP_CLAIM with the per-row counter saturating at 2**63-1
+# (docs/sessions.md#named-predicates, docs/sessions.md#conventions).
 _STAMP: Final = Statement(
     update(_T)
     .values(
@@ -317,17 +332,21 @@ _RECOVER: Final = Statement(
 )
 
 
-# Process-local nonce of derived ids (its own counter, not the GC cadence; §0.5).
+# Process-local nonce of derived ids: its own counter, not the auto-GC cadence
+# (docs/decisions.md#derived-ids-carry-random-bits).
 _NONCES = itertools.count()
 
 
 def _random64() -> str:
-    """64 random bits as 16 hex digits (decision 7); tests replace this to pin ids."""
+    """64 random bits as 16 hex digits; tests replace this to pin ids.
+
+    See docs/decisions.md#derived-ids-carry-random-bits.
+    """
     return secrets.token_hex(8)
 
 
 # --------------------------------------------------------------------------
-# Derived ids (§2.7.1 step 2, §4.10)
+# Derived ids (docs/sessions.md#enqueue_pending_turn_input, step 4)
 
 
 def derive_pending_turn_input_id(
@@ -335,7 +354,8 @@ def derive_pending_turn_input_id(
 ) -> str:
     """``"ti:" + sha256 hex of f"{session_id}:{rust_debug(source_key)}:{now}:{nonce}:{random64}"``.
 
-    The seed's formula plus 64 random bits (spec/README.md decision 7).
+    The original store's formula plus 64 random bits
+    (docs/decisions.md#derived-ids-carry-random-bits).
     """
     seed = f"{session_id}:{rust_debug(source_key)}:{now}:{nonce}:{random64}"
     return "ti:" + hashlib.sha256(seed.encode("utf-8")).hexdigest()
@@ -405,7 +425,10 @@ def _check_completion(value: object) -> TurnInputCompletion:
 
 
 def ensure_turn_input_completion(db: Driver, completion: TurnInputCompletion) -> None:
-    """Check that ``completion`` names exactly the inputs its claim owns (§4.8, strict).
+    """Check that ``completion`` names exactly the inputs its claim owns (strict).
+
+    See docs/sessions.md#complete_turn_input_claim and
+    docs/decisions.md#strict-claim-completion.
 
     The owned rows are those with ``(session_id, claim_id, claim_token)`` of
     the completion. A pure read: call it inside the write unit, under the
@@ -433,7 +456,10 @@ def ensure_turn_input_completion(db: Driver, completion: TurnInputCompletion) ->
 
 
 def complete_turn_input_rows(db: Driver, completion: TurnInputCompletion) -> None:
-    """Mark the claim's inputs ``completed`` and clear their claim (§2.4 step 15).
+    """Mark the claim's inputs ``completed`` and clear their claim.
+
+    The turn commit's completion of turn inputs
+    (docs/sessions.md#order-of-checks-and-writes).
 
     Call after :func:`ensure_turn_input_completion` in the same locked unit.
     ``claim_fencing_token`` is kept.
@@ -473,7 +499,10 @@ class _Lease:
         self.expires: int = 0 if row is None else row[2]
 
     def claim_live(self, item: PendingTurnInput, now: int) -> bool:
-        """CLAIM_LIVE (§0.4) of ``item`` at ``now``, evaluated in code."""
+        """CLAIM_LIVE of ``item`` at ``now``, evaluated in code.
+
+        See docs/sessions.md#named-predicates.
+        """
         return (
             item.claim_token is not None
             and self.token is not None
@@ -483,7 +512,10 @@ class _Lease:
 
 
 def _diagnostics(item: PendingTurnInput) -> ClaimDiagnostics | None:
-    """§4.15: who holds (or held) the claim; None if unclaimed and not accepted."""
+    """Who holds (or held) the claim; None if unclaimed and not accepted.
+
+    The diagnostics of ``AlreadyClaimed`` (docs/sessions.md#cancel_pending_turn_inputs).
+    """
     if item.claim_token is None and item.state is not TurnInputState.ACCEPTED:
         return None
     return ClaimDiagnostics.model_construct(
@@ -506,7 +538,9 @@ class TurnInputRepository:
     # ---------------------------------------------------------------- enqueue
 
     def enqueue_pending_turn_input(self, draft: PendingTurnInputDraft) -> PendingTurnInput:
-        """Store a turn input, idempotently by ``(session_id, source_key)`` (§2.7.1).
+        """Store a turn input, idempotently by ``(session_id, source_key)``.
+
+        See docs/sessions.md#enqueue_pending_turn_input.
 
         * With a ``source_key`` already used in the session: if the draft's
           ingress equals the stored *submitted* ingress and its input equals
@@ -515,8 +549,8 @@ class TurnInputRepository:
           is written. Because the submitted ingress is compared (not
           ``ingress_json``, which an interrupted turn rewrites to
           ``NextTurn``), re-submitting the original draft after such a
-          deferral returns the existing row — the seed's T-05 expectation
-          (a conflict) changes accordingly.
+          deferral returns the existing row; the original store raised a
+          conflict here (docs/decisions.md#submitted-ingress).
         * Otherwise a new row: ``input_id`` is the draft's or derived as
           :func:`derive_pending_turn_input_id` (process nonce and 64 random
           bits); the state is ``pending_active`` for ``ActiveTurn`` ingress
@@ -582,7 +616,9 @@ class TurnInputRepository:
     # ---------------------------------------------------------------- reads
 
     def list_pending_turn_inputs(self, session_id: str) -> list[PendingTurnInput]:
-        """Inputs waiting for a turn and not held by a live claim, by ``enqueue_seq`` (§2.7.2).
+        """Inputs waiting for a turn and not held by a live claim, by ``enqueue_seq``.
+
+        See docs/sessions.md#list_pending_turn_inputs.
 
         Lists ``pending_active`` and ``deferred_next_turn`` rows that are
         unclaimed or stale-claimed (CLAIM_LIVE evaluated at the clock's
@@ -635,7 +671,7 @@ class TurnInputRepository:
         return None if row is None else input_from_row(row)
 
     def _cancel_row(self, item: PendingTurnInput, lease: _Lease, now: int) -> CancelOutcome:
-        """The row-cancel rule (§2.7.3)."""
+        """The row-cancel rule (docs/sessions.md#cancel_pending_turn_inputs)."""
         if item.state is TurnInputState.CANCELLED:
             return AlreadyCancelled(input=item)
         if item.state is TurnInputState.COMPLETED:
@@ -656,15 +692,18 @@ class TurnInputRepository:
     def cancel_pending_turn_inputs(
         self, session_id: str, targets: Sequence[CancelTarget]
     ) -> list[CancelResult]:
-        """Cancel inputs by id or source key, one outcome per target, in order (§2.7.3).
+        """Cancel inputs by id or source key, one outcome per target, in order.
+
+        See docs/sessions.md#cancel_pending_turn_inputs.
 
         Per target: no row → ``NotFoundOutcome``; ``cancelled`` →
         ``AlreadyCancelled``; ``completed`` → ``AlreadyCompleted``;
         ``accepted`` (whatever its claim) or a live claim → ``AlreadyClaimed``
-        with diagnostics (§4.15); otherwise the row becomes ``cancelled`` with
-        its claim cleared → ``Cancelled`` (the row as now stored). A target
-        named twice sees ``AlreadyCancelled`` the second time. No fence is
-        needed; CLAIM_LIVE is evaluated against the lease row at ``now``.
+        with diagnostics (who holds or held the claim); otherwise the row
+        becomes ``cancelled`` with its claim cleared → ``Cancelled`` (the row
+        as now stored). A target named twice sees ``AlreadyCancelled`` the
+        second time. No fence is needed; CLAIM_LIVE is evaluated against the
+        lease row at ``now``.
 
         Args:
             session_id: the session.
@@ -698,7 +737,9 @@ class TurnInputRepository:
     def cancel_pending_turn_input_suffix(
         self, session_id: str, anchor: CancelTarget
     ) -> AnchorNotFound | SuffixOutcomes:
-        """Cancel the anchor and every later input of the session (§2.7.4).
+        """Cancel the anchor and every later input of the session.
+
+        See docs/sessions.md#cancel_pending_turn_input_suffix.
 
         The anchor is found as in :meth:`cancel_pending_turn_inputs`; then the
         row-cancel rule applies to every row of the session with
@@ -743,7 +784,9 @@ class TurnInputRepository:
         checkpoint: CheckpointKind,
         max_inputs: int,
     ) -> TurnInputClaim | None:
-        """Claim ``pending_active`` inputs of ``turn_id`` admitted at ``checkpoint`` (§2.7.5).
+        """Claim ``pending_active`` inputs of ``turn_id`` admitted at ``checkpoint``.
+
+        See docs/sessions.md#claim_active_turn_inputs.
 
         Scans the session's claimable ``pending_active`` rows in FIFO order
         (``max_inputs + 32`` rows at most) and selects, up to ``max_inputs``,
@@ -787,7 +830,9 @@ class TurnInputRepository:
     def claim_next_turn_inputs(
         self, session_id: str, fence: LeaseFence, owner: LeaseOwnerIdentity, max_inputs: int
     ) -> TurnInputClaim | None:
-        """Claim the first ``deferred_next_turn`` inputs, marking ownership only (§2.7.5).
+        """Claim the first ``deferred_next_turn`` inputs, marking ownership only.
+
+        See docs/sessions.md#claim_next_turn_inputs.
 
         Like :meth:`claim_active_turn_inputs`, but the rows keep the state
         ``deferred_next_turn``; while the claim is live they are hidden from
@@ -892,7 +937,9 @@ class TurnInputRepository:
         )
 
     def abandon_turn_input_claim(self, claim: TurnInputClaim) -> None:
-        """Give a claim's inputs back (§2.7.6); always succeeds, no lease check.
+        """Give a claim's inputs back; always succeeds, no lease check.
+
+        See docs/sessions.md#abandon_turn_input_claim.
 
         Rows still matching ``(session_id, claim_id, claim_token)`` get their
         claim cleared (``claim_fencing_token`` kept); ``accepted`` rows go back
@@ -940,7 +987,10 @@ class TurnInputRepository:
         ensure_turn_input_completion(self._db, completion)
 
     def complete_turn_input_claim(self, fence: LeaseFence, completion: TurnInputCompletion) -> None:
-        """Complete a claim's inputs under the caller's live lease (§2.4 steps 8 and 15).
+        """Complete a claim's inputs under the caller's live lease.
+
+        See docs/sessions.md#complete_turn_input_claim; a turn commit does the
+        same check and write (docs/sessions.md#order-of-checks-and-writes).
 
         FENCE_OK with ``fence``; then the completion must be for the fence's
         session and name exactly the rows the claim owns
@@ -973,7 +1023,9 @@ class TurnInputRepository:
     def recover_stale_turn_input_claims(
         self, session_id: str, fence: LeaseFence
     ) -> list[PendingTurnInput]:
-        """Return ``accepted`` inputs whose claim went stale to ``pending_active`` (§3.1).
+        """Return ``accepted`` inputs whose claim went stale to ``pending_active``.
+
+        See docs/sessions.md#recover_stale_turn_input_claims.
 
         Such rows are otherwise stranded: claims scan only ``pending_active``
         and ``deferred_next_turn``, lists hide them and cancel answers
