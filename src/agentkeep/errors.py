@@ -5,7 +5,8 @@ carry, as attributes, the ids a caller needs to act on them (the run id, the
 table and column of a corrupt value, the two revisions of a schema mismatch).
 
 Invariant kept by every store: an error raised from a write operation means
-that nothing of that operation was written (spec/README.md, decision 3).
+that nothing of that operation was written
+(docs/decisions.md#a-typed-error-means-nothing-was-written).
 
 Layout:
 
@@ -302,7 +303,7 @@ class LegacySchemaMismatch(SchemaError):
 
 
 # --------------------------------------------------------------------------
-# Run store (spec runs §2.10)
+# Run store (docs/runs.md#errors)
 
 
 class RunStoreError(AgentkeepError):
@@ -342,7 +343,8 @@ class AssigneeDescRequired(InvalidInput, RunStoreError):
 
 
 class AssigneeGenerationAhead(InvalidInput, RunStoreError):
-    """A seeded holder's generation exceeds the run's counter (A2).
+    """A holder given to ``create`` carries a generation above the run's counter
+    (rule A2, docs/runs.md#the-assignment-model).
 
     Attributes:
         slot: the first offending slot, in sorted order.
@@ -383,7 +385,7 @@ class GenerationOverflow(RunStoreError):
 
 
 # --------------------------------------------------------------------------
-# Session store (spec sessions §2)
+# Session store (docs/sessions.md#errors)
 
 
 class SessionStoreError(AgentkeepError):
@@ -391,7 +393,9 @@ class SessionStoreError(AgentkeepError):
 
 
 class SessionExecutionLeaseExpired(SessionStoreError):
-    """The presented fence is not the live lease of the session (§0.4 FENCE_OK).
+    """The presented fence is not the live lease of the session.
+
+    The check is FENCE_OK (docs/sessions.md#named-predicates).
 
     Raised when the fence names another session, no lease row exists, the
     owner, token or generation differ, or the lease has expired. Nothing was
@@ -409,8 +413,9 @@ class SessionExecutionLeaseExpired(SessionStoreError):
 class ClaimSuperseded(SessionStoreError):
     """A completion does not name exactly the rows its claim still owns.
 
-    Raised by the strict completion checks (spec/README.md): the claim was
-    re-claimed, abandoned or cancelled, or the completion lists other rows.
+    Raised by the strict completion checks
+    (docs/decisions.md#strict-claim-completion): the claim was re-claimed,
+    abandoned or cancelled, or the completion lists other rows.
 
     Attributes:
         session_id: the session.

@@ -12,7 +12,8 @@ Two kinds, one set of repositories (so one implementation of every fence):
 * :class:`Repositories` alone is the lean unit of a one-call operation
   (``store.runs.get(...)``): a pooled driver connection with its transaction
   opened and closed directly, without building a SQLAlchemy ``Connection``
-  (that machinery costs more than the statement on SQLite; design §7).
+  (that machinery costs more than the statement on SQLite;
+  docs/architecture.md#the-lean-path).
 
 A write unit begins with ``BEGIN IMMEDIATE`` on SQLite and READ COMMITTED on
 Postgres (each write operation then takes its aggregate's advisory lock); a
