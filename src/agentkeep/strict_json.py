@@ -1,0 +1,431 @@
+"""Strict JSON: the one decoder, the canonical encoder and the value check of every store.
+
+Every store reads and writes its JSON through this module, so the rules below
+are written once:
+
+* ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON and are refused, and so
+  is a number literal too large for a float (``1e999``). Integers of any size
+  are kept exactly (Python's own limit of 4300 digits still applies).
+* An object must not repeat a key. Two decoders relax this for the runs codec,
+  which follows serde: :func:`loads` with ``duplicate_keys="last"`` keeps the
+  last value, and :func:`loads_marking_duplicates` keeps the last value but
+  marks the object (a :class:`DuplicateKeys`) so that the codec can refuse a
+  repeated *field* of a struct and let a repeated unknown key pass.
+* A string or key must not hold a lone UTF-16 surrogate, neither raw (only a
+  Python ``str`` can carry one) nor as a ``\\uD8xx`` escape without its pair:
+  UTF-8, and so neither backend, can store it. A valid escaped pair
+  (``\\ud83d\\ude00``) is one character and is fine.
+* Arrays and objects nest at most :data:`JSON_MAX_DEPTH` (128) levels, the
+  recursion limit of serde_json that the original stores decoded with. A value
+  counts its own container as level 1: 128 nested arrays pass, 129 do not.
+* Bytes must be UTF-8 (no other encoding is detected, and a byte-order mark is
+  not JSON).
+
+Decoding (:func:`loads`) raises :class:`JsonError`, a ``ValueError``, whose
+``kind`` says which rule failed and whose message names the position (syntax,
+UTF-8) or the offending item (the constant, number, key or string). Callers
+render it in their own error type; see :data:`JsonErrorKind`.
+
+Encoding: :func:`canonical_json` is the canonical text every store writes
+(sorted keys, no whitespace, ``ensure_ascii=False`` so UTF-8 is kept as is, no
+NaN), after :func:`json_value_problem` accepted the value, so that equal values
+give equal bytes. :func:`dumps` is the same encoder without the value walk, for
+values whose types were checked already (the runs codec's domain models); it
+still refuses what the encoder refuses and lone surrogates.
+
+Speed: these functions run on the stores' hot paths. The decoders are built
+once (``json.loads`` with keyword arguments builds one per call); the duplicate
+check runs in C (``dict(pairs)``) and only names the key on failure; the
+surrogate walk runs only when the text holds a ``\\u`` escape or (for ``str``
+input) a non-ASCII character that a regex confirms; the depth check runs only
+when the text has more than ``max_depth`` brackets, and then on the text with
+C-level string operations, not on the decoded value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from typing import Any, Final, Literal, TypeAlias
+
+__all__ = [
+    "JSON_MAX_DEPTH",
+    "DuplicateKeys",
+    "JsonError",
+    "JsonErrorKind",
+    "canonical_bytes",
+    "canonical_json",
+    "dumps",
+    "json_value_problem",
+    "loads",
+    "loads_marking_duplicates",
+]
+
+#: Deepest nesting of arrays/objects accepted (serde_json's recursion limit).
+JSON_MAX_DEPTH: Final = 128
+
+JsonErrorKind: TypeAlias = Literal[
+    "utf8", "syntax", "constant", "number", "duplicate_key", "surrogate", "depth", "value"
+]
+"""Which rule a :class:`JsonError` reports.
+
+``utf8``: bytes that are not UTF-8 (``pos`` is the byte offset). ``syntax``:
+text that is not JSON (``pos`` is the character offset; the message gives line
+and column). ``constant``: ``NaN``/``Infinity``/``-Infinity`` (``what``).
+``number``: a float literal out of range, or an integer literal beyond
+Python's digit limit (``what`` when known). ``duplicate_key``: an object
+repeats ``what``. ``surrogate``: the string or key ``what`` holds a lone
+surrogate. ``depth``: nested deeper than the limit. ``value`` (encoding only):
+the Python value is not a JSON value.
+"""
+
+
+class JsonError(ValueError):
+    """A JSON text (or a value to encode) breaks one of the rules of this module.
+
+    A ``ValueError``, so callers that catch ``ValueError`` (the store codecs
+    did, around ``json.loads``) keep catching it.
+
+    Attributes:
+        kind: which rule failed (:data:`JsonErrorKind`).
+        message: the human-readable text (also ``str(error)``).
+        pos: the offset of a ``utf8`` (bytes) or ``syntax`` (characters)
+            error, else None.
+        what: the offending constant, number literal, key or string, when known.
+    """
+
+    def __init__(
+        self, kind: JsonErrorKind, message: str, *, pos: int | None = None, what: str | None = None
+    ) -> None:
+        self.kind: JsonErrorKind = kind
+        self.message = message
+        self.pos = pos
+        self.what = what
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.kind, self.message), {"pos": self.pos, "what": self.what})
+
+
+class DuplicateKeys(dict[str, Any]):
+    """An object of :func:`loads_marking_duplicates` that repeated a key; values are last-wins.
+
+    Attributes:
+        duplicates: the repeated keys, in input order (a key repeated twice is
+            listed twice).
+    """
+
+    __slots__ = ("duplicates",)
+    duplicates: list[str]
+
+
+# --------------------------------------------------------------------------
+# Decoding
+
+
+def _reject_constant(name: str) -> Any:
+    raise JsonError("constant", f"{name} is not valid JSON", what=name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise JsonError("number", f"number {text} is out of range", what=text)
+    return value
+
+
+def _first_repeated(pairs: list[tuple[str, Any]]) -> str:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("unreachable: no key repeats")  # pragma: no cover
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    key = _first_repeated(pairs)
+    raise JsonError("duplicate_key", f"duplicate JSON key {key!r}", what=key)
+
+
+_marked = threading.local()
+
+
+def _mark_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    _marked.seen = True
+    marked = DuplicateKeys(obj)
+    marked.duplicates = []
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            marked.duplicates.append(key)
+        seen.add(key)
+    return marked
+
+
+_DECODE_REFUSE: Final = json.JSONDecoder(
+    parse_constant=_reject_constant,
+    parse_float=_finite_float,
+    object_pairs_hook=_refuse_duplicates,
+).decode
+# Without a pairs hook the C scanner builds the dicts itself: the fastest path.
+_DECODE_LAST: Final = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_finite_float
+).decode
+_DECODE_MARK: Final = json.JSONDecoder(
+    parse_constant=_reject_constant,
+    parse_float=_finite_float,
+    object_pairs_hook=_mark_duplicates,
+).decode
+
+_SURROGATE_CHAR: Final = re.compile("[\ud800-\udfff]")
+# A raw surrogate, or an escape of one (paired or not: the walk decides).
+_SURROGATE_ANY: Final = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
+# Strings (once escaped quotes and backslashes are gone) and runs of non-brackets.
+_NOT_BRACKET: Final = re.compile(r'"[^"]*"|[^"\[\]{}]+')
+_ONE_BRACKET: Final = str.maketrans("{}", "[]")
+
+
+def _show(text: str) -> str:
+    """A short ASCII rendering of a string for an error message."""
+    shown = ascii(text)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _lone_surrogate(value: object) -> str | None:
+    """The first string or key of a decoded value that holds a lone surrogate, else None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            if _SURROGATE_CHAR.search(item):
+                return item
+        elif type(item) is list:
+            stack.extend(item)
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if _SURROGATE_CHAR.search(key):
+                    return str(key)
+                stack.append(sub)
+    return None
+
+
+def _too_deep(text: str, limit: int) -> bool:
+    """Whether valid JSON ``text`` nests arrays/objects more than ``limit`` levels.
+
+    Works on the text with C-level string operations: strings are removed
+    (after their escaped quotes and backslashes), ``{}`` become ``[]``, and
+    each ``replace("[]", "")`` pass removes exactly the innermost containers,
+    so the nesting depth is the number of passes that empties the brackets.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False  # fewer containers than the limit (brackets in strings counted too)
+    if "\\" in text:
+        # Left to right, ``\\`` pairs first, as JSON reads escapes; then ``\"``.
+        text = text.replace("\\\\", "").replace('\\"', "")
+    shape = _NOT_BRACKET.sub("", text).translate(_ONE_BRACKET)
+    for _ in range(limit):
+        shape = shape.replace("[]", "")
+        if not shape:
+            return False
+    return True
+
+
+def _decode(decode: Any, data: str | bytes | bytearray | memoryview, max_depth: int) -> Any:
+    if isinstance(data, str):
+        text = data
+        raw_surrogates = not text.isascii()
+    else:
+        try:
+            text = (data if type(data) is bytes else bytes(data)).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonError("utf8", str(exc), pos=exc.start) from None
+        raw_surrogates = False  # strict UTF-8 cannot encode a surrogate
+    try:
+        value = decode(text)
+    except JsonError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise JsonError("syntax", str(exc), pos=exc.pos) from None
+    except RecursionError:
+        raise JsonError("depth", f"nested deeper than {max_depth} levels") from None
+    except ValueError as exc:  # an integer literal beyond Python's digit limit
+        raise JsonError("number", str(exc)) from None
+    if _too_deep(text, max_depth):
+        raise JsonError("depth", f"nested deeper than {max_depth} levels")
+    if ("\\u" in text or raw_surrogates) and _SURROGATE_ANY.search(text):
+        bad = _lone_surrogate(value)
+        if bad is not None:
+            raise JsonError(
+                "surrogate", f"a string contains a lone UTF-16 surrogate: {_show(bad)}", what=bad
+            )
+    return value
+
+
+def loads(
+    data: str | bytes | bytearray | memoryview,
+    *,
+    duplicate_keys: Literal["refuse", "last"] = "refuse",
+    max_depth: int = JSON_MAX_DEPTH,
+) -> Any:
+    """Decode one JSON document strictly.
+
+    Args:
+        data: the text, or its UTF-8 bytes.
+        duplicate_keys: ``"refuse"`` (the rule) or ``"last"`` (serde's
+            ``Value`` map: a repeated key keeps its last value).
+        max_depth: the deepest nesting accepted; a caller whose document wraps
+            free JSON values in its own containers adds their levels.
+
+    Returns:
+        The value: ``dict``, ``list``, ``str``, ``int``, ``float``, ``bool`` or None.
+
+    Raises:
+        JsonError: ``data`` breaks a rule of this module (see :data:`JsonErrorKind`).
+    """
+    return _decode(_DECODE_REFUSE if duplicate_keys == "refuse" else _DECODE_LAST, data, max_depth)
+
+
+def loads_marking_duplicates(
+    data: str | bytes | bytearray | memoryview, *, max_depth: int = JSON_MAX_DEPTH
+) -> tuple[Any, bool]:
+    """Decode like :func:`loads`, but keep objects that repeat a key, marked.
+
+    An object that repeats a key comes back as a :class:`DuplicateKeys` (last
+    value wins) listing the repeated keys; every other object is a plain
+    ``dict``. Serde-shaped codecs use it to refuse a repeated field of a
+    struct while a repeated unknown key, or a key repeated inside a free JSON
+    value, passes.
+
+    Returns:
+        The value, and whether some object repeated a key.
+
+    Raises:
+        JsonError: as :func:`loads`, never of kind ``duplicate_key``.
+    """
+    _marked.seen = False
+    value = _decode(_DECODE_MARK, data, max_depth)
+    return value, _marked.seen
+
+
+# --------------------------------------------------------------------------
+# Encoding
+
+_ENCODE_SORTED: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+).encode
+_ENCODE_IN_ORDER: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":")
+).encode
+
+
+def json_value_problem(value: object) -> str | None:
+    """Say why ``value`` is not a storable JSON value, or return None if it is.
+
+    A storable JSON value is ``None``, ``bool``, ``int``, a finite ``float``,
+    ``str``, a ``list`` or ``tuple`` of JSON values, or a ``dict`` with ``str``
+    keys and JSON values, nested at most :data:`JSON_MAX_DEPTH` deep. Strings
+    and keys must not contain lone UTF-16 surrogates (they cannot be stored as
+    UTF-8). Subclasses (a ``str`` enum, ``bool``) count as their base type.
+
+    Args:
+        value: the candidate value.
+
+    Returns:
+        None when the value is acceptable, else a short description of the
+        first problem found.
+    """
+    return _json_problem(value, 0)
+
+
+def _json_problem(value: object, depth: int) -> str | None:
+    if value is None or value is True or value is False:
+        return None
+    if isinstance(value, str):
+        if not value.isascii() and _SURROGATE_CHAR.search(value):
+            return "a string contains a lone UTF-16 surrogate"
+        return None
+    if isinstance(value, int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
+    if isinstance(value, list | tuple):
+        if depth >= JSON_MAX_DEPTH:
+            return f"nested deeper than {JSON_MAX_DEPTH} levels"
+        for item in value:
+            problem = _json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, dict):
+        if depth >= JSON_MAX_DEPTH:
+            return f"nested deeper than {JSON_MAX_DEPTH} levels"
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"object key {key!r} is not a string"
+            if not key.isascii() and _SURROGATE_CHAR.search(key):
+                return "an object key contains a lone UTF-16 surrogate"
+            problem = _json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    return f"{type(value).__name__} is not a JSON type"
+
+
+def canonical_json(value: Any) -> str:
+    """Encode a JSON value canonically: sorted keys, compact, UTF-8 kept, no NaN.
+
+    Raises:
+        JsonError: (kind ``value``, a ``ValueError``) ``value`` is not a JSON
+            value; the message is :func:`json_value_problem`'s.
+    """
+    problem = json_value_problem(value)
+    if problem is not None:
+        raise JsonError("value", problem)
+    try:
+        return _ENCODE_SORTED(value)
+    except ValueError as exc:  # an integer beyond Python's digit limit
+        raise JsonError("value", str(exc)) from None
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """:func:`canonical_json` as UTF-8 bytes.
+
+    Raises:
+        JsonError: (a ``ValueError``) ``value`` is not a JSON value.
+    """
+    return canonical_json(value).encode("utf-8")
+
+
+def dumps(value: Any, *, sort_keys: bool = True) -> str:
+    """Encode compactly (``ensure_ascii=False``, no NaN) a value whose types were checked.
+
+    No :func:`json_value_problem` walk: the caller vouches for key types and
+    depth (``json`` would turn an ``int`` key into a string silently). Use
+    :func:`canonical_json` for values straight from a caller.
+
+    Args:
+        value: the value.
+        sort_keys: sort object keys (canonical); False keeps insertion order,
+            for structs encoded in declared field order.
+
+    Raises:
+        JsonError: kind ``value`` for NaN or infinity, a type ``json`` cannot
+            encode, a circular reference or too deep a structure; kind
+            ``surrogate`` for a string holding a lone surrogate.
+    """
+    try:
+        text: str = (_ENCODE_SORTED if sort_keys else _ENCODE_IN_ORDER)(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise JsonError("value", f"not encodable as JSON: {exc}") from None
+    if not text.isascii() and _SURROGATE_CHAR.search(text):
+        raise JsonError("surrogate", "a string contains a lone UTF-16 surrogate")
+    return text
