@@ -37,9 +37,10 @@ Speed: these functions run on the stores' hot paths. The decoders are built
 once (``json.loads`` with keyword arguments builds one per call); the duplicate
 check runs in C (``dict(pairs)``) and only names the key on failure; the
 surrogate walk runs only when the text holds a ``\\u`` escape or (for ``str``
-input) a non-ASCII character that a regex confirms; the depth check runs only
-when the text has more than ``max_depth`` brackets, and then on the text with
-C-level string operations, not on the decoded value.
+input) a non-ASCII character, and a regex finds a candidate; the depth check
+works on the UTF-8 bytes with C-level ``translate``/``count``/``replace``, not
+on the decoded value, and stops early when the text is too short or has too
+few brackets to be that deep.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ __all__ = [
     "canonical_bytes",
     "canonical_json",
     "dumps",
+    "has_lone_surrogate",
     "json_value_problem",
     "loads",
     "loads_marking_duplicates",
@@ -189,15 +191,22 @@ _DECODE_MARK: Final = json.JSONDecoder(
 _SURROGATE_CHAR: Final = re.compile("[\ud800-\udfff]")
 # A raw surrogate, or an escape of one (paired or not: the walk decides).
 _SURROGATE_ANY: Final = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
-# Strings (once escaped quotes and backslashes are gone) and runs of non-brackets.
-_NOT_BRACKET: Final = re.compile(r'"[^"]*"|[^"\[\]{}]+')
-_ONE_BRACKET: Final = str.maketrans("{}", "[]")
+# The depth check reduces UTF-8 text to its "shape": quotes and brackets only
+# (``{}`` read as ``[]``). Multi-byte UTF-8 sequences never hold ASCII bytes.
+_SHAPE_TABLE: Final = bytes.maketrans(b"{}", b"[]")
+_SHAPE_DELETE: Final = bytes(c for c in range(256) if c not in b'"[]{}')
+_SHAPE_STRING: Final = re.compile(rb'"[^"]*"')
 
 
 def _show(text: str) -> str:
     """A short ASCII rendering of a string for an error message."""
     shown = ascii(text)
     return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone UTF-16 surrogate (which UTF-8 cannot store)."""
+    return not text.isascii() and _SURROGATE_CHAR.search(text) is not None
 
 
 def _lone_surrogate(value: object) -> str | None:
@@ -218,34 +227,47 @@ def _lone_surrogate(value: object) -> str | None:
     return None
 
 
-def _too_deep(text: str, limit: int) -> bool:
-    """Whether valid JSON ``text`` nests arrays/objects more than ``limit`` levels.
+def _too_deep(text: str, raw: bytes | None, limit: int) -> bool:
+    """Whether valid JSON ``text`` (``raw``: its UTF-8, if at hand) nests deeper than ``limit``.
 
-    Works on the text with C-level string operations: strings are removed
-    (after their escaped quotes and backslashes), ``{}`` become ``[]``, and
-    each ``replace("[]", "")`` pass removes exactly the innermost containers,
-    so the nesting depth is the number of passes that empties the brackets.
+    Works on the bytes with C-level operations, never on the decoded value:
+    escaped backslashes and quotes are dropped, then every byte but quotes and
+    brackets; strings are dropped (all at once when none holds a bracket: then
+    the quotes pair up as ``""``); each ``replace(b"[]", b"")`` pass then
+    removes exactly the innermost containers, so the depth is the number of
+    passes that empties the shape.
     """
-    if text.count("[") + text.count("{") <= limit:
-        return False  # fewer containers than the limit (brackets in strings counted too)
-    if "\\" in text:
+    if raw is None:
+        raw = text.encode("utf-8", "surrogatepass")
+    if b"\\" in raw:
         # Left to right, ``\\`` pairs first, as JSON reads escapes; then ``\"``.
-        text = text.replace("\\\\", "").replace('\\"', "")
-    shape = _NOT_BRACKET.sub("", text).translate(_ONE_BRACKET)
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    shape = raw.translate(_SHAPE_TABLE, _SHAPE_DELETE)
+    if shape.count(b"[") <= limit:
+        return False  # fewer brackets than levels (brackets in strings counted too)
+    quotes = shape.count(b'"')
+    if quotes:
+        if shape.count(b'""') * 2 == quotes:
+            shape = shape.translate(None, b'"')  # no string holds a bracket
+        else:
+            shape = _SHAPE_STRING.sub(b"", shape)
     for _ in range(limit):
-        shape = shape.replace("[]", "")
+        shape = shape.replace(b"[]", b"")
         if not shape:
             return False
     return True
 
 
 def _decode(decode: Any, data: str | bytes | bytearray | memoryview, max_depth: int) -> Any:
+    raw: bytes | None
     if isinstance(data, str):
         text = data
+        raw = None
         raw_surrogates = not text.isascii()
     else:
+        raw = data if type(data) is bytes else bytes(data)
         try:
-            text = (data if type(data) is bytes else bytes(data)).decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise JsonError("utf8", str(exc), pos=exc.start) from None
         raw_surrogates = False  # strict UTF-8 cannot encode a surrogate
@@ -259,7 +281,7 @@ def _decode(decode: Any, data: str | bytes | bytearray | memoryview, max_depth: 
         raise JsonError("depth", f"nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # an integer literal beyond Python's digit limit
         raise JsonError("number", str(exc)) from None
-    if _too_deep(text, max_depth):
+    if len(text) > 2 * max_depth and _too_deep(text, raw, max_depth):  # a level takes 2 chars
         raise JsonError("depth", f"nested deeper than {max_depth} levels")
     if ("\\u" in text or raw_surrogates) and _SURROGATE_ANY.search(text):
         bad = _lone_surrogate(value)

@@ -19,9 +19,13 @@ Encoding (always canonical, because compare-and-set and filters compare
 * a string holding a lone UTF-16 surrogate cannot be stored as UTF-8 and is
   refused (:class:`CodecError`).
 
-Decoding follows serde_json, strictly:
+Decoding follows serde_json, strictly (the JSON rules themselves are
+:mod:`agentkeep.strict_json`'s, shared by every store):
 
 * NaN, Infinity, -Infinity and out-of-range floats are refused;
+* nesting deeper than 128 levels is refused, counted from the free JSON value
+  (``result_ref``, ``adapter_data``): the entry arrays and the slot map add
+  their own two levels on top;
 * the container type must be exact (``current`` an object of Assignee
   objects, the entry columns arrays of objects);
 * required keys must be present; unknown keys are ignored;
@@ -49,18 +53,13 @@ other versions survive (spec/README.md, runs decision 3).
 from __future__ import annotations
 
 import json
-import math
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
+from agentkeep.bounds import I64_MAX, I64_MIN, U32_MAX, U64_MAX, check_u63
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.domain import (
-    I64_MAX,
-    I64_MIN,
-    U32_MAX,
-    U64_MAX,
     UNSET,
     Assignee,
     DegradationEntry,
@@ -69,8 +68,16 @@ from agentkeep.runs.domain import (
     StepEntry,
     StepId,
     Usage,
-    check_u63,
+)
+from agentkeep.strict_json import (
+    JSON_MAX_DEPTH,
+    DuplicateKeys,
+    JsonError,
+    dumps,
+    has_lone_surrogate,
     json_value_problem,
+    loads,
+    loads_marking_duplicates,
 )
 
 __all__ = [
@@ -118,46 +125,14 @@ class CodecError(ValueError):
 
 
 # --------------------------------------------------------------------------
-# JSON primitives
+# JSON primitives (the rules live in agentkeep.strict_json)
 
-_ENCODE = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
-).encode
-_ENCODE_SORTED = json.JSONEncoder(
-    ensure_ascii=False,
-    allow_nan=False,
-    separators=(",", ":"),
-    sort_keys=True,
-    check_circular=True,
-).encode
-
-_SURROGATE_CHAR = re.compile("[\ud800-\udfff]")
-_SURROGATE_ANY = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _JSON_WS: Final = " \t\n\r"
 _MISSING: Final = object()
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number {text} is out of range")
-    return value
-
-
-class _DupKeys(dict[str, Any]):
-    """A decoded JSON object that repeated a key; values are last-wins.
-
-    ``dups`` lists the repeated keys in input order. serde refuses a repeated
-    *field* of a struct, but skips repeated unknown keys like any unknown key.
-    """
-
-    __slots__ = ("dups",)
-    dups: list[str]
+# The entry arrays and the slot map wrap free JSON (``adapter_data``) two
+# levels down: an array of objects, or a map of objects.
+_WRAPPED_DEPTH: Final = JSON_MAX_DEPTH + 2
 
 
 def _kind(value: object) -> str:
@@ -199,91 +174,42 @@ def _text(raw: object, field: str) -> str:
     raise CodecError(field, f"expected text, got {_describe_raw(raw)}")
 
 
-def _contains_surrogate(value: object) -> bool:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if type(item) is str:
-            if _SURROGATE_CHAR.search(item):
-                return True
-        elif type(item) is list:
-            stack.extend(item)
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                if _SURROGATE_CHAR.search(key):
-                    return True
-                stack.append(sub)
-    return False
-
-
-_dup_flag = threading.local()
-
-
-def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) == len(pairs):
-        return obj
-    _dup_flag.seen = True
-    seen: set[str] = set()
-    marked = _DupKeys(obj)
-    marked.dups = []
-    for key, _ in pairs:
-        if key in seen:
-            marked.dups.append(key)
-        seen.add(key)
-    return marked
-
-
-# Decoders are built once: ``json.loads`` with keyword arguments builds a new
-# decoder on every call, which costs more than parsing a small document.
-_DECODE_PLAIN = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float).decode
-_DECODE_STRUCTS = json.JSONDecoder(
-    parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_pairs_hook
-).decode
+def _json_error(field: str, exc: JsonError) -> CodecError:
+    if exc.kind in ("surrogate", "depth"):
+        return CodecError(field, str(exc))
+    return CodecError(field, f"invalid JSON: {exc}")
 
 
 def _loads(text: str, field: str, *, structs: bool) -> tuple[Any, bool]:
     """Parse ``text`` strictly.
 
     Returns the value and whether some object repeated a key (such objects
-    come back as :class:`_DupKeys`). Duplicate detection is only done when
-    ``structs`` is set, because only struct objects refuse them.
+    come back as :class:`~agentkeep.strict_json.DuplicateKeys`). Duplicate
+    detection is only done when ``structs`` is set, because only struct
+    objects refuse them; otherwise a repeated key keeps its last value.
     """
-    dup_seen = False
     try:
         if structs:
-            _dup_flag.seen = False
-            value = _DECODE_STRUCTS(text)
-            dup_seen = _dup_flag.seen
-        else:
-            value = _DECODE_PLAIN(text)
-    except RecursionError:
-        raise CodecError(field, "JSON nested too deeply") from None
-    except ValueError as exc:
-        raise CodecError(field, f"invalid JSON: {exc}") from None
-    if ("\\u" in text or not text.isascii()) and _SURROGATE_ANY.search(text):
-        if _contains_surrogate(value):
-            raise CodecError(field, "a string contains a lone UTF-16 surrogate")
-    return value, dup_seen
+            return loads_marking_duplicates(text, max_depth=_WRAPPED_DEPTH)
+        return loads(text, duplicate_keys="last"), False
+    except JsonError as exc:
+        raise _json_error(field, exc) from None
+
+
+def _dumps(value: object, field: str, *, sort_keys: bool = False) -> str:
+    try:
+        return dumps(value, sort_keys=sort_keys)
+    except JsonError as exc:
+        raise CodecError(field, str(exc)) from None
 
 
 def _plain(value: Any) -> Any:
-    """Turn every :class:`_DupKeys` inside a free JSON value into a plain dict."""
+    """Turn every marked object (``DuplicateKeys``) inside a free JSON value into a plain dict."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if type(value) is list:
         return [_plain(v) for v in value]
     return value
-
-
-def _dumps(value: object, field: str, *, sort_keys: bool = False) -> str:
-    try:
-        text = (_ENCODE_SORTED if sort_keys else _ENCODE)(value)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise CodecError(field, f"not encodable as JSON: {exc}") from None
-    if not text.isascii() and _SURROGATE_CHAR.search(text):
-        raise CodecError(field, "a string contains a lone UTF-16 surrogate")
-    return text
 
 
 # --------------------------------------------------------------------------
@@ -353,8 +279,8 @@ def _obj(value: Any, field: str, where: str, fields: frozenset[str]) -> dict[str
     """Return ``value`` as a struct object with ``fields``, or raise."""
     if type(value) is dict:
         return value
-    if type(value) is _DupKeys:
-        for key in value.dups:
+    if type(value) is DuplicateKeys:
+        for key in value.duplicates:
             if key in fields:
                 raise CodecError(field, f"{where}: duplicate field `{key}`")
         return value
@@ -912,6 +838,6 @@ def check_text(value: str, field: str) -> str:
         raise InvalidInput(field, f"expected a string, got {type(value).__name__}")
     if "\x00" in value:
         raise InvalidInput(field, "contains a NUL character")
-    if not value.isascii() and _SURROGATE_CHAR.search(value):
+    if has_lone_surrogate(value):
         raise InvalidInput(field, "contains a lone UTF-16 surrogate")
     return value

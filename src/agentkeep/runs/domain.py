@@ -19,12 +19,15 @@ Invariants kept here:
 * Integer fields are real ``int`` values (``bool`` and ``float`` are refused)
   inside their Rust range (u32, u64, i64). Values the store writes into a
   ``BIGINT`` column (``Assignee.gen``, ``RunRecord.next_generation``,
-  ``created_at``, ``updated_at``) are limited to ``0..2**63-1``.
+  ``created_at``, ``updated_at``) are limited to ``0..2**63-1``. The bounds
+  and the field types (``U32``, ``U64``, ``I64``, ``U63``, :func:`check_u63`)
+  are :mod:`agentkeep.bounds`'s, re-exported here.
 * ``binding_digest`` is ``sha256:`` followed by 64 lowercase hex digits.
 * ``StepEntry.adapter_data`` and ``RunRecord.result_ref`` are JSON values:
   ``None``, ``bool``, ``int``, finite ``float``, ``str``, ``list``/``tuple``
   and ``dict`` with ``str`` keys, nested at most 128 deep (serde_json's read
-  limit), with no lone UTF-16 surrogate in any string.
+  limit), with no lone UTF-16 surrogate in any string
+  (:func:`agentkeep.strict_json.json_value_problem`).
 * ``RunRecord.current`` iterates in sorted key order (§2.6).
 
 Construction errors: the pydantic models raise :class:`pydantic.ValidationError`
@@ -44,7 +47,6 @@ accepts any seeded desc, §3.3), and slot-name emptiness in a record.
 from __future__ import annotations
 
 import enum
-import re
 import secrets
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Final, Self, TypeAlias, final
@@ -60,8 +62,9 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
-from agentkeep.columns import JSON_MAX_DEPTH, json_value_problem
+from agentkeep.bounds import I64, I64_MAX, I64_MIN, U32, U32_MAX, U63, U64, U64_MAX, check_u63
 from agentkeep.errors import AssigneeGenerationAhead, IdParseError, InvalidInput
+from agentkeep.strict_json import JSON_MAX_DEPTH, json_value_problem
 
 __all__ = [
     "check_u63",
@@ -93,15 +96,6 @@ __all__ = [
     "json_value_problem",
     "validate_assignment_generations",
 ]
-
-U32_MAX: Final = 2**32 - 1
-U64_MAX: Final = 2**64 - 1
-I64_MIN: Final = -(2**63)
-I64_MAX: Final = 2**63 - 1
-
-"""Deepest nesting of arrays/objects accepted in a JSON value (serde_json's limit)."""
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # --------------------------------------------------------------------------
 # Ids (§2.1)
@@ -238,10 +232,6 @@ class RunStatus(enum.StrEnum):
 # --------------------------------------------------------------------------
 # Shared field types
 
-U32 = Annotated[int, Strict(), Field(ge=0, le=U32_MAX)]
-U64 = Annotated[int, Strict(), Field(ge=0, le=U64_MAX)]
-I64 = Annotated[int, Strict(), Field(ge=I64_MIN, le=I64_MAX)]
-U63 = Annotated[int, Strict(), Field(ge=0, le=I64_MAX)]
 Text = Annotated[str, Strict()]
 BindingDigest = Annotated[str, Strict(), Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
@@ -440,25 +430,6 @@ UNSET: Final = Unset()
 
 # --------------------------------------------------------------------------
 # RunListFilter (§2.8)
-
-
-def check_u63(value: object, field: str) -> int:
-    """Check an integer argument for a ``BIGINT`` column: ``0..2**63-1``.
-
-    Returns:
-        ``value``.
-
-    Raises:
-        InvalidInput: (field ``field``) not an ``int`` (``bool`` included),
-            negative, or above ``2**63-1``.
-    """
-    if type(value) is not int:
-        raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
-    if value < 0:
-        raise InvalidInput(field, f"must not be negative, got {value}")
-    if value > I64_MAX:
-        raise InvalidInput(field, f"must be at most 2**63-1, got {value}")
-    return value
 
 
 class RunListFilter(BaseModel):

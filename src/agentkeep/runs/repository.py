@@ -34,6 +34,7 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import bindparam as p
 from sqlalchemy import delete, select, update
 
+from agentkeep.bounds import I64_MAX, check_u64
 from agentkeep.clock import Clock
 from agentkeep.db import Driver, LockNamespace, lock_aggregate
 from agentkeep.errors import (
@@ -71,8 +72,6 @@ __all__ = ["RunRepository"]
 
 T = TypeVar("T")
 
-_MAX_I64: Final = 2**63 - 1
-_MAX_U64: Final = 2**64 - 1
 _TABLE: Final = Run.__tablename__
 
 _FIELD_COLUMN: Final = {
@@ -357,7 +356,7 @@ class RunRepository:
         elif not isinstance(flt, RunListFilter):
             raise InvalidInput("filter", f"expected a RunListFilter, got {type(flt).__name__}")
         params: dict[str, Any] = {
-            "limit": _MAX_I64 if flt.limit is None else flt.limit,
+            "limit": I64_MAX if flt.limit is None else flt.limit,
             "offset": flt.offset or 0,
         }
         if flt.task_id is not None:
@@ -491,7 +490,7 @@ class RunRepository:
         codec.check_text(desc, "desc")
         now = self._begin_write(run_id)
         current, gen = self._read_slots(run_id)
-        if gen >= _MAX_I64:
+        if gen >= I64_MAX:
             raise GenerationOverflow(run_id, gen)
         new_gen = gen + 1
         previous = current.get(slot)
@@ -520,14 +519,13 @@ class RunRepository:
         run_id = _rid(run_id)
         if not isinstance(slot, str) or slot == "":
             raise AssigneeSlotRequired()
-        if type(expected_gen) is not int or not 0 <= expected_gen <= _MAX_U64:
-            raise InvalidInput("expected_gen", "must be an integer in 0..2**64-1")
+        check_u64(expected_gen, "expected_gen")
         now = self._begin_write(run_id)
         current, gen = self._read_slots(run_id)
         held = current.get(slot)
         if held is None or held.gen != expected_gen:
             return Stale(current=held)
-        if gen >= _MAX_I64:
+        if gen >= I64_MAX:
             raise GenerationOverflow(run_id, gen)
         del current[slot]
         self._write_slots(run_id, current, gen, gen + 1, now)
