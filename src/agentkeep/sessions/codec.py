@@ -2,7 +2,11 @@
 
 One place for every column the lease, queue and turn-input repositories read
 or write: owner columns (§0.2), policies and merge keys (§4.4), payloads,
-ingress (§4.13) and states. Decoders raise
+ingress (§4.13) and states. Every JSON column is written with
+:func:`~agentkeep.strict_json.canonical_json` and read with the strict
+:func:`~agentkeep.strict_json.loads` (re-exported here as :func:`loads` for the
+other session modules): NaN, repeated keys, lone surrogates and nesting deeper
+than 128 levels are corrupt values. Decoders raise
 :class:`~agentkeep.errors.SessionCorrupt` naming the table, key and column;
 the one deliberate exception is owner liveness, which the seed reads as
 ``Opaque`` when NULL or undecodable (a corrupt liveness can only make a
@@ -16,7 +20,6 @@ positions, so the two cannot drift apart.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any, Final
@@ -25,7 +28,6 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import case, literal, null
 
 from agentkeep.base import BIGINT
-from agentkeep.columns import canonical_json
 from agentkeep.errors import SessionCorrupt
 from agentkeep.sessions.domain import (
     MAX_I64,
@@ -43,6 +45,7 @@ from agentkeep.sessions.domain import (
     TurnInputState,
 )
 from agentkeep.sessions.models import PendingTurnInputRow, QueuedWorkBatchRow, QueuedWorkItemRow
+from agentkeep.strict_json import canonical_json, loads
 
 __all__ = [
     "BATCH_COLUMNS",
@@ -61,15 +64,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentkeep.sessions")
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def loads(text: str) -> Any:
-    """Strict JSON parse: NaN and Infinity are refused (``ValueError``)."""
-    return json.loads(text, parse_constant=_reject_constant)
 
 
 _LIVENESS: Final = TypeAdapter(OwnerLiveness)
@@ -156,7 +150,7 @@ def _decode_liveness(raw: object) -> Any:
     try:
         if not isinstance(raw, str):
             raise ValueError(f"{type(raw).__name__} instead of text")
-        return _LIVENESS.validate_json(raw)
+        return _LIVENESS.validate_python(loads(raw))
     except (ValueError, ValidationError) as exc:
         key = repr(raw)[:200]
         if key not in _warned:
@@ -274,6 +268,10 @@ def encode_ingress(ingress: Any) -> str:
     return canonical_json(ingress.model_dump(mode="json"))
 
 
+def _decode_ingress(raw: object) -> Any:
+    return _INGRESS.validate_python(loads(_text(raw)))
+
+
 def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
     """A turn input from a row of :data:`INPUT_COLUMNS`.
 
@@ -286,10 +284,8 @@ def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
         input_id=row[1],
         session_id=row[2],
         source_key=row[3],
-        ingress=d("ingress_json", lambda t: _INGRESS.validate_json(_text(t)), row[4]),
-        submitted_ingress=d(
-            "submitted_ingress_json", lambda t: _INGRESS.validate_json(_text(t)), row[5]
-        ),
+        ingress=d("ingress_json", _decode_ingress, row[4]),
+        submitted_ingress=d("submitted_ingress_json", _decode_ingress, row[5]),
         state=d("state", TurnInputState, row[6]),
         input=d("input_json", lambda t: loads(_text(t)), row[7]),
         enqueued_at_ms=row[8],

@@ -10,10 +10,12 @@ claim-lease derivation (§4.6).
 Conventions:
 
 * Times are epoch milliseconds; counters are integers in ``0..2**63-1`` and
-  saturate there (§0.2).
+  saturate there (§0.2). The bound and its checks are :mod:`agentkeep.bounds`'s
+  (:data:`MAX_I64`, :func:`check_ms` and :func:`saturating_add` re-bind them).
 * Ids are non-blank strings without NUL (:func:`check_id`).
 * JSON payloads the store only round-trips (queued-work payload bodies, turn
-  inputs) must be JSON values; they are stored as canonical JSON text.
+  inputs) must be JSON values; they are stored as canonical JSON text
+  (:mod:`agentkeep.strict_json`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from agentkeep.columns import json_value_problem
+from agentkeep.bounds import I64_MAX, U32, U63, saturating_add
+from agentkeep.bounds import check_u63 as check_ms
 from agentkeep.errors import InvalidInput
+from agentkeep.strict_json import json_value_problem
 
 __all__ = [
     "MAX_I64",
@@ -89,16 +93,12 @@ __all__ = [
     "select_turn_work_claim_prefix",
 ]
 
-MAX_I64: Final = 2**63 - 1
+#: ``2**63-1``, the top of every counter (:data:`agentkeep.bounds.I64_MAX`).
+MAX_I64: Final = I64_MAX
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
-Ms = Annotated[int, Strict(), Field(ge=0, le=MAX_I64)]
+Ms = U63
 Text = Annotated[str, Strict()]
-
-
-def saturating_add(a: int, b: int) -> int:
-    """``a + b`` capped at ``2**63-1`` (the largest value a BIGINT holds)."""
-    return min(a + b, MAX_I64)
 
 
 def check_id(value: object, field: str) -> str:
@@ -116,17 +116,12 @@ def check_id(value: object, field: str) -> str:
     return value
 
 
-def check_ms(value: object, field: str) -> int:
-    """Validate a time or duration argument in milliseconds: an ``int`` in ``0..2**63-1``."""
-    if type(value) is not int:
-        raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
-    if not 0 <= value <= MAX_I64:
-        raise InvalidInput(field, f"must be in 0..2**63-1, got {value}")
-    return value
-
-
 def check_json(value: object, field: str) -> object:
-    """Validate a JSON value argument (see :func:`agentkeep.columns.json_value_problem`)."""
+    """Validate a JSON value argument (see :func:`agentkeep.strict_json.json_value_problem`).
+
+    Raises:
+        InvalidInput: ``value`` is not a storable JSON value; nothing is written.
+    """
     problem = json_value_problem(value)
     if problem is not None:
         raise InvalidInput(field, problem)
@@ -151,7 +146,7 @@ class LocalProcess(BaseModel):
     kind: Literal["local_process"] = "local_process"
     host_id: Text
     boot_id: Text
-    pid: Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]
+    pid: U32
     process_start: Text
 
 

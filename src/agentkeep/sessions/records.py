@@ -5,7 +5,8 @@ The coordination half's values (leases, queued work, turn inputs) are in
 graph nodes, checkpoints, usage, the runtime commit and its result, the
 session read, and the maintenance reports. Opaque payloads (node payloads,
 config, agent frames, checkpoint components) must be JSON values; they are
-stored as canonical JSON.
+stored as canonical JSON. Counters and times are ``U63`` (``0..2**63-1``,
+:mod:`agentkeep.bounds`): they are stored in signed 64-bit columns.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from agentkeep.bounds import U63
 from agentkeep.sessions.domain import (
     LeaseFence,
     QueuedWorkBatch,
@@ -56,7 +58,6 @@ HEAD_SCHEMA_VERSION = 1
 MANIFEST_SCHEMA_VERSION = 1
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-U63 = Annotated[int, Strict(), Field(ge=0, le=2**63 - 1)]
 Text = Annotated[str, Strict()]
 
 
