@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol
 
+from agentkeep.bounds import I64_MAX
 from agentkeep.legacy.shapes import (
     DecodeProblem,
     LegacyInput,
@@ -78,7 +79,8 @@ __all__ = [
 LEGACY_IDLE_RECORD: Final = b'"idle"'
 #: ``meerkat_core::ops_lifecycle::DEFAULT_MAX_COMPLETED``: the default ops capacity.
 DEFAULT_MAX_COMPLETED: Final = 256
-MAX_I64: Final = 2**63 - 1
+#: ``2**63-1`` (:data:`agentkeep.bounds.I64_MAX`): a receipt sequence must fit i64.
+MAX_I64: Final = I64_MAX
 
 #: Terminal input states; each pairs with the terminal outcome of the same ``outcome_type``.
 _TERMINAL_STATES: Final = frozenset({"consumed", "superseded", "coalesced", "abandoned"})

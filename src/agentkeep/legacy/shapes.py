@@ -2,21 +2,26 @@
 
 The seed's ``LegacyV0_6_34InputState`` and ``LegacyV0_6_34OpsSnapshot`` deny
 unknown fields; here every level does (history entries and terminal outcomes
-too), JSON objects with a repeated key are refused, integers must be JSON
-integers in range (u32/u64), UUIDs are canonicalised, and timestamps must be
+too); the JSON must pass :mod:`agentkeep.strict_json` (a repeated key, NaN, a
+lone surrogate or nesting deeper than 128 are refused, reported in serde's
+texts); integers must be JSON integers in range (u32/u64, from
+:mod:`agentkeep.bounds`); UUIDs are canonicalised; and timestamps must be
 RFC 3339 texts (kept verbatim). :class:`LegacyReceipt` is a private model of
 the seed's ``RunBoundaryReceipt``, only used to check legacy receipts.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
+from typing import Annotated, Final, Literal, TypeAlias, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from agentkeep.bounds import U32, U64
+from agentkeep.strict_json import JsonError, JsonErrorKind
+from agentkeep.strict_json import loads as strict_loads
 
 __all__ = [
     "DecodeProblem",
@@ -26,9 +31,6 @@ __all__ = [
     "decode_strict",
     "variant_name",
 ]
-
-_MAX_U32: Final = 2**32 - 1
-_MAX_U64: Final = 2**64 - 1
 
 
 class DecodeProblem(Exception):
@@ -57,8 +59,6 @@ def _rfc3339(text: str) -> str:
 
 _Uuid = Annotated[str, AfterValidator(_canonical_uuid)]
 _Timestamp = Annotated[str, AfterValidator(_rfc3339)]
-_U32 = Annotated[int, Field(ge=0, le=_MAX_U32)]
-_U64 = Annotated[int, Field(ge=0, le=_MAX_U64)]
 _STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 _InputLifecycleState: TypeAlias = Literal[
@@ -121,13 +121,13 @@ class LegacyInput(BaseModel):
     terminal_outcome: _TerminalOutcome | None = None
     durability: Literal["durable", "ephemeral", "derived"] | None = None
     idempotency_key: str | None = None
-    attempt_count: _U32 = 0
-    recovery_count: _U32 = 0
+    attempt_count: U32 = 0
+    recovery_count: U32 = 0
     history: list[_HistoryEntry] = Field(default_factory=list)
     reconstruction_source: JsonValue = None
     persisted_input: JsonValue = None
     last_run_id: _Uuid | None = None
-    last_boundary_sequence: _U64 | None = None
+    last_boundary_sequence: U64 | None = None
     created_at: _Timestamp
     updated_at: _Timestamp
 
@@ -136,19 +136,19 @@ class _OpsAuthority(BaseModel):
     model_config = _STRICT
     operations: dict[str, JsonValue]
     completed_order: list[JsonValue]
-    max_completed: _U64
+    max_completed: U64
     max_concurrent: JsonValue
-    active_count: _U64
+    active_count: U64
     wait_request_id: JsonValue
     wait_operation_ids: list[JsonValue]
-    next_completion_seq: _U64
+    next_completion_seq: U64
 
 
 class _OpsCursors(BaseModel):
     model_config = _STRICT
-    agent_applied_cursor: _U64
-    runtime_observed_seq: _U64
-    runtime_last_injected_seq: _U64
+    agent_applied_cursor: U64
+    runtime_observed_seq: U64
+    runtime_last_injected_seq: U64
 
 
 class LegacyOps(BaseModel):
@@ -172,28 +172,47 @@ class LegacyReceipt(BaseModel):
     ]
     contributing_input_ids: list[_Uuid]
     conversation_digest: str | None = None
-    message_count: _U64
-    sequence: _U64
+    message_count: U64
+    sequence: U64
 
 
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DecodeProblem(f"duplicate field `{key}`")
-        out[key] = value
-    return out
+#: serde_json's texts for the rules it reports by error code alone.
+_SERDE_TEXT: Final[dict[JsonErrorKind, str]] = {
+    "constant": "expected value",
+    "number": "number out of range",
+    "surrogate": "lone leading surrogate in hex escape",
+    "depth": "recursion limit exceeded",
+}
+
+
+def _serde_message(exc: JsonError) -> str:
+    """Render a strict-decoder error in the texts the seed's serde decoder gave."""
+    if exc.kind == "duplicate_key":
+        return f"duplicate field `{exc.what}`"
+    text = _SERDE_TEXT.get(exc.kind)
+    return text if text is not None else f"not UTF-8 JSON: {exc}"
 
 
 def decode_strict(model: type[_M], data: bytes) -> _M:
-    """Decode ``data`` strictly (UTF-8 JSON object, no duplicate keys, exact shape)."""
+    """Decode ``data`` strictly: a strict UTF-8 JSON object of exactly ``model``'s shape.
+
+    The JSON rules are :func:`agentkeep.strict_json.loads`'s; its errors are
+    rendered as serde's texts: ``not UTF-8 JSON: …`` (bad UTF-8 or syntax),
+    ``duplicate field `k```, ``expected value`` (NaN, Infinity),
+    ``number out of range``, ``lone leading surrogate in hex escape``,
+    ``recursion limit exceeded`` (nesting deeper than 128).
+
+    Raises:
+        DecodeProblem: the bytes are not such a JSON object, or it does not
+            validate as ``model`` (the message names every failing field).
+    """
     try:
-        value = json.loads(bytes(data).decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DecodeProblem(f"not UTF-8 JSON: {exc}") from exc
+        value = strict_loads(data)
+    except JsonError as exc:
+        raise DecodeProblem(_serde_message(exc)) from exc
     if not isinstance(value, dict):
         raise DecodeProblem(f"expected a JSON object, got {type(value).__name__}")
     try:

@@ -3,12 +3,16 @@
 Holds the transcript types (messages, rewrite commits, the retained history,
 compaction-projection intents), the revision and commit-fingerprint digests,
 :class:`Session` with its strict decoder :func:`decode_session`, identifier
-helpers, and the strict JSON helpers the other domain codecs share.
+helpers, and the strict JSON helpers the other domain codecs share
+(:func:`load_object`, :func:`validate_strict`, and :func:`canonical_bytes`,
+which is :mod:`agentkeep.strict_json`'s).
 
 Choices where the spec is open:
 
-* Decoding is strict: duplicate JSON keys, unknown fields, wrong JSON types
-  (``true`` for an integer) and unknown versions are refused; nothing is
+* Decoding is strict: the JSON rules of :mod:`agentkeep.strict_json` (no
+  duplicate keys, NaN, lone surrogates, nesting deeper than 128), unknown
+  fields, wrong JSON types (``true`` for an integer) and unknown versions are
+  refused; nothing is
   defaulted or upgraded on read. Session ``version`` must be 2 (missing:
   "missing session version"; 1: "generated session persistence version
   authority rejected").
@@ -33,15 +37,16 @@ Choices where the spec is open:
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Sequence
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-from agentkeep.columns import canonical_json
+from agentkeep.bounds import I64_MAX, U63
 from agentkeep.errors import InvalidInput
+from agentkeep.strict_json import JsonError, canonical_bytes
+from agentkeep.strict_json import loads as strict_loads
 
 __all__ = [
     "COMPACTION_SELECTION",
@@ -73,7 +78,9 @@ __all__ = [
 
 SESSION_VERSION: Final = 2
 RETIRED_SESSION_VERSIONS: Final = frozenset({1})
-MAX_U63: Final = 2**63 - 1
+#: ``2**63-1`` (:data:`agentkeep.bounds.I64_MAX`): the top of every count and
+#: index, which the stores keep in signed 64-bit columns.
+MAX_U63: Final = I64_MAX
 COMPACTION_SELECTION: Final = "compaction_message_range"
 
 STRICT: Final = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -87,39 +94,29 @@ class DecodeProblem(Exception):
 
 
 # --------------------------------------------------------------------------
-# Strict JSON helpers
-
-
-def canonical_bytes(value: Any) -> bytes:
-    """Return the canonical JSON of ``value`` as UTF-8 bytes.
-
-    Raises:
-        ValueError: ``value`` is not a storable JSON value.
-    """
-    return canonical_json(value).encode("utf-8")
-
-
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DecodeProblem(f"duplicate JSON key {key!r}")
-        out[key] = value
-    return out
+# Strict JSON helpers (the rules are agentkeep.strict_json's; canonical_bytes
+# is re-exported from there)
 
 
 def load_object(data: bytes, what: str) -> dict[str, Any]:
-    """Parse ``data`` as a UTF-8 JSON object without duplicate keys.
+    """Parse ``data`` as a strict UTF-8 JSON object (:func:`agentkeep.strict_json.loads`).
 
     Raises:
-        DecodeProblem: not bytes, not UTF-8 JSON, a key repeats, or not an object.
+        DecodeProblem: not bytes; not UTF-8 JSON (``"<what> is not UTF-8 JSON:
+            …"``); a key repeats (``"duplicate JSON key 'k'"``); NaN or
+            infinity, a lone surrogate or nesting deeper than 128 levels
+            (``"<what> is not strict JSON: …"``); or not an object.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DecodeProblem(f"{what} must be bytes, got {type(data).__name__}")
     try:
-        value = json.loads(bytes(data).decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DecodeProblem(f"{what} is not UTF-8 JSON: {exc}") from exc
+        value = strict_loads(data)
+    except JsonError as exc:
+        if exc.kind in ("utf8", "syntax"):
+            raise DecodeProblem(f"{what} is not UTF-8 JSON: {exc}") from exc
+        if exc.kind == "duplicate_key":
+            raise DecodeProblem(str(exc)) from exc
+        raise DecodeProblem(f"{what} is not strict JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise DecodeProblem(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
@@ -216,8 +213,8 @@ class RewriteSelection(BaseModel):
     model_config = STRICT
 
     type: Literal["message_range", "compaction_message_range"]
-    start: int = Field(ge=0, le=MAX_U63)
-    end: int = Field(ge=0, le=MAX_U63)
+    start: U63
+    end: U63
 
 
 class TranscriptCommit(BaseModel):
@@ -228,8 +225,8 @@ class TranscriptCommit(BaseModel):
     parent_revision: str
     revision: str
     selection: RewriteSelection
-    messages_before: int = Field(ge=0, le=MAX_U63)
-    messages_after: int = Field(ge=0, le=MAX_U63)
+    messages_before: U63
+    messages_after: U63
     original_span_digest: str
     replacement_digest: str
     actor: str
@@ -285,9 +282,9 @@ class CompactionIntent(BaseModel):
     model_config = STRICT
 
     projection: ProjectionId
-    summary_tokens: int = Field(ge=0, le=MAX_U63)
-    messages_before: int = Field(ge=0, le=MAX_U63)
-    messages_after: int = Field(ge=0, le=MAX_U63)
+    summary_tokens: U63
+    messages_before: U63
+    messages_after: U63
 
     @classmethod
     def for_commit(
