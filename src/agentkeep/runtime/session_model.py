@@ -125,6 +125,10 @@ def load_object(data: bytes, what: str) -> dict[str, Any]:
 def validate_strict(model: type[_M], data: bytes, what: str) -> _M:
     """Validate JSON ``data`` as ``model`` in strict mode.
 
+    Pydantic parses the bytes itself and does not apply the
+    :mod:`agentkeep.strict_json` rules: callers run :func:`load_object` on the
+    same bytes first (or pass canonical bytes they encoded).
+
     Raises:
         DecodeProblem: naming every failing field.
     """
