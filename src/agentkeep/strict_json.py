@@ -36,8 +36,9 @@ still refuses what the encoder refuses and lone surrogates.
 Speed: these functions run on the stores' hot paths. The decoders are built
 once (``json.loads`` with keyword arguments builds one per call); the duplicate
 check runs in C (``dict(pairs)``) and only names the key on failure; the
-surrogate walk runs only when the text holds a ``\\u`` escape or (for ``str``
-input) a non-ASCII character, and a regex finds a candidate; the depth check
+surrogate walk runs only when UTF-8 encoding of a ``str`` fails or a regex
+finds a surrogate escape (and the regex only when the text holds a backslash,
+which ``memchr`` rules out for most texts); the depth check
 works on the UTF-8 bytes with C-level ``translate``/``count``/``replace``, not
 on the decoded value, and stops early when the text is too short or has too
 few brackets to be that deep.
@@ -188,9 +189,8 @@ _DECODE_MARK: Final = json.JSONDecoder(
     object_pairs_hook=_mark_duplicates,
 ).decode
 
-_SURROGATE_CHAR: Final = re.compile("[\ud800-\udfff]")
-# A raw surrogate, or an escape of one (paired or not: the walk decides).
-_SURROGATE_ANY: Final = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
+# An escaped surrogate, paired or not (the walk decides).
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
 # The depth check reduces UTF-8 text to its "shape": quotes and brackets only
 # (``{}`` read as ``[]``). Multi-byte UTF-8 sequences never hold ASCII bytes.
 _SHAPE_TABLE: Final = bytes.maketrans(b"{}", b"[]")
@@ -204,9 +204,18 @@ def _show(text: str) -> str:
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
+def _not_utf8(text: str) -> bool:
+    """Whether non-ASCII ``text`` holds a surrogate: encoding is faster than a regex scan."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # UTF-8 refuses nothing else
+        return True
+    return False
+
+
 def has_lone_surrogate(text: str) -> bool:
     """Whether ``text`` holds a lone UTF-16 surrogate (which UTF-8 cannot store)."""
-    return not text.isascii() and _SURROGATE_CHAR.search(text) is not None
+    return not text.isascii() and _not_utf8(text)
 
 
 def _lone_surrogate(value: object) -> str | None:
@@ -215,13 +224,13 @@ def _lone_surrogate(value: object) -> str | None:
     while stack:
         item = stack.pop()
         if type(item) is str:
-            if _SURROGATE_CHAR.search(item):
+            if has_lone_surrogate(item):
                 return item
         elif type(item) is list:
             stack.extend(item)
         elif isinstance(item, dict):
             for key, sub in item.items():
-                if _SURROGATE_CHAR.search(key):
+                if has_lone_surrogate(key):
                     return str(key)
                 stack.append(sub)
     return None
@@ -259,18 +268,21 @@ def _too_deep(text: str, raw: bytes | None, limit: int) -> bool:
 
 
 def _decode(decode: Any, data: str | bytes | bytearray | memoryview, max_depth: int) -> Any:
-    raw: bytes | None
+    raw: bytes | None = None
+    raw_surrogate = False
     if isinstance(data, str):
         text = data
-        raw = None
-        raw_surrogates = not text.isascii()
+        if not text.isascii():
+            try:
+                raw = text.encode("utf-8")  # also the cheapest scan for raw surrogates
+            except UnicodeEncodeError:
+                raw_surrogate = True
     else:
         raw = data if type(data) is bytes else bytes(data)
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8")  # strict: a surrogate is not UTF-8
         except UnicodeDecodeError as exc:
             raise JsonError("utf8", str(exc), pos=exc.start) from None
-        raw_surrogates = False  # strict UTF-8 cannot encode a surrogate
     try:
         value = decode(text)
     except JsonError:
@@ -283,7 +295,8 @@ def _decode(decode: Any, data: str | bytes | bytearray | memoryview, max_depth: 
         raise JsonError("number", str(exc)) from None
     if len(text) > 2 * max_depth and _too_deep(text, raw, max_depth):  # a level takes 2 chars
         raise JsonError("depth", f"nested deeper than {max_depth} levels")
-    if ("\\u" in text or raw_surrogates) and _SURROGATE_ANY.search(text):
+    # memchr finds no backslash in most texts; only then does the regex run.
+    if raw_surrogate or ("\\" in text and _SURROGATE_ESCAPE.search(text)):
         bad = _lone_surrogate(value)
         if bad is not None:
             raise JsonError(
@@ -372,7 +385,7 @@ def _json_problem(value: object, depth: int) -> str | None:
     if value is None or value is True or value is False:
         return None
     if isinstance(value, str):
-        if not value.isascii() and _SURROGATE_CHAR.search(value):
+        if not value.isascii() and _not_utf8(value):
             return "a string contains a lone UTF-16 surrogate"
         return None
     if isinstance(value, int):
@@ -393,7 +406,7 @@ def _json_problem(value: object, depth: int) -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"object key {key!r} is not a string"
-            if not key.isascii() and _SURROGATE_CHAR.search(key):
+            if not key.isascii() and _not_utf8(key):
                 return "an object key contains a lone UTF-16 surrogate"
             problem = _json_problem(item, depth + 1)
             if problem is not None:
@@ -448,6 +461,6 @@ def dumps(value: Any, *, sort_keys: bool = True) -> str:
         text: str = (_ENCODE_SORTED if sort_keys else _ENCODE_IN_ORDER)(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise JsonError("value", f"not encodable as JSON: {exc}") from None
-    if not text.isascii() and _SURROGATE_CHAR.search(text):
+    if not text.isascii() and _not_utf8(text):
         raise JsonError("surrogate", "a string contains a lone UTF-16 surrogate")
     return text
