@@ -74,10 +74,10 @@ from sqlalchemy import text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from agentkeep import RunListFilter, RunRecord, RunStatus, StepEntry, Store  # noqa: E402
+from agentkeep.bounds import I64_MAX as _MAX_I64  # noqa: E402
 
 SEED_RUNS = 3000  # "a few thousand": list() filters and orders over all of them
 HOT_RUNS = 500  # write targets rotate over this many runs
-_MAX_I64 = 2**63 - 1
 _JSON_DUMPS = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 _time_ns = time.time_ns
 
