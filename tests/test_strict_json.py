@@ -25,7 +25,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentkeep import columns
 from agentkeep.strict_json import (
     JSON_MAX_DEPTH,
     DuplicateKeys,
@@ -437,9 +436,8 @@ def test_old_names_are_the_single_definitions() -> None:
     from agentkeep.sessions import codec as sessions_codec
     from agentkeep.sessions import domain as sessions_domain
 
-    assert columns.JSON_MAX_DEPTH == runs_domain.JSON_MAX_DEPTH == JSON_MAX_DEPTH == 128
-    assert columns.canonical_json is strict_json.canonical_json
-    assert columns.json_value_problem is runs_domain.json_value_problem is json_value_problem
+    assert runs_domain.JSON_MAX_DEPTH == JSON_MAX_DEPTH == 128
+    assert runs_domain.json_value_problem is json_value_problem
     assert sessions_codec.loads is strict_json.loads
     assert session_model.canonical_bytes is strict_json.canonical_bytes
     assert sessions_domain.check_json(["ok"], "f") == ["ok"]

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agentkeep.columns import canonical_json
 from agentkeep.errors import InvalidInput
 from agentkeep.runtime.domain import MalformedHistory, Session, revision_of
 from agentkeep.runtime.errors import GuardRejected, ReadFailed, WriteFailed
+from agentkeep.strict_json import canonical_json
 
 from .test_domain import D, msg, rewrite_fixture, session_json, session_with_compaction_intent
 

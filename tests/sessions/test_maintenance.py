@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from agentkeep.columns import canonical_json
 from agentkeep.db import Driver
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
 from agentkeep.sessions.checkpoints import (
@@ -67,6 +66,7 @@ from agentkeep.sessions.records import (
 )
 from agentkeep.statements import Statement
 from agentkeep.store import Store
+from agentkeep.strict_json import canonical_json
 
 from .support import acquire_lease, enqueue
 

@@ -2,7 +2,7 @@
 
 The store depends only on :class:`RuntimeDomain`; :class:`ReferenceDomain` is
 the shipped implementation. Payloads are ``bytes`` of canonical JSON
-(:func:`agentkeep.columns.canonical_json`, UTF-8), so encoding a decoded
+(:func:`agentkeep.strict_json.canonical_json`, UTF-8), so encoding a decoded
 canonical payload gives back the same bytes. The protocol and the reference
 rules are described in docs/runtime.md#the-runtime-domain. The rules live in
 three modules, and every public name of theirs listed in ``__all__`` below is

@@ -19,10 +19,10 @@ from typing import Final
 
 from pydantic import BaseModel, Field
 
+from agentkeep.bounds import U63, U64, U64_MAX, check_u64
 from agentkeep.errors import InvalidInput
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
 from agentkeep.runtime.session_model import (
-    MAX_U63,
     STRICT,
     DecodeProblem,
     canonical_bytes,
@@ -40,7 +40,7 @@ __all__ = [
     "encode_receipt_sequence",
 ]
 
-MAX_U64: Final = 2**64 - 1
+MAX_U64: Final = U64_MAX
 _U64: Final = struct.Struct("<Q")
 _I64: Final = struct.Struct("<q")
 
@@ -51,8 +51,7 @@ def encode_receipt_sequence(sequence: int) -> int:
     Raises:
         InvalidInput: ``sequence`` is not an integer in ``0..2**64-1``.
     """
-    if type(sequence) is not int or not 0 <= sequence <= MAX_U64:
-        raise InvalidInput("sequence", f"{sequence!r} is not a u64")
+    check_u64(sequence, "sequence")
     value: int = _I64.unpack(_U64.pack(sequence))[0]
     return value
 
@@ -81,8 +80,8 @@ class RunBoundaryReceipt(BaseModel):
     boundary: str = Field(min_length=1)
     contributing_input_ids: tuple[str, ...] = ()
     conversation_digest: str | None = None
-    message_count: int = Field(default=0, ge=0, le=MAX_U63)
-    sequence: int = Field(ge=0, le=MAX_U64)
+    message_count: U63 = 0
+    sequence: U64
 
     def model_post_init(self, _context: object) -> None:
         canonical_uuid(self.run_id, "run_id")

@@ -29,9 +29,10 @@ from typing import Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from agentkeep.bounds import U63
 from agentkeep.errors import InvalidInput
 from agentkeep.runtime.errors import WriteFailed
-from agentkeep.runtime.session_model import MAX_U63, STRICT, canonical_bytes, canonical_uuid
+from agentkeep.runtime.session_model import STRICT, canonical_bytes, canonical_uuid
 
 __all__ = [
     "LIFECYCLE_RECORD_VERSION",
@@ -81,7 +82,7 @@ class StoredInputState(BaseModel):
     stored_input_state_version: Literal[1] = STORED_INPUT_STATE_VERSION
     input_id: str
     current_state: str = Field(min_length=1)
-    recovery_count: int = Field(default=0, ge=0, le=MAX_U63)
+    recovery_count: U63 = 0
     terminal_outcome: JsonValue = None
     details: dict[str, JsonValue] = Field(default_factory=dict)
 
@@ -145,8 +146,8 @@ class RuntimeBinding(BaseModel):
     model_config = STRICT
 
     agent_runtime_id: str | None
-    fence_token: int | None = Field(ge=0, le=MAX_U63)
-    runtime_generation: int | None = Field(ge=0, le=MAX_U63)
+    fence_token: U63 | None
+    runtime_generation: U63 | None
     runtime_epoch_id: str | None
 
     @classmethod

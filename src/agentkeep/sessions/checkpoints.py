@@ -33,7 +33,6 @@ from typing import Any, Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import select
 
-from agentkeep.columns import canonical_json
 from agentkeep.db import Driver
 from agentkeep.errors import InvalidInput, SessionCorrupt
 from agentkeep.sessions.codec import loads
@@ -45,6 +44,7 @@ from agentkeep.sessions.records import (
     HydratedSessionCheckpoint,
 )
 from agentkeep.statements import Statement, upsert
+from agentkeep.strict_json import canonical_json
 
 __all__ = [
     "KIND_EXECUTION_STATE",

@@ -153,7 +153,6 @@ from sqlalchemy.orm import aliased
 
 from agentkeep.base import BIGINT
 from agentkeep.clock import Clock
-from agentkeep.columns import canonical_json
 from agentkeep.db import Driver, LockNamespace, lock_aggregate
 from agentkeep.errors import (
     ConcurrentModification,
@@ -228,6 +227,7 @@ from agentkeep.sessions.turn_inputs import (
     ensure_turn_input_completion,
 )
 from agentkeep.statements import Statement, upsert
+from agentkeep.strict_json import canonical_json
 
 __all__ = [
     "ACTIVE_PATH",

@@ -95,6 +95,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import delete, exists, insert, or_, select, update
 
+from agentkeep.bounds import check_u63
 from agentkeep.clock import Clock
 from agentkeep.db import Driver
 from agentkeep.errors import (
@@ -307,14 +308,6 @@ def next_enqueue_nonce() -> int:
 def _derive_batch_id(session_id: str, source_key: str | None, now: int, nonce: int) -> str:
     seed = f"{session_id}:{rust_debug(source_key)}:{now}:{nonce}:{secrets.token_hex(8)}"
     return "qwb:" + hashlib.sha256(seed.encode("utf-8")).hexdigest()
-
-
-def _check_int(value: object, field: str) -> int:
-    if type(value) is not int:
-        raise InvalidInput(field, f"expected an integer, got {type(value).__name__}")
-    if not 0 <= value <= MAX_I64:
-        raise InvalidInput(field, f"must be in 0..2**63-1, got {value}")
-    return value
 
 
 def _check_fence(value: object) -> LeaseFence:
@@ -683,7 +676,7 @@ class QueuedWorkRepository:
         _check_fence(fence)
         _check_owner(owner)
         _check_boundary(boundary)
-        _check_int(max_batches, "max_batches")
+        check_u63(max_batches, "max_batches")
         if max_batches == 0:
             return None
         return self._claim_scanned(

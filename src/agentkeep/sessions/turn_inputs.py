@@ -104,7 +104,6 @@ from sqlalchemy import and_, case, exists, or_, select, update
 from sqlalchemy import bindparam as p
 
 from agentkeep.clock import Clock
-from agentkeep.columns import canonical_json
 from agentkeep.db import Driver
 from agentkeep.errors import (
     ConcurrentModification,
@@ -161,6 +160,7 @@ from agentkeep.sessions.ids import rust_debug
 from agentkeep.sessions.leases import begin_session_write, ensure_session_execution_lease
 from agentkeep.sessions.models import PendingTurnInputRow, SessionLeaseRow
 from agentkeep.statements import Statement, upsert
+from agentkeep.strict_json import canonical_json
 
 __all__ = [
     "CLAIM_SCAN",
