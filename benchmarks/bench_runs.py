@@ -95,7 +95,7 @@ class BenchError(Exception):
 class Op:
     name = ""
     write = True
-    begin = "BEGIN IMMEDIATE"
+    begin: str | None = "BEGIN IMMEDIATE"
 
     def prepare(self, calls: int) -> None:
         """Build per-call arguments outside the timed loops."""
@@ -160,7 +160,7 @@ class Create(Op):
 class Get(Op):
     name = "get"
     write = False
-    begin = "BEGIN DEFERRED"
+    begin = None  # one SELECT: the store opens no snapshot transaction for it
 
     def prepare(self, calls: int) -> None:
         self.ids = [seed_id((k * 7919) % SEED_RUNS) for k in range(calls)]
@@ -294,7 +294,7 @@ class ListStatus(Op):
 
     name = "list(status,limit=20)"
     write = False
-    begin = "BEGIN DEFERRED"
+    begin = None  # one SELECT: the store opens no snapshot transaction for it
 
     def prepare(self, calls: int) -> None:
         self.flt = RunListFilter(status=RunStatus.RUNNING, limit=20)
@@ -406,6 +406,10 @@ class Raw(Variant):
         begin = self.op.begin
         execute = conn.execute
         commit = conn.commit
+        if begin is None:  # a single statement, its own implicit transaction
+            for k in range(start, start + n):
+                body(conn, k)
+            return
         for k in range(start, start + n):
             execute(begin)
             try:
@@ -427,7 +431,7 @@ class RawOneTxn(Raw):
     def loop(self, start: int, n: int) -> None:
         conn = self.conn
         body = self.op.raw
-        conn.execute(self.op.begin)
+        conn.execute(self.op.begin or "BEGIN DEFERRED")
         try:
             for k in range(start, start + n):
                 body(conn, k)
@@ -479,7 +483,8 @@ def check_same_sql(op: Op, template: Path, workdir: Path) -> list[str]:
         conn = raw_connect(b)
         raw_trace: list[str] = []
         conn.set_trace_callback(raw_trace.append)
-        conn.execute(op.begin)
+        if op.begin is not None:
+            conn.execute(op.begin)
         raw_result = op.raw(conn, k)
         conn.commit()
         conn.set_trace_callback(None)

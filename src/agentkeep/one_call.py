@@ -96,7 +96,7 @@ class _Forwarder(Generic[P, T]):
             raise TypeError(f"{owner.__name__}.{name}: the facade class sets no _repository")
         self._path = operator.attrgetter(path)
         if self._single is None:
-            self._single = bool(owner.__dict__.get("_single_statement_reads", False))
+            self._single = bool(owner._single_statement_reads)
 
     @overload
     def __get__(self, obj: None, owner: type[OneCalls]) -> _Forwarder[P, T]: ...
