@@ -1,4 +1,5 @@
-"""What the runtime demo's workers and its checks share: outcome names, observation, SQL.
+"""What the runtime demo's workers and its checks share: outcome names, observation, the
+queries its checks run beside the store's reads (built from the models).
 
 See :mod:`agentkeep.demo.runtime` (the scenario) and
 :mod:`agentkeep.demo.runtime_checks` (the invariants).
@@ -9,8 +10,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, func, select
 
+from agentkeep.runtime.models import BoundaryReceiptRow, RetiredOpsEpochRow
 from agentkeep.store import Store
 
 __all__ = [
@@ -31,11 +33,20 @@ OK: Final = "ok"
 SUPERSEDED: Final = "SessionSnapshotSuperseded"
 WRITE_FAILED: Final = "WriteFailed"
 RETIRED: Final = "OpsLifecycleEpochRetired"
-RETIRED_MARKER: Final = text(
-    "SELECT COUNT(*) FROM runtime_retired_ops_epochs WHERE runtime_id = :rt AND epoch_id = :epoch"
+#: The retired-epoch marker of a runtime (the checks read it beside the store's reads).
+RETIRED_MARKER: Final = (
+    select(func.count())
+    .select_from(RetiredOpsEpochRow)
+    .where(
+        RetiredOpsEpochRow.runtime_id == bindparam("rt"),
+        RetiredOpsEpochRow.epoch_id == bindparam("epoch"),
+    )
 )
-COUNT_RECEIPTS: Final = text(
-    "SELECT COUNT(*) FROM runtime_boundary_receipts WHERE runtime_id = :rt"
+#: How many boundary receipts a runtime has.
+COUNT_RECEIPTS: Final = (
+    select(func.count())
+    .select_from(BoundaryReceiptRow)
+    .where(BoundaryReceiptRow.runtime_id == bindparam("rt"))
 )
 
 
