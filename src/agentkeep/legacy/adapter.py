@@ -1,14 +1,16 @@
-"""The domain seam of the v0.6.34 legacy migrator (spec runtime §2.39, §3.12).
+"""The domain seam of the v0.6.34 legacy migrator (docs/legacy-migration.md#the-adapter).
 
 :class:`LegacyV0634Adapter` is every decision the migrator takes about the
 *content* of a row; the migrator (:mod:`agentkeep.legacy.migrator`) owns the
-connection, the order of the checks, the locks and the writes.
+connection, the order of the checks, the locks and the writes. This module
+touches no database and holds no fence; the migrator's locks fence the writes.
 :class:`ReferenceLegacyV0634Adapter` is the shipped implementation over a
 :class:`~agentkeep.runtime.domain.RuntimeDomain` (the
 :class:`~agentkeep.runtime.domain.ReferenceDomain` by default).
 
 Every check either passes or raises :class:`LegacyBlocked` whose ``detail`` is
-the spec's exact text (a "…" of the spec is the underlying decoder message).
+the exact text listed in docs/legacy-migration.md#companion-checks (where that
+list shows "…", the underlying decoder message is inserted).
 
 Reference conversions:
 
@@ -32,11 +34,11 @@ Reference conversions:
   mapped state must be terminal with a matching outcome and pass
   :meth:`~agentkeep.runtime.domain.InputStatePersistenceRecord.from_machine_snapshot`;
   the encoded record must then decode as current.
-* Ops: the strict legacy ops shape must be "zero" (no operation, spec,
-  completion, wait, active count or cursor) and use the default capacity
+* Ops: the strict legacy ops shape must be "zero" (no operation, operation
+  spec, completion, wait, active count or cursor) and use the default capacity
   (``max_completed`` = :data:`DEFAULT_MAX_COMPLETED`, ``max_concurrent`` null).
-* Receipts only need to decode (a private strict model of the seed's
-  ``RunBoundaryReceipt``: ``boundary`` is ``run_start``/``run_checkpoint``/
+* Receipts only need to decode (a private strict model of the original
+  store's ``RunBoundaryReceipt``: ``boundary`` is ``run_start``/``run_checkpoint``/
   ``immediate`` or the variant names ``RunStart``/``RunCheckpoint``/
   ``Immediate``), fit i64 and match their row.
 """
@@ -90,7 +92,8 @@ class LegacyBlocked(Exception):
     """A row cannot be migrated safely; the runtime is reported Blocked.
 
     Attributes:
-        detail: the exact detail text of the report item (spec §2.39).
+        detail: the exact detail text of the report item
+            (docs/legacy-migration.md#companion-checks).
     """
 
     def __init__(self, detail: str) -> None:
@@ -99,7 +102,7 @@ class LegacyBlocked(Exception):
 
 
 class LegacyV0634Adapter(Protocol):
-    """Content decisions of the v0.6.34 migrator (spec §3.12).
+    """Content decisions of the v0.6.34 migrator (docs/legacy-migration.md#the-adapter).
 
     The ``check_*``, ``convert_input`` and ``validate_zero_ops`` methods raise
     :class:`LegacyBlocked` with the report's detail text; ``is_current_*``
@@ -240,7 +243,12 @@ class ReferenceLegacyV0634Adapter:
         return True
 
     def convert_input(self, row_key: str, data: bytes) -> bytes:
-        """Map a legacy terminal input to the current record (§2.39 steps 3b–3g).
+        """Map a legacy terminal input to the current record.
+
+        The checks are those of docs/legacy-migration.md#companion-checks for
+        an input row that follow the current-format test
+        (:meth:`is_current_input`), in that order; the mapping is
+        docs/legacy-migration.md#input-mapping.
 
         Raises:
             LegacyBlocked: the row is not the strict legacy shape, not terminal,

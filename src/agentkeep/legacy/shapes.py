@@ -1,13 +1,16 @@
-"""Strict decoders of the v0.6.34 row shapes (spec runtime §2.39), for the legacy adapter.
+"""Strict decoders of the v0.6.34 row shapes, for the legacy adapter.
 
-The seed's ``LegacyV0_6_34InputState`` and ``LegacyV0_6_34OpsSnapshot`` deny
-unknown fields; here every level does (history entries and terminal outcomes
+The rows are those the v0.6.34 legacy migrator reads
+(docs/legacy-migration.md#the-v0634-legacy-migrator). The original store's
+``LegacyV0_6_34InputState`` and ``LegacyV0_6_34OpsSnapshot`` deny unknown
+fields; here every level does (history entries and terminal outcomes
 too); the JSON must pass :mod:`agentkeep.strict_json` (a repeated key, NaN, a
 lone surrogate or nesting deeper than 128 are refused, reported in serde's
 texts); integers must be JSON integers in range (u32/u64, from
 :mod:`agentkeep.bounds`); UUIDs are canonicalised; and timestamps must be
 RFC 3339 texts (kept verbatim). :class:`LegacyReceipt` is a private model of
-the seed's ``RunBoundaryReceipt``, only used to check legacy receipts.
+the original store's ``RunBoundaryReceipt``, only used to check legacy
+receipts. Pure decoding: no database code and no fence here.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ class _HistoryEntry(BaseModel):
 
 
 class LegacyInput(BaseModel):
-    """``LegacyV0_6_34InputState`` of the seed (deny_unknown_fields)."""
+    """``LegacyV0_6_34InputState`` of the original store (deny_unknown_fields)."""
 
     model_config = _STRICT
     input_id: _Uuid
@@ -152,7 +155,7 @@ class _OpsCursors(BaseModel):
 
 
 class LegacyOps(BaseModel):
-    """``LegacyV0_6_34OpsSnapshot`` of the seed (deny_unknown_fields)."""
+    """``LegacyV0_6_34OpsSnapshot`` of the original store (deny_unknown_fields)."""
 
     model_config = _STRICT
     epoch_id: str
@@ -163,7 +166,7 @@ class LegacyOps(BaseModel):
 
 
 class LegacyReceipt(BaseModel):
-    """The seed's ``RunBoundaryReceipt`` (private: the store's own model lives elsewhere)."""
+    """The original store's ``RunBoundaryReceipt`` (private: this store's model is elsewhere)."""
 
     model_config = _STRICT
     run_id: _Uuid
@@ -189,7 +192,7 @@ _SERDE_TEXT: Final[dict[JsonErrorKind, str]] = {
 
 
 def _serde_message(exc: JsonError) -> str:
-    """Render a strict-decoder error in the texts the seed's serde decoder gave."""
+    """Render a strict-decoder error in the texts the original store's serde decoder gave."""
     if exc.kind == "duplicate_key":
         return f"duplicate field `{exc.what}`"
     text = _SERDE_TEXT.get(exc.kind)

@@ -1,11 +1,12 @@
 """Canonical JSON encoding and strict decoding of the ``runs`` columns.
 
 This module owns the text that goes into, and comes out of, the JSON columns
-of the ``runs`` table (spec runs §1.1, §2.12, §3.0.5, §3.0.6), plus the
-type checks for the plain columns a driver hands back and for the integers
-and strings an API caller hands in. There is no database code here; the
-repository passes raw column values in and gets domain values (or a
-:class:`CodecError`) out.
+of the ``runs`` table (docs/runs.md#the-runs-table, docs/runs.md#encoding,
+docs/runs.md#corrupt-rows), plus the type checks for the plain columns a
+driver hands back and for the integers and strings an API caller hands in.
+There is no database code here and so no fence (the fenced writes are
+:mod:`agentkeep.runs.repository`'s); the repository passes raw column values
+in and gets domain values (or a :class:`CodecError`) out.
 
 Encoding (always canonical, because compare-and-set and filters compare
 ``status`` text byte for byte):
@@ -40,14 +41,15 @@ Decoding follows serde_json, strictly (the JSON rules themselves are
 * a value that is not text where text is stored (a BLOB, an integer) is
   refused; it is never read as empty or absent.
 
-Decisions beyond the spec, recorded here: an Assignee ``gen`` (and so every
+Decisions the original store did not make
+(docs/decisions.md#generations-never-wrap): an Assignee ``gen`` (and so every
 generation) above ``2**63-1`` is refused on decode, because the counter it must
 not exceed is a ``BIGINT``; a usage object whose derived total
 (``input + output``) overflows u64 is refused rather than wrapped.
 
 Appends keep earlier entries verbatim: :func:`append_json_array` splices the
 new element's text into the stored array text, so unknown keys written by
-other versions survive (spec/README.md, runs decision 3).
+other versions survive (docs/decisions.md#appends-keep-earlier-entries-verbatim).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ class CodecError(ValueError):
     adding the table, row id and column.
 
     Attributes:
-        field: the spec field name (``status``, ``step_entries``,
+        field: the field name the messages use (``status``, ``step_entries``,
             ``degradations``, ``current``, ``result_ref``, ``id``,
             ``task_id``) or an integer/text column name (``next_generation``,
             ``created_at``, ``updated_at``, ``operator_sid``, ``input_json``).

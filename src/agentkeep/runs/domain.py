@@ -1,4 +1,4 @@
-"""Value types of the run store (spec runs §2).
+"""Value types of the run store (docs/runs.md#values).
 
 This module owns the public, immutable values that the run repository takes
 and returns: the prefixed ids (:class:`RunId`, :class:`TaskId`,
@@ -7,15 +7,18 @@ the trace entries (:class:`StepEntry`, :class:`DegradationEntry`),
 :class:`Assignee`, the vacate outcomes (:class:`Released`, :class:`Stale`),
 :class:`RunListFilter`, :class:`RunRecord` and the :data:`UNSET` sentinel. It
 also owns the two pure checks the store runs before touching the database:
-:func:`validate_assignment_generations` (A2) and :func:`is_blank_desc` (A9).
-There is no database code here; the JSON encoding lives in
+:func:`validate_assignment_generations` (rule A2) and :func:`is_blank_desc`
+(rule A9; both rules in docs/runs.md#the-assignment-model). There is no
+database code here and so no fence: the fenced writes live in
+:mod:`agentkeep.runs.repository`; the JSON encoding lives in
 :mod:`agentkeep.runs.codec`.
 
 Invariants kept here:
 
-* An id instance always satisfies its prefix rule (§2.1): exact,
-  case-sensitive prefix followed by at least one character, no trimming, and
-  no NUL character (§6.4, so the same id works on SQLite and Postgres).
+* An id instance always satisfies its prefix rule: exact, case-sensitive
+  prefix followed by at least one character, no trimming, and no NUL
+  character (so the same id works on SQLite and Postgres:
+  docs/decisions.md#text-without-nul).
 * Integer fields are real ``int`` values (``bool`` and ``float`` are refused)
   inside their Rust range (u32, u64, i64). Values the store writes into a
   ``BIGINT`` column (``Assignee.gen``, ``RunRecord.next_generation``,
@@ -28,7 +31,7 @@ Invariants kept here:
   and ``dict`` with ``str`` keys, nested at most 128 deep (serde_json's read
   limit), with no lone UTF-16 surrogate in any string
   (:func:`agentkeep.strict_json.json_value_problem`).
-* ``RunRecord.current`` iterates in sorted key order (§2.6).
+* ``RunRecord.current`` iterates in sorted key order.
 
 Construction errors: the pydantic models raise :class:`pydantic.ValidationError`
 for bad field values, as pydantic models do (an id that fails its prefix rule
@@ -41,7 +44,8 @@ Not checked here, by design: NUL characters in ``operator_sid``,
 ``input_json`` and slot names (the repository refuses them with
 :func:`agentkeep.runs.codec.check_text` when they are written, so values read
 back from a foreign writer still load), A9 on seeded holders (``create``
-accepts any seeded desc, §3.3), and slot-name emptiness in a record.
+accepts any seeded desc: docs/runs.md#create), and slot-name emptiness in a
+record.
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------
-# Ids (§2.1)
+# Ids
 
 
 class PrefixedId(str):
@@ -215,7 +219,7 @@ class WorkerId(PrefixedId):
 
 
 # --------------------------------------------------------------------------
-# RunStatus (§2.2)
+# RunStatus
 
 
 class RunStatus(enum.StrEnum):
@@ -239,7 +243,7 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 # --------------------------------------------------------------------------
-# Trace entries (§2.3, §2.4)
+# Trace entries
 
 
 class Usage(BaseModel):
@@ -258,7 +262,7 @@ class Usage(BaseModel):
 
 
 class StepEntry(BaseModel):
-    """One write-once entry of a Run's step trace (§2.3).
+    """One write-once entry of a Run's step trace.
 
     Fields are declared in their canonical encoding order. ``step_ref`` and
     ``status`` are encoded as ``null`` when None; every other optional field
@@ -325,7 +329,7 @@ class StepEntry(BaseModel):
 
 
 class DegradationEntry(BaseModel):
-    """A worker fell back to a substitute instead of failing (§2.4)."""
+    """A worker fell back to a substitute instead of failing."""
 
     model_config = _FROZEN
 
@@ -339,11 +343,11 @@ class DegradationEntry(BaseModel):
 
 
 # --------------------------------------------------------------------------
-# Assignments (§2.5–2.7)
+# Assignments (docs/runs.md#the-assignment-model)
 
 
 class Assignee(BaseModel):
-    """The holder of one slot: ``{op, desc, gen}`` (§2.5).
+    """The holder of one slot: ``{op, desc, gen}``.
 
     ``op`` is not validated (it may be empty). ``desc`` is stored verbatim.
     ``gen`` is the generation stamped at acquire time, ``0..2**63-1``.
@@ -429,11 +433,11 @@ UNSET: Final = Unset()
 
 
 # --------------------------------------------------------------------------
-# RunListFilter (§2.8)
+# RunListFilter
 
 
 class RunListFilter(BaseModel):
-    """Filter and page for ``list`` (§2.8, §3.15). The default matches everything.
+    """Filter and page for ``list`` (docs/runs.md#list). The default matches everything.
 
     Args:
         task_id: only Runs of this task.
@@ -480,11 +484,11 @@ class RunListFilter(BaseModel):
 
 
 # --------------------------------------------------------------------------
-# RunRecord (§2.9)
+# RunRecord
 
 
 class RunRecord(BaseModel):
-    """One Run row (§2.9).
+    """One Run row (its columns: docs/runs.md#the-runs-table).
 
     ``current`` is a plain ``dict`` kept in sorted key order; treat it as
     read-only (the model is frozen, its mapping is not deep-frozen, and so a
@@ -541,7 +545,7 @@ class RunRecord(BaseModel):
         created_at: int,
         **kw: Any,
     ) -> RunRecord:
-        """Build a fresh record, like the spec fixture ``mk(id, task_id, created_at)``.
+        """Build a fresh record: the row of a newly launched run.
 
         Status Pending, no entries, no holders, G = 0, result UNSET, no
         input snapshot, and ``updated_at = created_at``. Any field may be
@@ -565,11 +569,11 @@ class RunRecord(BaseModel):
 
 
 # --------------------------------------------------------------------------
-# Checks (§2.11, §3.10)
+# Checks run before any write (docs/runs.md#create, docs/runs.md#acquire_assignee)
 
 
 def validate_assignment_generations(current: Mapping[str, Assignee], next_generation: int) -> None:
-    """Check A2: every seeded holder's ``gen`` is at most the Run's counter.
+    """Check rule A2: every seeded holder's ``gen`` is at most the Run's counter.
 
     Slots are visited in ascending key order and the first offender is
     reported. ``gen == next_generation`` and ``gen == 0`` pass. Nothing else
@@ -594,11 +598,11 @@ WHITE_SPACE: Final = (
     "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
     "\u2028\u2029\u202f\u205f\u3000"
 )
-"""The Unicode White_Space set, as Rust's ``str::trim`` uses it (§3.10)."""
+"""The Unicode White_Space set, as Rust's ``str::trim`` uses it (for the blank-desc check)."""
 
 
 def is_blank_desc(desc: str) -> bool:
-    """Return True when ``desc`` is empty or only Unicode White_Space (A9).
+    """Return True when ``desc`` is empty or only Unicode White_Space (rule A9).
 
     Unlike :meth:`str.strip`, U+001C..U+001F do not count as whitespace, for
     parity with Rust's ``trim``.

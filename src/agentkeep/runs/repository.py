@@ -1,4 +1,4 @@
-"""The run store's operations (spec runs §3), one method per operation.
+"""The run store's operations, one method per operation (docs/runs.md#operations).
 
 :class:`RunRepository` is bound to one unit of work (``uow.runs``); the
 one-call forms (``store.runs.<op>``) run a method in its own unit of work.
@@ -275,7 +275,7 @@ class RunRepository:
     # ------------------------------------------------------------------ create / read
 
     def create(self, record: RunRecord) -> None:
-        """Insert a new run with the caller's values, verbatim (spec §3.3).
+        """Insert a new run with the caller's values, verbatim (docs/runs.md#create).
 
         The A2 check comes first: a holder whose ``gen`` exceeds
         ``next_generation`` is refused before any database access, so a
@@ -319,7 +319,7 @@ class RunRepository:
             raise RunDuplicate(run_id)
 
     def get(self, run_id: str) -> RunRecord:
-        """Return the run (spec §3.4).
+        """Return the run (docs/runs.md#get).
 
         Raises:
             RunNotFound: no such run.
@@ -332,23 +332,23 @@ class RunRepository:
         return self._row_to_record(row)
 
     def list_by_task(self, task_id: str) -> list[RunRecord]:
-        """Runs of one task, oldest ``created_at`` first, ties in insertion order (§3.5).
+        """Runs of one task, oldest ``created_at`` first, ties in insertion order.
 
-        An unknown task gives ``[]``.
+        An unknown task gives ``[]`` (docs/runs.md#list_by_task).
         """
         task_id = task_id if type(task_id) is TaskId else TaskId(task_id)
         rows = self._db.execute(_LIST_BY_TASK, {"task_id": task_id}).fetchall()
         return [self._row_to_record(r) for r in rows]
 
     def list_running(self) -> list[RunRecord]:
-        """Every run whose status is ``running``, in insertion order (§3.14)."""
+        """Every run whose status is ``running``, in insertion order (docs/runs.md#list_running)."""
         rows = self._db.execute(_LIST_RUNNING, {"status": _RUNNING}).fetchall()
         return [self._row_to_record(r) for r in rows]
 
     def list(self, flt: RunListFilter | None = None) -> list[RunRecord]:
         """Runs matching ``flt``, newest ``created_at`` first, ties newest insertion first.
 
-        ``limit=None`` means no cap, ``offset=None`` means 0 (§3.15). Plain
+        ``limit=None`` means no cap, ``offset=None`` means 0 (docs/runs.md#list). Plain
         offset pagination: pages are not stable under concurrent inserts.
         """
         if flt is None:
@@ -370,7 +370,9 @@ class RunRepository:
     # ------------------------------------------------------------------ appends
 
     def append_step_entry(self, run_id: str, entry: StepEntry) -> None:
-        """Append one step entry (spec §3.6); earlier entries are kept as stored.
+        """Append one step entry; earlier entries are kept as stored.
+
+        See docs/runs.md#append_step_entry.
 
         Raises:
             RunNotFound: no such run.
@@ -389,7 +391,10 @@ class RunRepository:
         )
 
     def append_degradation(self, run_id: str, entry: DegradationEntry) -> None:
-        """Append one degradation entry (spec §3.7); same rules as :meth:`append_step_entry`."""
+        """Append one degradation entry; same rules as :meth:`append_step_entry`.
+
+        See docs/runs.md#append_degradation.
+        """
         run_id = _rid(run_id)
         if not isinstance(entry, DegradationEntry):
             raise InvalidInput("entry", "must be a DegradationEntry")
@@ -425,7 +430,7 @@ class RunRepository:
     # ------------------------------------------------------------------ status
 
     def update_status(self, run_id: str, status: RunStatus) -> None:
-        """Set the status unconditionally and bump ``updated_at`` (spec §3.8).
+        """Set the status unconditionally and bump ``updated_at`` (docs/runs.md#update_status).
 
         Also repairs a corrupt status column (the old value is not read).
 
@@ -442,7 +447,7 @@ class RunRepository:
             raise RunNotFound(run_id)
 
     def try_transition(self, run_id: str, from_: RunStatus, to: RunStatus) -> bool:
-        """Compare-and-set the status: ``from_`` → ``to`` (spec §3.9).
+        """Compare-and-set the status: ``from_`` → ``to`` (docs/runs.md#try_transition).
 
         The fence is ``status = <from_>`` on the row. Returns True when this
         call won (status flipped, ``updated_at`` bumped; ``from_ == to`` on a
@@ -462,10 +467,12 @@ class RunRepository:
     def acquire_assignee(
         self, run_id: str, slot: str, op: str, desc: str
     ) -> tuple[int, Assignee | None]:
-        """Take ``slot`` for ``op``, displacing any holder (spec §3.10, A4/A8/Q3).
+        """Take ``slot`` for ``op``, displacing any holder (docs/runs.md#acquire_assignee).
 
         The run-wide counter G advances by one, unconditionally (the same op
-        re-acquiring still advances it); the new holder carries the new G.
+        re-acquiring still advances it); the new holder carries the new G,
+        and the displaced one is returned as stored (rules A4, A8 and Q3 of
+        docs/runs.md#the-assignment-model).
         Fence: ``next_generation = <G read under the lock>``.
 
         Returns:
@@ -499,7 +506,9 @@ class RunRepository:
         return new_gen, previous
 
     def vacate_assignee(self, run_id: str, slot: str, expected_gen: int) -> VacateOutcome:
-        """Release ``slot`` only if its holder still carries ``expected_gen`` (spec §3.11).
+        """Release ``slot`` only if its holder still carries ``expected_gen``.
+
+        See docs/runs.md#vacate_assignee.
 
         The comparison happens under the write lock, so a stale reader (a
         liveness sweep that read an older holder) can never remove a newer one.

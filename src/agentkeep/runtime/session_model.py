@@ -1,13 +1,15 @@
-"""The reference session JSON model and its codec (spec runtime §3.0, §3.4, §3.11).
+"""The reference session JSON model and its codec (docs/runtime.md#reference-session-format).
 
 Holds the transcript types (messages, rewrite commits, the retained history,
 compaction-projection intents), the revision and commit-fingerprint digests,
 :class:`Session` with its strict decoder :func:`decode_session`, identifier
 helpers, and the strict JSON helpers the other domain codecs share
 (:func:`load_object`, :func:`validate_strict`, and :func:`canonical_bytes`,
-which is :mod:`agentkeep.strict_json`'s).
+which is :mod:`agentkeep.strict_json`'s). There is no database code here and
+so no fence; the store's fenced writes are :mod:`agentkeep.runtime.repository`'s.
 
-Choices where the spec is open:
+Choices where the original store was open
+(docs/decisions.md#strict-decoding-and-malformed-histories):
 
 * Decoding is strict: the JSON rules of :mod:`agentkeep.strict_json` (no
   duplicate keys, NaN, lone surrogates, nesting deeper than 128), unknown
@@ -29,8 +31,8 @@ Choices where the spec is open:
   metadata object, intents) is still decoded strictly, but the history value is
   kept verbatim in :attr:`Session.malformed_history` with the reason, and
   :attr:`Session.history` is None. Encoding gives the same value back, so the
-  stored bytes round-trip. The spec's placeholder check counts such a history
-  as absent (§2.0.14, §5.2-26); every guard refuses it (see
+  stored bytes round-trip. The placeholder check counts such a history as
+  absent (docs/runtime.md#placeholder-sessions); every guard refuses it (see
   :mod:`agentkeep.runtime.guards`). An explicit ``null`` history is absent.
 """
 
@@ -156,7 +158,7 @@ def check_version(obj: dict[str, Any], field: str, current: int, what: str) -> N
 
 
 def revision_of(messages: Sequence[Message]) -> str:
-    """Return ``rev(msgs) = "sha256:" + hex(sha256(canonical_json(msgs)))`` (§3.0).
+    """Return ``rev(msgs) = "sha256:" + hex(sha256(canonical_json(msgs)))``.
 
     Args:
         messages: a message list (a transcript body or a span of one).
@@ -181,7 +183,10 @@ def canonical_uuid(text: str, kind: str) -> str:
 
 
 def logical_runtime_id_for_session(session_id: str) -> str:
-    """Return the logical runtime id of a session: ``rt:session:{session_id}`` (§3.11)."""
+    """Return the logical runtime id of a session: ``rt:session:{session_id}``.
+
+    See docs/runtime.md#common-rules.
+    """
     return f"rt:session:{canonical_uuid(session_id, 'session_id')}"
 
 
@@ -281,7 +286,10 @@ class ProjectionId(BaseModel):
 
 
 class CompactionIntent(BaseModel):
-    """A compaction-projection intent carried in session metadata and the outbox (§3.4)."""
+    """A compaction-projection intent carried in session metadata and the outbox.
+
+    See docs/runtime.md#compaction-intents.
+    """
 
     model_config = STRICT
 
@@ -309,7 +317,7 @@ class CompactionIntent(BaseModel):
 
 
 def commit_fingerprint(commit: TranscriptCommit) -> str:
-    """Return the commit's fingerprint (§3.4), excluding its revisions.
+    """Return the commit's fingerprint, without its revisions (docs/runtime.md#compaction-intents).
 
     ``"sha256:" + hex(sha256(canonical JSON of {selection, original_span_digest,
     replacement_digest, messages_before, messages_after, actor}))``.
@@ -333,7 +341,7 @@ def commit_fingerprint(commit: TranscriptCommit) -> str:
 
 
 class Session(BaseModel):
-    """A decoded reference session (§3.0).
+    """A decoded reference session (docs/runtime.md#reference-session-format).
 
     Attributes:
         id: the session id (canonical UUID).

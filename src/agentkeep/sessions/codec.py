@@ -1,21 +1,25 @@
 """Wire encodings of the session store's columns, and the row decoders.
 
 One place for every column the lease, queue and turn-input repositories read
-or write: owner columns (§0.2), policies and merge keys (§4.4), payloads,
-ingress (§4.13) and states. Every JSON column is written with
+or write: owner columns (docs/sessions.md#lease-owners), policies and merge
+keys (docs/sessions.md#queued-work), payloads, ingress
+(docs/sessions.md#turn-inputs) and states. Every JSON column is written with
 :func:`~agentkeep.strict_json.canonical_json` and read with the strict
 :func:`~agentkeep.strict_json.loads` (re-exported here as :func:`loads` for the
 other session modules): NaN, repeated keys, lone surrogates and nesting deeper
 than 128 levels are corrupt values. Decoders raise
 :class:`~agentkeep.errors.SessionCorrupt` naming the table, key and column;
-the one deliberate exception is owner liveness, which the seed reads as
-``Opaque`` when NULL or undecodable (a corrupt liveness can only make a
-takeover *less* likely), and which is logged once per value.
+the one deliberate exception is owner liveness, which is read as ``Opaque``
+when NULL or undecodable, as the original store read it (a corrupt liveness
+can only make a takeover *less* likely), and which is logged once per value.
 
 The column tuples :data:`BATCH_COLUMNS`, :data:`ITEM_COLUMNS` and
 :data:`INPUT_COLUMNS` are mapped columns of :mod:`agentkeep.sessions.models`;
 statements select them in this order, and the decoders read rows by these
-positions, so the two cannot drift apart.
+positions, so the two cannot drift apart. The module runs no statement and
+holds no fence: it only supplies the claim-column expressions
+(:func:`next_claim_fencing`, :data:`CLEARED_CLAIM`) that the fenced writes of
+:mod:`agentkeep.sessions.queue` and :mod:`agentkeep.sessions.turn_inputs` use.
 """
 
 from __future__ import annotations
@@ -162,7 +166,10 @@ def _decode_liveness(raw: object) -> Any:
 def decode_owner(
     owner_id: object, incarnation_id: object, liveness: object
 ) -> LeaseOwnerIdentity | None:
-    """An owner from its three columns (§0.2): NULL id → None; NULL incarnation → the id."""
+    """An owner from its three columns: NULL id → None; NULL incarnation → the id.
+
+    See docs/sessions.md#lease-owners.
+    """
     if owner_id is None:
         return None
     owner = str(owner_id)

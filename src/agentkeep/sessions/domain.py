@@ -1,17 +1,21 @@
-"""Value types of the session store's coordination half (spec sessions §0, §2.5–2.7, §4).
+"""Value types of the session store's coordination half: leases, queued work, turn inputs.
 
 This module owns the immutable values that the lease, queue and turn-input
 repositories take and return, with their wire encodings (the strings and JSON
 shapes stored in the tables), and the pure rules that decide without the
 database: owner identity (:func:`same_incarnation`), the selection functions
-of queued-work claims (§4.1, §4.2), the turn-input ingress rules (§4.13) and
-claim-lease derivation (§4.6).
+of queued-work claims (docs/sessions.md#selection-rules), the turn-input
+ingress rules (docs/sessions.md#turn-inputs) and the derivation of a claim's
+token (docs/sessions.md#named-predicates). There is no database code here and
+so no fence: the fenced reads and writes are in :mod:`agentkeep.sessions.leases`,
+:mod:`agentkeep.sessions.queue` and :mod:`agentkeep.sessions.turn_inputs`.
 
 Conventions:
 
 * Times are epoch milliseconds; counters are integers in ``0..2**63-1`` and
-  saturate there (§0.2). The bound and its checks are :mod:`agentkeep.bounds`'s
-  (:data:`MAX_I64`, :func:`check_ms` and :func:`saturating_add` re-bind them).
+  saturate there instead of wrapping (docs/sessions.md#conventions). The
+  bound and its checks are :mod:`agentkeep.bounds`'s (:data:`MAX_I64`,
+  :func:`check_ms` and :func:`saturating_add` re-bind them).
 * Ids are non-blank strings without NUL (:func:`check_id`).
 * JSON payloads the store only round-trips (queued-work payload bodies, turn
   inputs) must be JSON values; they are stored as canonical JSON text
@@ -129,7 +133,7 @@ def check_json(value: object, field: str) -> object:
 
 
 # --------------------------------------------------------------------------
-# Lease owners (§0.2, §4.14)
+# Lease owners (docs/sessions.md#lease-owners)
 
 
 class Opaque(BaseModel):
@@ -205,7 +209,7 @@ AcquireOutcome: TypeAlias = Acquired | Busy
 
 
 # --------------------------------------------------------------------------
-# Queued work (§1.6, §1.7, §4.1–4.6, §4.10)
+# Queued work (docs/sessions.md#queued-work)
 
 
 class DeliveryPolicy(enum.StrEnum):
@@ -251,7 +255,7 @@ class MergeKey(BaseModel):
 
 
 class QueuedWorkClass(enum.StrEnum):
-    """The class of a batch, from its payloads (§4.3)."""
+    """The class of a batch, from its payloads: ``session_command`` kind or turn work."""
 
     SESSION_COMMAND = "session_command"
     TURN_WORK = "turn_work"
@@ -324,7 +328,7 @@ class QueuedWorkBatch(BaseModel):
     items: tuple[QueuedWorkItem, ...]
 
     def work_class(self) -> QueuedWorkClass | None:
-        """The one class all items share, or None for mixed or empty batches (§4.3)."""
+        """The one class all items share, or None for mixed or empty (corrupt) batches."""
         classes = {item.payload.work_class() for item in self.items}
         return classes.pop() if len(classes) == 1 else None
 
@@ -372,10 +376,10 @@ class QueuedWorkCompletion(_CompletionFields):
 
 
 def select_leading_session_command(candidates: list[QueuedWorkBatch]) -> int:
-    """1 if the first claimable ready batch is a session command, else 0 (§4.1).
+    """1 if the first claimable ready batch is a session command, else 0.
 
     Session commands are claimed one at a time, so each goes through its own
-    fenced commit before the next.
+    fenced commit before the next (docs/sessions.md#selection-rules).
     """
     if candidates and candidates[0].work_class() is QueuedWorkClass.SESSION_COMMAND:
         return 1
@@ -385,13 +389,14 @@ def select_leading_session_command(candidates: list[QueuedWorkBatch]) -> int:
 def select_turn_work_claim_prefix(
     candidates: list[QueuedWorkBatch], boundary: ClaimBoundary, max_batches: int
 ) -> int:
-    """How many leading candidates form one admissible turn-work claim (§4.2).
+    """How many leading candidates form one admissible turn-work claim.
 
     The head must be turn work (a ready session command at the head blocks
     turn work); at an active-turn checkpoint the head must be deliverable at
     the earliest safe boundary; a Join head with a mergeable key (not
     ``never``) extends over the following Join batches with the same delivery
-    policy and merge key, up to ``max_batches``.
+    policy and merge key, up to ``max_batches``
+    (docs/sessions.md#selection-rules).
     """
     if max_batches <= 0 or not candidates:
         return 0
@@ -421,17 +426,20 @@ def select_turn_work_claim_prefix(
 
 
 def claim_lease_token(session_id: str, owner: LeaseOwnerIdentity, claim_id: str, now: int) -> str:
-    """The claim token of §4.6: sha256 hex of ``session:owner:incarnation:claim_id:now``."""
+    """The claim token: sha256 hex of ``session:owner:incarnation:claim_id:now``.
+
+    See docs/sessions.md#named-predicates.
+    """
     seed = f"{session_id}:{owner.owner_id}:{owner.incarnation_id}:{claim_id}:{now}"
     return hashlib.sha256(seed.encode("utf-8")).hexdigest()
 
 
 # --------------------------------------------------------------------------
-# Turn inputs (§1.8, §2.7, §4.13, §4.15)
+# Turn inputs (docs/sessions.md#turn-inputs)
 
 
 class TurnInputState(enum.StrEnum):
-    """Lifecycle state of a pending turn input (wire strings of §1.8)."""
+    """Lifecycle state of a pending turn input (the strings stored in ``state``)."""
 
     PENDING_ACTIVE = "pending_active"
     DEFERRED_NEXT_TURN = "deferred_next_turn"
@@ -582,7 +590,10 @@ CancelTarget: TypeAlias = InputIdTarget | SourceKeyTarget
 
 
 class ClaimDiagnostics(BaseModel):
-    """Who holds (or held) the claim that blocks a cancel (§4.15)."""
+    """Who holds (or held) the claim that blocks a cancel.
+
+    See docs/sessions.md#cancel_pending_turn_inputs.
+    """
 
     model_config = _FROZEN
     state: TurnInputState

@@ -1,9 +1,12 @@
-"""Value types of the session store's commit half (spec sessions §1.1–1.4, §1.9–1.12, §2.2–2.9).
+"""Value types of the session store's commit half: what a turn records and what is read back.
 
 The coordination half's values (leases, queued work, turn inputs) are in
 :mod:`agentkeep.sessions.domain`; this module holds what a turn records:
 graph nodes, checkpoints, usage, the runtime commit and its result, the
-session read, and the maintenance reports. Opaque payloads (node payloads,
+session read, and the maintenance reports (docs/sessions.md#turn-commits,
+docs/sessions.md#session-reads, docs/sessions.md#maintenance). There is no
+database code here and so no fence: the fenced commit is
+:mod:`agentkeep.sessions.commits`'s. Opaque payloads (node payloads,
 config, agent frames, checkpoint components) must be JSON values; they are
 stored as canonical JSON. Counters and times are ``U63`` (``0..2**63-1``,
 :mod:`agentkeep.bounds`): they are stored in signed 64-bit columns.
@@ -193,7 +196,10 @@ class TokenUsage(BaseModel):
     reasoning_output_tokens: U63 = 0
 
     def total(self) -> int:
-        """input + output + cache read + cache write (reasoning excluded, §4.11)."""
+        """input + output + cache read + cache write; reasoning is excluded.
+
+        See docs/sessions.md#usage-ledger.
+        """
         return (
             self.input_tokens
             + self.output_tokens
@@ -234,7 +240,7 @@ class TurnCommitStamp(BaseModel):
 
 
 class RuntimeCommit(BaseModel):
-    """Everything one turn records, committed atomically (§2.4)."""
+    """Everything one turn records, committed atomically (docs/sessions.md#commit_runtime_state)."""
 
     model_config = _FROZEN
     session_id: Text
@@ -302,7 +308,7 @@ class GcReport(BaseModel):
 
 
 class SessionMeta(BaseModel):
-    """Descriptive metadata of a session (§1.12)."""
+    """Descriptive metadata of a session (docs/sessions.md#save_session_meta)."""
 
     model_config = _FROZEN
     session_id: Text
