@@ -645,7 +645,7 @@ def test_sqlite_cli_schema_on_a_missing_database(
     ]
     (tmp_path / "app.agentkeep.db").unlink()
     code, _, err = run_cli(capsys, "downgrade", "base", "--schema", NS, url)
-    assert code == 2 and "app.agentkeep.db" in err
+    assert code == 2 and "app.agentkeep.db" in err and f"agentkeep upgrade --schema {NS}`" in err
     assert not (tmp_path / "app.agentkeep.db").exists()
 
 

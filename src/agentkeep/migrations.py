@@ -202,15 +202,19 @@ def sqlite_file(url: str) -> Path | None:
     return Path(database)
 
 
-def require_database(url: str) -> None:
+def require_database(url: str, *, command: str = "agentkeep upgrade") -> None:
     """Refuse a SQLite URL whose file does not exist, without creating it.
+
+    Args:
+        url: the database URL.
+        command: what the error suggests to create and migrate the file.
 
     Raises:
         DatabaseMissing: the file is missing (other URLs pass).
     """
     path = sqlite_file(url)
     if path is not None and not path.exists():
-        raise DatabaseMissing(mask_url(url), str(path))
+        raise DatabaseMissing(mask_url(url), str(path), command)
 
 
 def _missing_database(target: Target) -> bool:
@@ -987,15 +991,17 @@ def _upgrade_in(conn: Connection, revision: str) -> None:
 def _writing(target: Target, schema: str | None) -> Iterator[Connection]:
     """A connection holding the migration lock for a command that needs an existing database.
 
-    ``target`` and ``schema`` as :func:`_resolve` returns them; the
-    connection is in the namespace.
+    ``target`` and ``schema`` as given to the command; the connection is in
+    the namespace (:func:`_resolve`).
     """
+    command = _upgrade_hint(schema).strip("`")
+    target, schema = _resolve(target, schema)
     if isinstance(target, Connection):
         with _on_connection(target, schema) as conn, _in_namespace(conn, schema):
             yield conn
         return
     if isinstance(target, str):
-        require_database(target)
+        require_database(target, command=command)
     with _engine_for(target) as engine, _migration_transaction(engine, schema) as conn:
         with _in_namespace(conn, schema):
             yield conn
@@ -1017,7 +1023,6 @@ def downgrade(target: Target, revision: str, *, schema: str | None = None) -> tu
         SchemaNewer: the database carries a revision this code does not know.
         SchemaError: ``revision`` is unknown or not below the current one.
     """
-    target, schema = _resolve(target, schema)
     with _ALEMBIC_LOCK, _writing(target, schema) as conn:
         _refuse_unknown(_current(conn))
         with _revision_errors("downgrade to", revision):
@@ -1047,7 +1052,6 @@ def stamp(target: Target, revision: str, *, schema: str | None = None) -> tuple[
         SchemaNewer: the database carries a revision this code does not know.
         SchemaError: ``revision`` is unknown, or the tables do not match it.
     """
-    target, schema = _resolve(target, schema)
     with _ALEMBIC_LOCK, _writing(target, schema) as conn:
         _refuse_unknown(_current(conn))
         with _revision_errors("stamp", revision):
