@@ -19,7 +19,7 @@ and Postgres unless named ``test_sqlite_*`` / ``test_postgres_*``.
 * ``include_object_for(schema)`` hides agentkeep's objects in its schema and
   not the host's tables of the same names;
 * the ``--schema`` option of the command line;
-* refusals: invalid names, in-memory SQLite, plain-SQL statements in a schema.
+* refusals: invalid names, in-memory SQLite.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from agentkeep import db
 from agentkeep import migrations as migrate
 from agentkeep.cli import main
 from agentkeep.clock import SettableClock
-from agentkeep.errors import InvalidInput, LegacySchemaMismatch, SchemaBehind, SchemaError
+from agentkeep.errors import InvalidInput, LegacySchemaMismatch, SchemaBehind
 from agentkeep.runs.domain import RunRecord, RunStatus
 from agentkeep.store import Store
 from tests.racing import Racing
@@ -194,10 +194,10 @@ def test_every_store_writes_and_reads_in_the_schema(ns_store: Store, host_url: s
     lease = outcome.lease
     claim = store.queue.claim_ready_queued_work("host-session", lease, me, ClaimBoundary.IDLE, 4)
     assert claim is not None
-    result = store.sessions.commit_runtime_state(
+    result = store.commits.commit_runtime_state(
         RuntimeCommit(
             session_id="host-session",
-            expected_head_revision=store.sessions.get_head_revision("host-session"),
+            expected_head_revision=store.commits.get_head_revision("host-session"),
             session_execution_lease=lease,
             graph=AppendNodes(
                 nodes=(SessionNodeRecord(node_id="n1", payload={"role": "user"}),),
@@ -212,7 +212,7 @@ def test_every_store_writes_and_reads_in_the_schema(ns_store: Store, host_url: s
         )
     )
     assert result is not None
-    assert store.sessions.get_head_revision("host-session") == 1
+    assert store.commits.get_head_revision("host-session") == 1
     assert store.queue.list_pending_queued_work("host-session") == []
     assert store.turn_inputs.list_turn_inputs("host-session") == []
     assert store.maintenance.gc_unreachable_strict() is not None
@@ -675,23 +675,6 @@ def test_sqlite_in_memory_namespace_is_refused(tmp_path: Path) -> None:
             Store.open(engine, schema=NS)
     finally:
         engine.dispose()
-
-
-def test_plain_sql_text_is_refused_in_a_schema() -> None:
-    """A legacy ``db.Sql`` text names the default namespace's tables: never run in a schema."""
-    from sqlalchemy.dialects import sqlite as sqlite_dialect
-
-    from agentkeep.statements import CompileTarget
-
-    raw = sqlite3.connect(":memory:")
-    try:
-        target = CompileTarget.of(sqlite_dialect.dialect(paramstyle="named"), {None: NS})
-        driver = db.Driver(raw, target, sqlite3.Error)
-        assert driver.schema == NS
-        with pytest.raises(SchemaError, match="plain SQL"):
-            driver.execute(db.Sql("SELECT id FROM runs"), {})
-    finally:
-        raw.close()
 
 
 def test_host_engine_store_needs_no_schema_on_its_other_stores(host_url: str) -> None:

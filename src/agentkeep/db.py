@@ -34,7 +34,8 @@ tables of the same names. Statements are compiled with the schema map
 schema of the database. On SQLite it is a database file attached under the
 schema's name to every connection (:func:`attach_schema`), next to the main
 file: ``app.db`` with ``schema="agentkeep"`` keeps agentkeep's tables in
-``app.agentkeep.db``. :func:`check_schema_name` says which names are accepted.
+``app.agentkeep.db``. :func:`check_schema_name` says which names are accepted
+(docs/architecture.md#namespaces).
 """
 
 from __future__ import annotations

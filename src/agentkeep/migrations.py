@@ -66,7 +66,8 @@ agentkeep's tables (see :mod:`agentkeep.db`), and then touches nothing outside i
   (:func:`agentkeep.db.migration_lock_key`).
 * SQLite: the namespace is its own file (:func:`agentkeep.db.sqlite_schema_file`),
   and the commands run on that file as its main database, exactly as on a
-  database without a namespace: the host's file is not opened.
+  database without a namespace: the host's file is not opened
+  (docs/decisions.md#a-sqlite-namespace-is-an-attached-file).
 """
 
 from __future__ import annotations

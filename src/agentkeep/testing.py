@@ -1,5 +1,8 @@
 """agentkeep's pytest plugin: a fresh, migrated store per test, for a host application's tests.
 
+Described in docs/architecture.md#the-test-kit and the README's "Testing your
+application".
+
 Installed with agentkeep and registered through the ``pytest11`` entry point
 (``agentkeep = "agentkeep.testing"``), so a host's tests just name the
 fixtures. ``-p no:agentkeep`` switches it off. ``-p agentkeep.testing`` loads
