@@ -79,6 +79,8 @@ ENV_URL: Final = "AGENTKEEP_TEST_URL"
 #: Where ``agentkeep_clock`` starts (epoch milliseconds).
 START_MS: Final = 1_700_000_000_000
 _OPTION: Final = "--agentkeep-url"
+#: Postgres: how long dropping a test's schema waits for a lock a test left behind.
+_DROP_WAIT_MS: Final = 10_000
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -143,7 +145,13 @@ class _PostgresStores:
         script = io.StringIO()
         migrations.upgrade_sql(url, output=script, schema=self.schema)
         self._script = script.getvalue()
-        self._admin = create_engine(url, isolation_level="AUTOCOMMIT")
+        # A test that leaves a transaction open on agentkeep's tables would make the
+        # schema's DROP wait for ever: give up after a while with the reason.
+        self._admin = create_engine(
+            url,
+            isolation_level="AUTOCOMMIT",
+            connect_args={"options": f"-c lock_timeout={_DROP_WAIT_MS}"},
+        )
         self._verified = False
 
     def _run(self, sql: str) -> None:
@@ -154,7 +162,8 @@ class _PostgresStores:
         from agentkeep import migrations
         from agentkeep.store import Store
 
-        self._run(self._script)
+        # The drop is a no-op unless an earlier test's drop failed.
+        self._run(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE;\n{self._script}')
         if not self._verified:
             problems = migrations.check(self._url, schema=self.schema)
             if problems:
@@ -168,7 +177,13 @@ class _PostgresStores:
 
     def discard(self, store: Store, _handle: Any) -> None:
         store.close()
-        self._drop()
+        try:
+            self._drop()
+        except Exception as exc:
+            raise RuntimeError(
+                f"agentkeep.testing: could not drop the test's schema {self.schema} "
+                f"({exc}); did the test leave a connection of agentkeep_store.engine open?"
+            ) from exc
 
     def _drop(self) -> None:
         self._run(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
