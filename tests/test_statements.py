@@ -6,6 +6,9 @@
   ``EXPLAIN`` (which prepares the statement against the real schema) and
   Postgres ``PREPARE``. A statement that no longer matches the models or the
   migrations fails here, not in production.
+* The same with the schema map ``{None: "agentkeep"}``: every statement a
+  store runs names the namespace and prepares against a database migrated in
+  it (SQLite: the namespace file attached), beside a host's own ``runs``.
 * The compile step itself: positional binding, fixed literal values, schema
   translation, and refusal of constructs whose SQL is only known at execution
   time.
@@ -24,6 +27,8 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 
 import agentkeep
+from agentkeep import db
+from agentkeep import migrations as migrate
 from agentkeep.legacy.connections import _PG_AUDIT_DDL, _SQLITE_AUDIT_DDL
 from agentkeep.statements import CompileTarget, Statement, UncompilableStatement
 
@@ -134,6 +139,63 @@ def test_every_statement_prepares_against_the_migrated_schema(backend: str, migr
                 conn.rollback()
         finally:
             engine.dispose()
+    assert not failures, "\n".join(failures)
+
+
+def _namespaced(stmt: Statement) -> bool:
+    """Statements a store runs in its namespace (the legacy migrator's run on the default one)."""
+    return not stmt.name.startswith(("advisory_lock", "legacy."))
+
+
+def test_every_statement_prepares_in_a_schema(backend: str, fresh_url: str) -> None:
+    """With the schema map ``{None: "agentkeep"}`` every statement names agentkeep's
+    namespace and prepares against it, beside a host's own ``runs`` of another shape
+    (a statement that named the default namespace would fail on the host's table)."""
+    schema = "agentkeep"
+    engine = create_engine(fresh_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE runs (host_only TEXT PRIMARY KEY)"))
+    engine.dispose()
+    migrate.upgrade(fresh_url, schema=schema)
+    statements = [s for s in STATEMENTS if _namespaced(s)]
+    failures: list[str] = []
+    if backend == "sqlite":
+        target = CompileTarget.of(_sqlite_dialect("named"), {None: schema})
+        path = fresh_url.removeprefix("sqlite:///")
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute(
+                f"ATTACH DATABASE ? AS {schema}", (str(db.sqlite_schema_file(path, schema)),)
+            )
+            for stmt in statements:
+                sql, params = _placeholders(stmt, target)
+                if f"{schema}." not in sql:
+                    failures.append(f"{stmt.name}: does not name the schema")
+                try:
+                    conn.execute("EXPLAIN " + sql, params).fetchall()
+                except sqlite3.Error as exc:
+                    failures.append(f"{stmt.name}: {exc}")
+        finally:
+            conn.close()
+    else:
+        target = CompileTarget.of(_pg_dialect("numeric_dollar"), {None: schema})
+        engine = create_engine(fresh_url)
+        try:
+            with engine.connect() as conn:
+                for i, stmt in enumerate(statements):
+                    sql = stmt.compiled(target).sql
+                    if f"{schema}." not in sql:
+                        failures.append(f"{stmt.name}: does not name the schema")
+                    try:
+                        with conn.begin_nested():
+                            conn.exec_driver_sql(f"PREPARE ak_ns_{i} AS {sql}")
+                            conn.exec_driver_sql(f"DEALLOCATE ak_ns_{i}")
+                    except Exception as exc:  # noqa: BLE001 - report every failure at once
+                        failures.append(f"{stmt.name}: {exc}")
+                conn.rollback()
+        finally:
+            engine.dispose()
+    assert len(statements) >= 100
     assert not failures, "\n".join(failures)
 
 

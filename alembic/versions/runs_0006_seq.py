@@ -10,6 +10,12 @@ VACUUM may renumber. Existing rows keep their rowid order (SQLite) or get
   rows an older writer inserts.
 * Postgres: ``seq BIGINT`` defaulting to the sequence ``runs_seq_seq``.
 
+The plain SQL below names its tables and the sequence in agentkeep's schema
+when the migration runs in one (``agentkeep.migrate(..., schema=...)``: the
+version table's schema); agentkeep also sets ``search_path`` to that schema
+for the run. On SQLite a namespace is a file of its own, so names stay
+unqualified (a trigger may not name another schema anyway).
+
 Revision ID: runs_0006
 Revises: runs_0005
 """
@@ -26,6 +32,13 @@ depends_on = None
 
 BIGINT = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
+
+def _q(name: str) -> str:
+    """``name`` in the schema this migration runs in (unqualified in the default one)."""
+    schema = op.get_context().version_table_schema
+    return f'"{schema}".{name}' if schema else name
+
+
 _SQLITE_TRIGGER = """
 CREATE TRIGGER runs_seq_fill AFTER INSERT ON runs
 FOR EACH ROW WHEN NEW.seq IS NULL
@@ -40,16 +53,15 @@ END
 def upgrade() -> None:
     op.add_column("runs", sa.Column("seq", BIGINT, nullable=True))
     if op.get_bind().dialect.name == "postgresql":
-        op.execute("CREATE SEQUENCE runs_seq_seq OWNED BY runs.seq")
+        runs, seq = _q("runs"), _q("runs_seq_seq")
+        op.execute(f"CREATE SEQUENCE {seq} OWNED BY {runs}.seq")
         op.execute(
-            "UPDATE runs SET seq = s.n FROM ("
-            " SELECT id, row_number() OVER (ORDER BY created_at, id) AS n FROM runs"
-            ") AS s WHERE runs.id = s.id"
+            f"UPDATE {runs} SET seq = s.n FROM ("
+            f" SELECT id, row_number() OVER (ORDER BY created_at, id) AS n FROM {runs}"
+            f") AS s WHERE {runs}.id = s.id"
         )
-        op.execute(
-            "SELECT setval('runs_seq_seq', COALESCE((SELECT MAX(seq) FROM runs), 0) + 1, false)"
-        )
-        op.execute("ALTER TABLE runs ALTER COLUMN seq SET DEFAULT nextval('runs_seq_seq')")
+        op.execute(f"SELECT setval('{seq}', COALESCE((SELECT MAX(seq) FROM {runs}), 0) + 1, false)")
+        op.execute(f"ALTER TABLE {runs} ALTER COLUMN seq SET DEFAULT nextval('{seq}')")
     else:
         op.execute("UPDATE runs SET seq = rowid")
         op.create_table(
@@ -60,8 +72,7 @@ def upgrade() -> None:
             sa.PrimaryKeyConstraint("id", name="pk_runs_seq_counter"),
         )
         op.execute(
-            "INSERT INTO runs_seq_counter (id, last_seq) "
-            "SELECT 1, COALESCE(MAX(seq), 0) FROM runs"
+            "INSERT INTO runs_seq_counter (id, last_seq) SELECT 1, COALESCE(MAX(seq), 0) FROM runs"
         )
         op.execute(_SQLITE_TRIGGER)
     op.create_index("ux_runs_seq", "runs", ["seq"], unique=True)

@@ -13,6 +13,13 @@ the migration scripts unless ``--indicate-current`` is given.
 ``upgrade --sql`` writes the upgrade as SQL on stdout for the URL's dialect
 without connecting.
 
+``--schema NAME`` (upgrade, downgrade, stamp, current, check, history,
+heads): agentkeep's tables live in that namespace (a Postgres schema, created
+by ``upgrade`` when missing; on SQLite the file ``<db>.NAME<suffix>`` next to
+the database file), as with ``Store.open(url, schema=NAME)``. Without it, the
+default namespace (no schema). For ``current`` and ``check`` a namespace that
+does not exist yet is not migrated; its database must exist.
+
 Exit codes (also in ``agentkeep --help``, see :data:`EXIT_CODES`): 0 success;
 1 ``check`` found the database not migrated, behind head or drifted, ``demo``
 saw an invariant fail, or ``migrate-legacy`` found a blocked runtime; 2 the
@@ -91,50 +98,60 @@ def _revisions(revisions: Sequence[str]) -> str:
     return ", ".join(revisions)
 
 
+def _in(args: argparse.Namespace) -> str:
+    """`` in schema NAME`` after a command's result line, when it ran in a namespace."""
+    schema = getattr(args, "schema", None)
+    return f" in schema {schema}" if schema else ""
+
+
 # --------------------------------------------------------------------------
 # Migration commands
 
 
 def _cmd_upgrade(args: argparse.Namespace) -> int:
     if args.sql:
-        migrate.upgrade_sql(args.url, args.revision, output=sys.stdout)
+        migrate.upgrade_sql(args.url, args.revision, output=sys.stdout, schema=args.schema)
         return 0
-    revisions = migrate.upgrade(args.url, args.revision)
+    revisions = migrate.upgrade(args.url, args.revision, schema=args.schema)
     if revisions == migrate.head_revisions():
-        print(f"at head: {_revisions(revisions)}")
+        print(f"at head: {_revisions(revisions)}{_in(args)}")
     else:
-        print(f"at: {_revisions(revisions) or 'base'}")
+        print(f"at: {_revisions(revisions) or 'base'}{_in(args)}")
     return 0
 
 
 def _cmd_downgrade(args: argparse.Namespace) -> int:
-    revisions = migrate.downgrade(args.url, args.revision)
-    print(f"at: {_revisions(revisions)}" if revisions else "at base: no agentkeep table is left")
+    revisions = migrate.downgrade(args.url, args.revision, schema=args.schema)
+    print(
+        f"at: {_revisions(revisions)}{_in(args)}"
+        if revisions
+        else f"at base: no agentkeep table is left{_in(args)}"
+    )
     return 0
 
 
 def _cmd_stamp(args: argparse.Namespace) -> int:
-    revisions = migrate.stamp(args.url, args.revision)
-    print(f"stamped: {_revisions(revisions) or 'base'}")
+    revisions = migrate.stamp(args.url, args.revision, schema=args.schema)
+    print(f"stamped: {_revisions(revisions) or 'base'}{_in(args)}")
     return 0
 
 
 def _cmd_current(args: argparse.Namespace) -> int:
     migrate.require_database(args.url)
-    cur = migrate.current(args.url)
+    cur = migrate.current(args.url, schema=args.schema)
     heads = migrate.head_revisions()
     unknown = migrate.unknown_revisions(cur)
     if unknown:
         print(f"ahead of this code: {_revisions(unknown)} (this code's head: {_revisions(heads)})")
         return 2
     state = "head" if cur == heads else "behind head " + _revisions(heads)
-    print(f"{_revisions(cur) or 'none (un-versioned or empty)'} ({state})")
+    print(f"{_revisions(cur) or 'none (un-versioned or empty)'} ({state}){_in(args)}")
     return 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     migrate.require_database(args.url)
-    problems = migrate.check(args.url)
+    problems = migrate.check(args.url, schema=args.schema)
     if not problems:
         print("no drift: the database matches the models at head")
         return 0
@@ -147,7 +164,7 @@ def _currents(args: argparse.Namespace) -> set[str]:
     if not args.indicate_current:
         return set()
     migrate.require_database(args.url)
-    return set(migrate.current(args.url))
+    return set(migrate.current(args.url, schema=args.schema))
 
 
 def _describe_revision(script: Script, *, parents: bool, doc: bool) -> str:
@@ -257,6 +274,15 @@ def _add_url(p: argparse.ArgumentParser, what: str = "database URL") -> None:
     )
 
 
+def _add_schema(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--schema",
+        metavar="NAME",
+        help="the namespace of agentkeep's tables: a Postgres schema, or on SQLite the file "
+        "<db>.NAME<suffix> next to the database (default: none, the tables' own names)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentkeep",
@@ -273,6 +299,7 @@ def _parser() -> argparse.ArgumentParser:
         fn: Callable[[argparse.Namespace], int],
         description: str = "",
         revision: str = "",
+        schema: bool = True,
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
@@ -284,6 +311,8 @@ def _parser() -> argparse.ArgumentParser:
         if revision:
             p.add_argument("revision", metavar="REVISION", help=revision)
         _add_url(p)
+        if schema:
+            _add_schema(p)
         p.set_defaults(fn=fn)
         return p
 
@@ -357,7 +386,12 @@ def _parser() -> argparse.ArgumentParser:
             action="store_true",
             help="mark the database's current revision",
         )
-    demo = add("demo", "race worker processes on the stores and check the invariants", _cmd_demo)
+    demo = add(
+        "demo",
+        "race worker processes on the stores and check the invariants",
+        _cmd_demo,
+        schema=False,
+    )
     demo.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     demo.add_argument("--ops", type=int, default=300, help="rounds per worker (default 300)")
 
@@ -415,7 +449,18 @@ def _describe(exc: BaseException, url: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentkeep`` command; returns the exit code."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if (
+        len(extra) == 1
+        and not extra[0].startswith("-")
+        and getattr(args, "url", False) is None
+        and hasattr(args, "url_option")
+    ):
+        # argparse fills the optional URL with the positionals before an option
+        # (`downgrade base --schema s URL`): the URL after it is left over.
+        args.url, extra = extra[0], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.url is not None and args.url_option is not None and args.url != args.url_option:
         parser.error("give the database URL once: as the positional argument or as --url")
     args.url = _url(args.url or args.url_option)

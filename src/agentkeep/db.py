@@ -27,12 +27,22 @@ transactions behave: see its docstring for what is installed, applied,
 verified and refused on each dialect. :func:`join_write` and
 :func:`join_read` prepare a transaction the host already holds for a joined
 unit.
+
+Namespaces (``schema=``): agentkeep's tables may live apart from a host's
+tables of the same names. Statements are compiled with the schema map
+``{None: schema}`` (:mod:`agentkeep.statements`). On Postgres that is a
+schema of the database. On SQLite it is a database file attached under the
+schema's name to every connection (:func:`attach_schema`), next to the main
+file: ``app.db`` with ``schema="agentkeep"`` keeps agentkeep's tables in
+``app.agentkeep.db``. :func:`check_schema_name` says which names are accepted
+(docs/architecture.md#namespaces).
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -41,6 +51,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import Connection, Engine, bindparam, event, false, func, select, update
@@ -49,7 +60,12 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
-from agentkeep.errors import DatabaseError, InvalidInput, JoinedTransactionStale, StoreBusy
+from agentkeep.errors import (
+    DatabaseError,
+    InvalidInput,
+    JoinedTransactionStale,
+    StoreBusy,
+)
 from agentkeep.runs.models import Run
 from agentkeep.statements import CompileTarget, Statement
 
@@ -58,8 +74,11 @@ __all__ = [
     "EngineSettings",
     "LockNamespace",
     "adopt_engine",
+    "attach_schema",
+    "check_schema_name",
     "create_engine",
     "enable_wal",
+    "ensure_attached",
     "engine_settings",
     "Driver",
     "is_memory_sqlite",
@@ -69,9 +88,12 @@ __all__ = [
     "join_read",
     "join_write",
     "lock_aggregate",
+    "migration_lock_key",
     "read_engine",
     "retry_transient",
     "savepoint",
+    "schema_map",
+    "sqlite_schema_file",
     "translate_db_error",
     "write_engine",
 ]
@@ -119,6 +141,57 @@ def is_memory_sqlite(url: str) -> bool:
     return db in ("", ":memory:") or "mode=memory" in str(u.query.get("mode", ""))
 
 
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+#: Names that are already something else: SQLite's own schemas, Postgres's default
+#: and system schemas.
+_RESERVED_SCHEMAS: Final = frozenset({"main", "temp", "public", "information_schema"})
+
+
+def check_schema_name(schema: str | None) -> str | None:
+    """Return ``schema`` if it is an acceptable namespace for agentkeep's tables.
+
+    ``None`` is the default namespace (the original stores' table names, no
+    schema). A name is lower-case letters, digits and ``_``, starting with a
+    letter or ``_``, at most 63 characters (Postgres's identifier limit), so
+    it never needs quoting; ``main``, ``temp``, ``public``,
+    ``information_schema`` and names starting with ``pg_`` or ``sqlite_`` are
+    taken by the databases themselves.
+
+    Raises:
+        InvalidInput: any other value.
+    """
+    if schema is None:
+        return None
+    if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+        raise InvalidInput(
+            "schema",
+            f"{schema!r} is not a namespace name: lower-case letters, digits and _, "
+            "starting with a letter or _, at most 63 characters",
+        )
+    if schema in _RESERVED_SCHEMAS or schema.startswith(("pg_", "sqlite_")):
+        raise InvalidInput(
+            "schema",
+            f"{schema!r} is a name the database uses itself"
+            + (": omit schema= for the default namespace" if schema == "public" else ""),
+        )
+    return schema
+
+
+def schema_map(schema: str | None) -> dict[str | None, str | None] | None:
+    """The ``schema_translate_map`` that puts agentkeep's tables into ``schema`` (None: none)."""
+    return None if schema is None else {None: schema}
+
+
+def sqlite_schema_file(database: str | Path, schema: str) -> Path:
+    """The file that holds namespace ``schema`` of the SQLite database file ``database``.
+
+    Next to it, the schema's name before the suffix: ``app.db`` ->
+    ``app.agentkeep.db``, ``data`` -> ``data.agentkeep``.
+    """
+    path = Path(database)
+    return path.with_name(f"{path.stem}.{schema}{path.suffix}")
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """What agentkeep applied to, or found on, an engine its units run on.
@@ -147,6 +220,10 @@ _ADOPTING: Final = threading.Lock()  # two stores opening one engine adopt it on
 _CONFIGURED: Final = "agentkeep.configured"
 #: The drivers the lean path runs its statements on (connection.execute, error classes).
 _DRIVERS: Final = {"sqlite": "pysqlite", "postgresql": "psycopg"}
+#: SQLite: the namespaces attached to every connection of an engine (see attach_schema).
+_ATTACHED_SCHEMAS: weakref.WeakKeyDictionary[Engine, set[str]] = weakref.WeakKeyDictionary()
+#: Pool record info key: the namespaces attached to that driver connection.
+_ATTACHED: Final = "agentkeep.attached"
 
 
 def create_engine(
@@ -262,6 +339,9 @@ def _sqlite_begin_hook(default: str | None) -> Callable[[Connection], None]:
     When a BEGIN was already emitted (a host's own begin hook ran first), a
     writer takes the write lock with a no-op write instead: on a transaction
     that has not read yet, that waits for the lock like ``BEGIN IMMEDIATE``.
+    The no-op write is on agentkeep's table in the unit's namespace (execution
+    option ``agentkeep_schema``, set by :func:`write_engine`), so that it
+    locks the file agentkeep's tables live in.
     """
 
     def _on_begin(conn: Connection) -> None:
@@ -278,12 +358,116 @@ def _sqlite_begin_hook(default: str | None) -> Callable[[Connection], None]:
             if not driver.in_transaction:
                 driver.execute(_BEGIN_SQL[mode])
             elif mode != "DEFERRED":
-                form = _SQLITE_WRITE_LOCK.compiled(CompileTarget.of(conn.dialect))
+                schema = conn.get_execution_options().get("agentkeep_schema")
+                target = CompileTarget.of(conn.dialect, schema_map(schema))
+                form = _SQLITE_WRITE_LOCK.compiled(target)
                 driver.execute(form.sql, form.bind({}))
         except sqlite3.Error as exc:
             raise _translate_driver_error(exc) from exc
 
     return _on_begin
+
+
+def attach_schema(engine: Engine, schema: str) -> None:
+    """SQLite: attach namespace ``schema``'s file to every connection of ``engine`` (idempotent).
+
+    The file is :func:`sqlite_schema_file` of the connection's main file; it
+    is created empty if missing (the migrations fill it). ``ATTACH DATABASE
+    '<file>' AS <schema>`` runs on every new connection (``connect``) and on
+    every connection already pooled (``checkout``), and a synchronous setting
+    agentkeep applies (``synchronous=``) is applied to the attached file too.
+    The host's statements on those connections see the namespace as well
+    (``<schema>.runs``); their own unqualified names are not affected.
+
+    Postgres: nothing to do (a schema needs no attaching).
+
+    Raises:
+        InvalidInput: an in-memory SQLite database (no file to put the
+            namespace next to), an invalid name, or an engine that agentkeep
+            neither created nor adopted.
+    """
+    check_schema_name(schema)
+    if engine.dialect.name != "sqlite":
+        return
+    settings = _SETTINGS.get(engine)
+    if settings is None:
+        raise InvalidInput("engine", "adopt it first (agentkeep.db.adopt_engine)")
+    if is_memory_sqlite(engine.url.render_as_string(hide_password=False)):
+        raise InvalidInput(
+            "schema",
+            "an in-memory SQLite database has no file to keep the namespace in: "
+            "use a database file (or no schema)",
+        )
+    sync = settings.synchronous
+    with _ADOPTING:
+        schemas = _ATTACHED_SCHEMAS.setdefault(engine, set())
+        if schema in schemas:
+            return
+        schemas.add(schema)
+
+    def attach(dbapi_conn: Any, record: Any, *_proxy: Any) -> None:
+        _attach(dbapi_conn, record.info, schema, sync)
+
+    event.listen(engine, "connect", attach)
+    event.listen(engine, "checkout", attach)
+
+
+def ensure_attached(conn: Connection, schema: str | None) -> None:
+    """SQLite: make sure ``schema`` is attached to the connection a joined unit runs on.
+
+    A connection the host checked out before the store was opened missed the
+    ``checkout`` hook of :func:`attach_schema`; it is attached now (SQLite
+    allows that inside a transaction; the joined unit's write lock is then
+    taken on the attached file).
+
+    Raises:
+        InvalidInput: SQLite refused to attach the file (the message says why).
+    """
+    if schema is None or conn.dialect.name != "sqlite":
+        return
+    info = conn.connection.info
+    attached = info.get(_ATTACHED)
+    if attached is not None and schema in attached:
+        return
+    driver: Any = conn.connection.driver_connection
+    try:
+        _attach(driver, info, schema, None)
+    except sqlite3.OperationalError as exc:
+        raise InvalidInput(
+            "join",
+            f"the host's connection does not have agentkeep's namespace {schema!r} attached "
+            f"and SQLite refused to attach it ({exc}): open the store before checking out "
+            "the connection",
+        ) from exc
+
+
+def _attach(dbapi_conn: Any, info: dict[Any, Any], schema: str, sync: str | None) -> None:
+    attached = info.get(_ATTACHED)
+    if attached is not None and schema in attached:
+        return
+    cur = dbapi_conn.cursor()
+    try:
+        files = {row[1]: row[2] for row in cur.execute("PRAGMA database_list").fetchall()}
+        main = files.get("main") or ""
+        if not main:
+            raise InvalidInput(
+                "schema",
+                "an in-memory SQLite database has no file to keep the namespace in",
+            )
+        want = str(sqlite_schema_file(main, schema))
+        have = files.get(schema)
+        if have is None:
+            cur.execute(f'ATTACH DATABASE ? AS "{schema}"', (want,))
+            if sync is not None:
+                cur.execute(f'PRAGMA "{schema}".synchronous={sync}')
+        elif have != want:
+            raise InvalidInput(
+                "schema",
+                f"{schema!r} is already attached to {have} on this connection, not to {want}",
+            )
+    finally:
+        cur.close()
+    info.setdefault(_ATTACHED, set()).add(schema)
 
 
 def _create_postgres_engine(
@@ -482,13 +666,15 @@ def engine_settings(engine: Engine) -> EngineSettings | None:
     return _SETTINGS.get(engine)
 
 
-def enable_wal(engine: Engine) -> None:
+def enable_wal(engine: Engine, schema: str | None = None) -> None:
     """Put a SQLite database file in WAL mode (persistent; a no-op elsewhere).
 
     Called by :meth:`agentkeep.Store.open` and :func:`agentkeep.migrations.upgrade`
     after the schema was accepted, never before: switching the journal mode
     rewrites the file header. WAL lets readers run beside the single writer;
-    without it every ``BEGIN IMMEDIATE`` would queue the readers too.
+    without it every ``BEGIN IMMEDIATE`` would queue the readers too. With
+    ``schema``, the namespace's attached file is switched (see
+    :func:`attach_schema`), and the main file is left in the mode it has.
     """
     if engine.dialect.name != "sqlite" or is_memory_sqlite(
         engine.url.render_as_string(hide_password=False)
@@ -498,11 +684,12 @@ def enable_wal(engine: Engine) -> None:
     try:
         cur = raw.cursor()
         try:
-            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+            prefix = "" if schema is None else f'"{check_schema_name(schema)}".'
+            if str(cur.execute(f"PRAGMA {prefix}journal_mode").fetchone()[0]).lower() == "wal":
                 return
             # Needs a moment with no other connection in a transaction; the
             # busy timeout covers that wait.
-            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA {prefix}journal_mode=WAL")
         finally:
             cur.close()
     finally:
@@ -524,19 +711,24 @@ def read_engine(engine: Engine) -> Engine:
     return engine.execution_options(sqlite_begin="DEFERRED")
 
 
-def write_engine(engine: Engine) -> Engine:
+def write_engine(engine: Engine, schema: str | None = None) -> Engine:
     """The same engine (shared pool) whose transactions begin as writers.
 
     On SQLite its ``BEGIN`` is ``BEGIN IMMEDIATE``: the database write lock is
     taken before the first read, so a read-modify-write never meets
-    ``SQLITE_BUSY_SNAPSHOT``. On Postgres the option is ignored; a host engine
+    ``SQLITE_BUSY_SNAPSHOT`` (with attached namespaces, it locks every
+    attached file too). On Postgres the option is ignored; a host engine
     whose transactions are not READ COMMITTED gets READ COMMITTED for these
-    transactions (:func:`adopt_engine`).
+    transactions (:func:`adopt_engine`). ``schema`` is the namespace of the
+    units (see the ``begin`` hook).
     """
+    options: dict[str, Any] = {"sqlite_begin": "IMMEDIATE"}
+    if schema is not None:
+        options["agentkeep_schema"] = schema
     settings = _SETTINGS.get(engine)
     if settings is not None and settings.pg_read_committed:
-        return engine.execution_options(sqlite_begin="IMMEDIATE", isolation_level="READ COMMITTED")
-    return engine.execution_options(sqlite_begin="IMMEDIATE")
+        options["isolation_level"] = "READ COMMITTED"
+    return engine.execution_options(**options)
 
 
 # --------------------------------------------------------------------------
@@ -572,9 +764,11 @@ class Driver:
     Attributes:
         raw: the DBAPI connection (``sqlite3.Connection`` or ``psycopg.Connection``).
         postgres: True on Postgres.
+        schema: the namespace the target's schema map puts agentkeep's tables
+            in, or None.
     """
 
-    __slots__ = ("_error", "_pg_read_committed", "postgres", "raw", "target")
+    __slots__ = ("_error", "_pg_read_committed", "postgres", "raw", "schema", "target")
 
     def __init__(
         self,
@@ -587,6 +781,8 @@ class Driver:
         self.raw = raw
         self.target = target
         self.postgres = target.dialect.name == "postgresql"
+        schemas = target.schema_translate_map
+        self.schema: str | None = schemas.get(None) if schemas else None
         self._error = error
         self._pg_read_committed = pg_read_committed
 
@@ -722,6 +918,21 @@ def _key_hash(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) - 0x8000_0000
 
 
+def _namespaced(key: str, schema: str | None) -> str:
+    # The default namespace keeps the keys it always had; a schema's keys differ,
+    # so two namespaces of one database do not serialise each other.
+    return key if schema is None else f"{schema}\x00{key}"
+
+
+def migration_lock_key(schema: str | None) -> int:
+    """The second key of the migration lock ``pg_advisory_xact_lock(MIGRATION, key)``.
+
+    0 for the default namespace (as always); a hash of the schema's name
+    otherwise, so migrations of different namespaces do not wait for each other.
+    """
+    return 0 if schema is None else _key_hash(_namespaced("", schema))
+
+
 def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = False) -> None:
     """Take the write lock of one aggregate for the rest of the transaction.
 
@@ -735,14 +946,16 @@ def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = F
     Args:
         driver: the unit of work's driver connection, inside its transaction.
         namespace: a :class:`LockNamespace` constant.
-        key: the aggregate id.
+        key: the aggregate id. In a schema (``driver.schema``) the key is
+            hashed with the schema's name, so the same id in two namespaces
+            takes two different locks.
         shared: take it shared (``pg_advisory_xact_lock_shared``): shared
             holders do not exclude each other, only an exclusive holder. Used
             by commits against blob GC.
     """
     if driver.postgres:
         stmt = _LOCK_SHARED_SQL if shared else _LOCK_SQL
-        driver.execute(stmt, {"ns": namespace, "key": _key_hash(key)})
+        driver.execute(stmt, {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))})
 
 
 def join_write(driver: Driver) -> None:

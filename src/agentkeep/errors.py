@@ -193,12 +193,12 @@ class DatabaseMissing(DatabaseError):
         path: the file that was looked for.
     """
 
-    def __init__(self, url: str, path: str) -> None:
+    def __init__(self, url: str, path: str, command: str = "agentkeep upgrade") -> None:
         self.url = url
         self.path = path
         super().__init__(
             f"{url}: database file {path} does not exist (nothing was created; "
-            "create and migrate it with `agentkeep upgrade`)"
+            f"create and migrate it with `{command}`)"
         )
 
 

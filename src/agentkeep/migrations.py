@@ -49,6 +49,25 @@ agentkeep's objects from the host's autogenerate and ``alembic check``, and
 ``agentkeep.migrate(connection)`` (:func:`upgrade`) brings agentkeep to head on
 the host's connection from its ``env.py`` (README, "Using agentkeep in your
 Alembic project").
+
+Namespaces: every command takes ``schema=`` (keyword-only), the namespace of
+agentkeep's tables (see :mod:`agentkeep.db`), and then touches nothing outside it:
+
+* Postgres: the revisions run in the schema (created first when missing, and
+  logged), with the version table ``<schema>.agentkeep_alembic_version``.
+  The connection carries the schema map ``{None: schema}`` (tables, indexes
+  and sequences the revisions create through SQLAlchemy constructs are
+  qualified) and, for the length of the command, ``SET LOCAL search_path``
+  to the schema alone: what Alembic renders unqualified (``ALTER TABLE``,
+  ``DROP INDEX``), the plain SQL of revisions, the adopters' and the drift
+  check's reflection all resolve there and never in the host's schemas. The
+  connection's previous ``search_path`` and schema map are put back after.
+  The migration lock's second key is the schema's hash
+  (:func:`agentkeep.db.migration_lock_key`).
+* SQLite: the namespace is its own file (:func:`agentkeep.db.sqlite_schema_file`),
+  and the commands run on that file as its main database, exactly as on a
+  database without a namespace: the host's file is not opened
+  (docs/decisions.md#a-sqlite-namespace-is-an-attached-file).
 """
 
 from __future__ import annotations
@@ -56,6 +75,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -81,6 +101,7 @@ from sqlalchemy import (
     make_url,
     text,
 )
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.mock import MockConnection
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.compiler import compiles
@@ -90,7 +111,13 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from agentkeep import db
 from agentkeep.base import load_all_models, table_applies
-from agentkeep.errors import DatabaseMissing, SchemaBehind, SchemaError, SchemaNewer
+from agentkeep.errors import (
+    DatabaseMissing,
+    InvalidInput,
+    SchemaBehind,
+    SchemaError,
+    SchemaNewer,
+)
 
 __all__ = [
     "VERSION_TABLE",
@@ -100,6 +127,7 @@ __all__ = [
     "ensure_schema",
     "head_revisions",
     "include_object",
+    "include_object_for",
     "NOT_MIGRATED",
     "mask_url",
     "require_database",
@@ -114,6 +142,8 @@ __all__ = [
 ]
 
 VERSION_TABLE: Final = "agentkeep_alembic_version"
+
+_log = logging.getLogger(__name__)
 
 # Alembic's `op` is a module-global proxy: one migration run at a time per
 # process. Other processes are serialised by the database lock. Re-entrant: a
@@ -173,15 +203,19 @@ def sqlite_file(url: str) -> Path | None:
     return Path(database)
 
 
-def require_database(url: str) -> None:
+def require_database(url: str, *, command: str = "agentkeep upgrade") -> None:
     """Refuse a SQLite URL whose file does not exist, without creating it.
+
+    Args:
+        url: the database URL.
+        command: what the error suggests to create and migrate the file.
 
     Raises:
         DatabaseMissing: the file is missing (other URLs pass).
     """
     path = sqlite_file(url)
     if path is not None and not path.exists():
-        raise DatabaseMissing(mask_url(url), str(path))
+        raise DatabaseMissing(mask_url(url), str(path), command)
 
 
 def _missing_database(target: Target) -> bool:
@@ -255,9 +289,22 @@ def _quiet_alembic() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _schema_of(conn: Connection) -> str | None:
+    """The namespace :func:`_in_namespace` put the connection in (None: the default)."""
+    schemas = conn.get_execution_options().get("schema_translate_map")
+    return schemas.get(None) if schemas else None
+
+
 def _migration_context(conn: Connection, **opts: Any) -> MigrationContext:
     with _quiet_alembic():
-        return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE, **opts})
+        return MigrationContext.configure(
+            conn,
+            opts={
+                "version_table": VERSION_TABLE,
+                "version_table_schema": _schema_of(conn),
+                **opts,
+            },
+        )
 
 
 def _current(conn: Connection) -> tuple[str, ...]:
@@ -367,17 +414,116 @@ def _engine_for(url_or_engine: str | Engine) -> Iterator[Engine]:
             engine.dispose()
 
 
-def _pg_migration_lock(conn: Connection) -> None:
-    conn.execute(text("SELECT pg_advisory_xact_lock(:ns, 0)"), {"ns": db.LockNamespace.MIGRATION})
+def _pg_migration_lock(conn: Connection, schema: str | None) -> None:
+    conn.execute(
+        text("SELECT pg_advisory_xact_lock(:ns, :key)"),
+        {"ns": db.LockNamespace.MIGRATION, "key": db.migration_lock_key(schema)},
+    )
 
 
 @contextmanager
-def _migration_transaction(engine: Engine) -> Iterator[Connection]:
+def _migration_transaction(engine: Engine, schema: str | None = None) -> Iterator[Connection]:
     """agentkeep's own write transaction holding the migration lock, committed on success."""
     with db.write_engine(engine).connect() as conn, conn.begin():
         if db.is_postgres(conn):
-            _pg_migration_lock(conn)
+            _pg_migration_lock(conn, schema)
         yield conn
+
+
+# --------------------------------------------------------------------------
+# Namespaces
+
+
+def _resolve(target: Target, schema: str | None) -> tuple[Target, str | None]:
+    """The target a command runs on, and the Postgres schema it runs in.
+
+    SQLite: a namespace is its own file, so the target becomes that file's
+    URL and the schema None (the file is the main database of the command's
+    connection). Postgres: unchanged.
+
+    Raises:
+        InvalidInput: an invalid name, or a namespace of an in-memory SQLite database.
+    """
+    if schema is None:
+        return target, None
+    db.check_schema_name(schema)
+    if isinstance(target, str):
+        backend = make_url(target).get_backend_name()
+    else:
+        backend = target.dialect.name
+    if backend != "sqlite":
+        return target, schema
+    main: str | Path | None
+    if isinstance(target, Connection):
+        driver: Any = target.connection.driver_connection
+        rows = driver.execute("PRAGMA database_list").fetchall()
+        main = next((row[2] for row in rows if row[1] == "main"), None) or None
+    else:
+        url = target if isinstance(target, str) else str(target.url)
+        main = sqlite_file(url)
+    if main is None:
+        raise InvalidInput(
+            "schema",
+            "an in-memory SQLite database has no file to keep the namespace in: "
+            "use a database file (or no schema)",
+        )
+    return f"sqlite:///{db.sqlite_schema_file(main, schema)}", None
+
+
+def _create_sqlite_file(url: str) -> None:
+    """Create the SQLite file of ``url`` (empty) when missing, as a plain upgrade would."""
+    path = sqlite_file(url) if make_url(url).get_backend_name() == "sqlite" else None
+    if path is not None and not path.exists():
+        sqlite3.connect(path).close()
+
+
+def _create_schema(conn: Connection, schema: str) -> None:
+    exists = conn.execute(
+        text("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = :s"), {"s": schema}
+    ).first()
+    if exists is None:
+        _log.info("creating schema %s for agentkeep's tables", schema)
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+
+
+@contextmanager
+def _in_namespace(
+    conn: Connection, schema: str | None, *, create: bool = False
+) -> Iterator[Connection]:
+    """Run a command's statements in agentkeep's namespace ``schema`` on ``conn``.
+
+    The connection gets the schema map ``{None: schema}`` (None: no map, also
+    when the caller's connection had one of its own); on Postgres with a
+    schema, the schema is created when ``create`` is true and missing, and
+    ``search_path`` is set to it alone for the transaction. Both are put back
+    as they were afterwards.
+    """
+    previous = conn.get_execution_options().get("schema_translate_map")
+    conn.execution_options(schema_translate_map=db.schema_map(schema))
+    saved_path: str | None = None
+    try:
+        if schema is not None and db.is_postgres(conn):
+            if create:
+                _create_schema(conn, schema)
+            saved_path = conn.execute(text("SELECT current_setting('search_path')")).scalar_one()
+            conn.execute(text(f'SET LOCAL search_path TO "{schema}"'))
+        yield conn
+    except BaseException:
+        if saved_path is not None:
+            try:  # the transaction may be aborted; its rollback undoes SET LOCAL anyway
+                _restore_search_path(conn, saved_path)
+            except sa_exc.DBAPIError:
+                pass
+        raise
+    else:
+        if saved_path is not None:
+            _restore_search_path(conn, saved_path)
+    finally:
+        conn.execution_options(schema_translate_map=previous)
+
+
+def _restore_search_path(conn: Connection, path: str) -> None:
+    conn.execute(text("SELECT set_config('search_path', :p, true)"), {"p": path})
 
 
 def _sqlite_write_lock(conn: Connection) -> None:
@@ -395,7 +541,7 @@ def _sqlite_write_lock(conn: Connection) -> None:
 
 
 @contextmanager
-def _on_connection(conn: Connection) -> Iterator[Connection]:
+def _on_connection(conn: Connection, schema: str | None = None) -> Iterator[Connection]:
     """Hold the migration lock on the caller's connection; commit only what this call began.
 
     * Postgres: ``pg_advisory_xact_lock`` inside the connection's transaction
@@ -413,7 +559,7 @@ def _on_connection(conn: Connection) -> Iterator[Connection]:
     began = None if conn.in_transaction() else conn.begin()
     try:
         if db.is_postgres(conn):
-            _pg_migration_lock(conn)
+            _pg_migration_lock(conn, schema)
             yield conn
         elif conn.dialect.name == "sqlite":
             with _sqlite_own_or_joined(conn):
@@ -468,14 +614,18 @@ def _compile_verbatim(element: _Verbatim, compiler: Any, **kw: Any) -> str:
     return element.sql
 
 
-def _offline(dialect: Any, revision: str, *, standalone: bool) -> tuple[str, tuple[str, ...]]:
+def _offline(
+    dialect: Any, revision: str, *, standalone: bool, schema: str | None = None
+) -> tuple[str, tuple[str, ...]]:
     """The upgrade to ``revision`` as SQL text, and the revisions it stamps.
 
     ``revision`` may be ``FROM:TO`` (default start: base). ``standalone`` wraps
     it in its own transaction (``agentkeep upgrade --sql``); otherwise it is
     bare, for the transaction block of a host's offline run. Nothing is
     returned for an unknown revision (SchemaError), so no partial script is
-    ever written.
+    ever written. ``schema`` (Postgres only): the script creates the schema
+    if missing, sets ``search_path`` to it for the revisions, stamps
+    ``<schema>.agentkeep_alembic_version``, and puts ``search_path`` back.
     """
     start, sep, end = revision.partition(":")
     destination = end if sep else revision
@@ -491,6 +641,7 @@ def _offline(dialect: Any, revision: str, *, standalone: bool) -> tuple[str, tup
                     "output_buffer": output,
                     "literal_binds": True,
                     "version_table": VERSION_TABLE,
+                    "version_table_schema": schema,
                     "starting_rev": starting_rev,
                     "fn": _upgrade_steps(destination),
                     "target_metadata": load_all_models(),
@@ -500,16 +651,34 @@ def _offline(dialect: Any, revision: str, *, standalone: bool) -> tuple[str, tup
         if standalone:
             ctx.execute("BEGIN" if postgres else "BEGIN IMMEDIATE")
         if postgres:
-            ctx.execute(f"SELECT pg_advisory_xact_lock({int(db.LockNamespace.MIGRATION)}, 0)")
+            ctx.execute(
+                f"SELECT pg_advisory_xact_lock({int(db.LockNamespace.MIGRATION)}, "
+                f"{db.migration_lock_key(schema)})"
+            )
+            if schema is not None:
+                ctx.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                ctx.execute(
+                    "SELECT set_config('agentkeep.search_path', current_setting('search_path'), "
+                    "true)"
+                )
+                ctx.execute(f'SET LOCAL search_path TO "{schema}"')
         with _op_proxy(ctx):
             ctx.run_migrations()
+        if postgres and schema is not None:
+            ctx.execute(
+                "SELECT set_config('search_path', current_setting('agentkeep.search_path'), true)"
+            )
         if standalone:
             ctx.execute("COMMIT")
     return output.getvalue(), tuple(sorted(s.revision for s in stamped if isinstance(s, Script)))
 
 
 def upgrade_sql(
-    url: str, revision: str = "heads", *, output: TextIO | None = None
+    url: str,
+    revision: str = "heads",
+    *,
+    output: TextIO | None = None,
+    schema: str | None = None,
 ) -> tuple[str, ...]:
     """Write the SQL of an upgrade for ``url``'s dialect, without connecting (offline mode).
 
@@ -518,10 +687,16 @@ def upgrade_sql(
     ``FROM`` when ``revision`` is ``FROM:TO``. Adoption, refusal of unknown
     revisions and the drift check need the database and do not happen here.
 
+    With ``schema``: on Postgres the script runs the revisions in that schema
+    (creating it if missing); on SQLite it is the script of the namespace's
+    own file, named in a comment on its first line (apply it to that file).
+
     Args:
-        url: only its dialect is used; no database is opened or created.
+        url: only its dialect (and, for a SQLite namespace, its file name) is
+            used; no database is opened or created.
         revision: the target, or ``FROM:TO``.
         output: where the SQL goes (default ``sys.stdout``).
+        schema: the namespace of agentkeep's tables (default: none).
 
     Returns:
         The revisions the script stamps.
@@ -531,14 +706,28 @@ def upgrade_sql(
     """
     import sys
 
+    schema_name = db.check_schema_name(schema)
     dialect = make_url(url).get_dialect()()
-    sql, revisions = _offline(dialect, revision, standalone=True)
-    (output or sys.stdout).write(sql)
+    header = ""
+    if schema is not None and dialect.name == "sqlite":
+        target, schema = _resolve(url, schema)
+        path = sqlite_file(str(target))
+        header = f"-- agentkeep's namespace {schema_name}: apply this script to the file {path}\n\n"
+    sql, revisions = _offline(dialect, revision, standalone=True, schema=schema)
+    (output or sys.stdout).write(header + sql)
     return revisions
 
 
-def _upgrade_into_host_output(mock: MockConnection, revision: str) -> tuple[str, ...]:
-    sql, revisions = _offline(mock.dialect, revision, standalone=False)
+def _upgrade_into_host_output(
+    mock: MockConnection, revision: str, schema: str | None
+) -> tuple[str, ...]:
+    if schema is not None and mock.dialect.name != "postgresql":
+        raise SchemaError(
+            "a SQLite namespace lives in its own file, which a host's offline script cannot "
+            f"write: get its SQL with `agentkeep upgrade --sql --schema {schema} URL` and apply "
+            "it to the file named there"
+        )
+    sql, revisions = _offline(mock.dialect, revision, standalone=False, schema=schema)
     sql = sql.strip()
     if sql:
         # The host's output adds its own statement terminator.
@@ -638,6 +827,9 @@ def _owned() -> _Owned:
     return _Owned(frozenset(tables), frozenset(loose))
 
 
+IncludeObject = Callable[[Any, "str | None", str, bool, Any], bool]
+
+
 def include_object(
     object: Any,  # noqa: A002 - Alembic's parameter name
     name: str | None,
@@ -659,23 +851,69 @@ def include_object(
                 obj, name, type_, reflected, compare_to
             ) and my_filter(obj, name, type_, reflected, compare_to)
 
+    This hook is for agentkeep in the default namespace: it hides objects
+    named like agentkeep's in the database's default schema only; a host's
+    table of such a name in another schema is included. When agentkeep
+    lives in a schema (``schema=``), use :func:`include_object_for`.
+
     Returns:
         False for an agentkeep object, True otherwise.
     """
+    return _include(None, object, name, type_)
+
+
+def include_object_for(schema: str | None) -> IncludeObject:
+    """The ``include_object`` hook for agentkeep in namespace ``schema``.
+
+    ``include_object_for(None)`` behaves as :func:`include_object`. With a
+    schema, the hook hides agentkeep's objects in that schema (seen by a host
+    whose autogenerate compares several schemas, ``include_schemas=True``,
+    or a SQLite connection with the namespace attached), and includes the
+    host's own tables named like agentkeep's (``runs``, ...) in every other
+    schema, the default one included::
+
+        context.configure(
+            connection=connection, target_metadata=target_metadata,
+            include_object=agentkeep.migrations.include_object_for("agentkeep"),
+        )
+
+    Raises:
+        InvalidInput: an invalid namespace name.
+    """
+    db.check_schema_name(schema)
+
+    def hook(
+        object: Any,  # noqa: A002 - Alembic's parameter name
+        name: str | None,
+        type_: str,
+        reflected: bool,
+        compare_to: Any,
+    ) -> bool:
+        return _include(schema, object, name, type_)
+
+    hook.__doc__ = f"agentkeep.migrations.include_object_for({schema!r})"
+    return hook
+
+
+def _include(schema: str | None, obj: Any, name: str | None, type_: str) -> bool:
     owned = _owned()
     if type_ == "table":
-        return name not in owned.tables
-    table = getattr(object, "table", None)
+        return not (name in owned.tables and getattr(obj, "schema", None) == schema)
+    table = getattr(obj, "table", None)
     if isinstance(table, Table):
-        return table.name not in owned.tables
-    return name is None or name not in owned.loose
+        return not (table.name in owned.tables and table.schema == schema)
+    if name is None or name not in owned.loose:
+        return True
+    return getattr(obj, "schema", None) != schema
 
 
 # --------------------------------------------------------------------------
 # Public commands
 
 
-def upgrade(target: Target | MockConnection, revision: str = "heads") -> tuple[str, ...]:
+def upgrade(
+    target: Target | MockConnection, revision: str = "heads", *, schema: str | None = None
+) -> tuple[str, ...]:
     """Adopt legacy tables if needed, then upgrade to ``revision``, in one transaction.
 
     This is ``agentkeep.migrate``.
@@ -696,9 +934,16 @@ def upgrade(target: Target | MockConnection, revision: str = "heads") -> tuple[s
       ``alembic upgrade --sql``): agentkeep's upgrade is written into the
       host's SQL output instead (see :func:`upgrade_sql`).
 
+    With ``schema``, the upgrade runs in that namespace (module docstring):
+    on Postgres in the schema, created first when missing, on the same
+    connection and transaction as above; on SQLite in the namespace's own
+    file next to the database, in its own ``BEGIN IMMEDIATE`` transaction
+    (also for a caller's connection: the host's file is not touched).
+
     Args:
         target: a URL, an engine or a connection.
         revision: the target (default: every head). Offline: also ``FROM:TO``.
+        schema: the namespace of agentkeep's tables (default: none).
 
     Returns:
         The revisions stamped afterwards (offline: the ones the SQL stamps).
@@ -709,16 +954,22 @@ def upgrade(target: Target | MockConnection, revision: str = "heads") -> tuple[s
         SchemaError: an unknown target revision; or, after upgrading to head,
             the tables still differ from the models. Nothing was changed.
     """
+    db.check_schema_name(schema)
     if isinstance(target, MockConnection):
-        return _upgrade_into_host_output(target, revision)
+        return _upgrade_into_host_output(target, revision, schema)
+    if schema is not None and isinstance(target, str):
+        _create_sqlite_file(target)
+    target, schema = _resolve(target, schema)
     if isinstance(target, Connection):
-        with _ALEMBIC_LOCK, _on_connection(target) as conn:
-            _upgrade_in(conn, revision)
-            return _current(conn)
+        with _ALEMBIC_LOCK, _on_connection(target, schema) as conn:
+            with _in_namespace(conn, schema, create=True):
+                _upgrade_in(conn, revision)
+                return _current(conn)
     with _ALEMBIC_LOCK, _engine_for(target) as engine:
-        with _migration_transaction(engine) as conn:
-            _upgrade_in(conn, revision)
-            revisions = _current(conn)
+        with _migration_transaction(engine, schema) as conn:
+            with _in_namespace(conn, schema, create=True):
+                _upgrade_in(conn, revision)
+                revisions = _current(conn)
         db.enable_wal(engine)
         return revisions
 
@@ -738,33 +989,42 @@ def _upgrade_in(conn: Connection, revision: str) -> None:
 
 
 @contextmanager
-def _writing(target: Target) -> Iterator[Connection]:
-    """A connection holding the migration lock for a command that needs an existing database."""
+def _writing(target: Target, schema: str | None) -> Iterator[Connection]:
+    """A connection holding the migration lock for a command that needs an existing database.
+
+    ``target`` and ``schema`` as given to the command; the connection is in
+    the namespace (:func:`_resolve`).
+    """
+    command = _upgrade_hint(schema).strip("`")
+    target, schema = _resolve(target, schema)
     if isinstance(target, Connection):
-        with _on_connection(target) as conn:
+        with _on_connection(target, schema) as conn, _in_namespace(conn, schema):
             yield conn
         return
     if isinstance(target, str):
-        require_database(target)
-    with _engine_for(target) as engine, _migration_transaction(engine) as conn:
-        yield conn
+        require_database(target, command=command)
+    with _engine_for(target) as engine, _migration_transaction(engine, schema) as conn:
+        with _in_namespace(conn, schema):
+            yield conn
 
 
-def downgrade(target: Target, revision: str) -> tuple[str, ...]:
+def downgrade(target: Target, revision: str, *, schema: str | None = None) -> tuple[str, ...]:
     """Downgrade to ``revision`` (``"base"`` drops every agentkeep table) in one transaction.
 
     Downgrades are lossy: dropped columns lose their data. The same lock and
-    refusals as :func:`upgrade`; a missing SQLite file is not created.
+    refusals as :func:`upgrade`; a missing SQLite file is not created. With
+    ``schema``, in that namespace (a Postgres schema is kept, emptied of
+    agentkeep's tables at base; a SQLite namespace file must exist).
 
     Returns:
         The revisions stamped afterwards (empty at base).
 
     Raises:
-        DatabaseMissing: a SQLite URL whose file does not exist.
+        DatabaseMissing: a SQLite URL whose file (or namespace file) does not exist.
         SchemaNewer: the database carries a revision this code does not know.
         SchemaError: ``revision`` is unknown or not below the current one.
     """
-    with _ALEMBIC_LOCK, _writing(target) as conn:
+    with _ALEMBIC_LOCK, _writing(target, schema) as conn:
         _refuse_unknown(_current(conn))
         with _revision_errors("downgrade to", revision):
             _run(conn, _downgrade_steps(revision))
@@ -775,7 +1035,7 @@ class _TrialDone(Exception):
     """Raised to roll back the savepoint of a successful trial upgrade."""
 
 
-def stamp(target: Target, revision: str) -> tuple[str, ...]:
+def stamp(target: Target, revision: str, *, schema: str | None = None) -> tuple[str, ...]:
     """Set the stamped revision to ``revision`` without running revisions, if the tables agree.
 
     For a database whose tables were made or fixed by hand. The stamp is
@@ -783,17 +1043,17 @@ def stamp(target: Target, revision: str) -> tuple[str, ...]:
     :func:`upgrade` does) reaches the models without drift; that proof runs
     in a savepoint that is rolled back, so a refused stamp changes nothing.
     The same lock and refusals as :func:`upgrade`; a missing SQLite file is
-    not created.
+    not created. With ``schema``, in that namespace.
 
     Returns:
         The revisions stamped afterwards.
 
     Raises:
-        DatabaseMissing: a SQLite URL whose file does not exist.
+        DatabaseMissing: a SQLite URL whose file (or namespace file) does not exist.
         SchemaNewer: the database carries a revision this code does not know.
         SchemaError: ``revision`` is unknown, or the tables do not match it.
     """
-    with _ALEMBIC_LOCK, _writing(target) as conn:
+    with _ALEMBIC_LOCK, _writing(target, schema) as conn:
         _refuse_unknown(_current(conn))
         with _revision_errors("stamp", revision):
             _migration_context(conn).stamp(_script(), revision)
@@ -811,78 +1071,95 @@ def stamp(target: Target, revision: str) -> tuple[str, ...]:
             ) from exc
 
 
-def current(target: Target) -> tuple[str, ...]:
+def current(target: Target, *, schema: str | None = None) -> tuple[str, ...]:
     """The revisions stamped in the database (empty when un-versioned or missing).
 
     Read-only: a SQLite file that does not exist is reported as empty and not
-    created.
+    created. With ``schema``, the namespace's revisions (empty when the
+    namespace does not exist).
     """
+    target, schema = _resolve(target, schema)
     if _missing_database(target):
         return ()
     if isinstance(target, Connection):
-        return _current(target)
+        with _in_namespace(target, schema):
+            return _current(target)
     with _engine_for(target) as engine, engine.connect() as conn, conn.begin():
-        return _current(conn)
+        with _in_namespace(conn, schema):
+            return _current(conn)
 
 
 #: check()'s line for a database without an agentkeep revision.
 NOT_MIGRATED: Final = "not migrated: no agentkeep revision is stamped; run `agentkeep upgrade`"
 
 
-def check(target: Target) -> list[str]:
+def check(target: Target, *, schema: str | None = None) -> list[str]:
     """What stands between the database and the models at head (empty: nothing).
 
     One line ``not migrated: ...`` for an un-versioned, empty or missing
     database (a missing SQLite file is not created); one line ``behind head:
     ...`` for a database stamped below head; otherwise one ``drift: ...`` line
-    per difference between the tables and the models.
+    per difference between the tables and the models. With ``schema``, the
+    namespace's tables (a namespace that does not exist is not migrated).
 
     Raises:
         SchemaNewer: the database carries a revision this code does not know.
     """
+    hint = _upgrade_hint(db.check_schema_name(schema))
+    target, schema = _resolve(target, schema)
     if _missing_database(target):
-        return [NOT_MIGRATED]
+        return [NOT_MIGRATED.replace("`agentkeep upgrade`", hint)]
     if isinstance(target, Connection):
-        return _check(target)
+        with _in_namespace(target, schema):
+            return _check(target, hint)
     with _engine_for(target) as engine, engine.connect() as conn, conn.begin():
-        return _check(conn)
+        with _in_namespace(conn, schema):
+            return _check(conn, hint)
 
 
-def _check(conn: Connection) -> list[str]:
+def _upgrade_hint(schema: str | None) -> str:
+    return "`agentkeep upgrade`" if schema is None else f"`agentkeep upgrade --schema {schema}`"
+
+
+def _check(conn: Connection, hint: str) -> list[str]:
     cur = _current(conn)
     _refuse_unknown(cur)
     heads = head_revisions()
     if not cur:
-        return [NOT_MIGRATED]
+        return [NOT_MIGRATED.replace("`agentkeep upgrade`", hint)]
     if cur != heads:
         return [
-            f"behind head: revision {', '.join(cur)} is not head {', '.join(heads)}; "
-            "run `agentkeep upgrade`"
+            f"behind head: revision {', '.join(cur)} is not head {', '.join(heads)}; run {hint}"
         ]
     return [f"drift: {line}" for line in _drift(conn)]
 
 
-def ensure_schema(engine: Engine, *, migrate: bool) -> None:
-    """Check, when a store opens, that the database is at head.
+def ensure_schema(engine: Engine, *, migrate: bool, schema: str | None = None) -> None:
+    """Check, when a store opens, that the database (its namespace) is at head.
 
     Args:
         engine: the store's engine.
         migrate: upgrade (adopting legacy tables) instead of failing when behind.
+        schema: the store's namespace (default: none).
 
     Raises:
         SchemaBehind: behind head and ``migrate`` is false.
         SchemaNewer: stamped with a revision this code does not know.
     """
-    with engine.connect() as conn, conn.begin():
-        cur = _current(conn)
+    target, resolved = _resolve(engine, schema)
+    if isinstance(target, str):  # a SQLite namespace: its own file
+        cur = current(target)
+    else:
+        with engine.connect() as conn, conn.begin(), _in_namespace(conn, resolved):
+            cur = _current(conn)
     heads = head_revisions()
     if cur == heads:
         return
     _refuse_unknown(cur)
     if migrate:
-        upgrade(engine)
+        upgrade(engine, schema=schema)
         return
-    raise SchemaBehind(cur, heads, "run `agentkeep upgrade` (or open with migrate=True)")
+    raise SchemaBehind(cur, heads, f"run {_upgrade_hint(schema)} (or open with migrate=True)")
 
 
 # --------------------------------------------------------------------------

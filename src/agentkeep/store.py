@@ -12,6 +12,10 @@ with one implementation:
   the host already holds, committed or rolled back by the host;
 * ``store.runs.acquire_assignee(...)`` — one operation in its own unit,
   retried as a whole on a transient busy/serialisation error.
+
+``schema=`` keeps agentkeep's tables in a namespace of their own, apart from
+a host's tables of the same names: a Postgres schema, or on SQLite a file
+attached next to the database (:mod:`agentkeep.db`).
 """
 
 from __future__ import annotations
@@ -58,8 +62,14 @@ class Store:
 
     ``Store(engine, ...)`` is ``Store.open(engine, ...)`` without ``migrate``
     and the connection settings: it adopts the engine
-    (:func:`agentkeep.db.adopt_engine`), checks the schema and puts a SQLite
-    file in WAL, like :meth:`open`.
+    (:func:`agentkeep.db.adopt_engine`), attaches the namespace (``schema``),
+    checks the schema and puts a SQLite file in WAL, like :meth:`open`.
+
+    Attributes:
+        engine: the engine the store runs on.
+        schema: the namespace of agentkeep's tables (None: the default, the
+            original stores' table names without a schema).
+        clock: the time source.
 
     Raises:
         InvalidInput: a refused engine or argument.
@@ -76,14 +86,18 @@ class Store:
         memory: bool = False,
         auto_gc_every_commits: int | None = None,
         runtime_domain: RuntimeDomain[Any] | None = None,
+        schema: str | None = None,
         _checked: bool = False,
     ) -> None:
         _check_options(retry_attempts, auto_gc_every_commits)
+        db.check_schema_name(schema)
         memory = memory or _is_memory(engine)
         if not _checked:  # Store(engine): what Store.open does, without migrate
             db.adopt_engine(engine)
-            _migrations.ensure_schema(engine, migrate=memory)
-            db.enable_wal(engine)
+            if schema is not None:
+                db.attach_schema(engine, schema)
+            _migrations.ensure_schema(engine, migrate=memory, schema=schema)
+            db.enable_wal(engine, schema)
         settings = db.engine_settings(engine)
         assert settings is not None  # created or adopted above
         self._settings = settings
@@ -91,8 +105,9 @@ class Store:
         #: Run blob GC after every N one-call session commits (None: never).
         self.auto_gc_every_commits = auto_gc_every_commits
         self.engine = engine
+        self.schema = schema
         self.clock: Clock = clock or SystemClock()
-        self._write_engine = db.write_engine(engine)
+        self._write_engine = db.write_engine(engine, schema)
         self._read_engine = db.read_engine(engine)
         self._target: CompileTarget | None = None
         self._dbapi_error: type[BaseException] = engine.dialect.loaded_dbapi.Error
@@ -128,6 +143,7 @@ class Store:
         retry_attempts: int = 5,
         auto_gc_every_commits: int | None = None,
         runtime_domain: RuntimeDomain[Any] | None = None,
+        schema: str | None = None,
         **engine_kwargs: Any,
     ) -> Store:
         """Open the database at ``url``, or the database of the host's ``Engine``.
@@ -153,6 +169,23 @@ class Store:
         the application starts, before it holds transactions on the engine
         (switching a file to WAL waits for them).
 
+        With ``schema``, agentkeep's tables live in a namespace of that name,
+        so a database whose own tables are named like agentkeep's (``runs``,
+        ``blobs``, ...) can hold both; every statement and migration runs in
+        it, and its advisory-lock keys are its own:
+
+        * Postgres: the schema ``schema`` of the database (created by the
+          migrations, ``migrate=True`` or ``agentkeep upgrade --schema``).
+        * SQLite: the file :func:`agentkeep.db.sqlite_schema_file` next to the
+          database (``app.db`` -> ``app.agentkeep.db``), attached under that
+          name to every connection of the engine, also a host's
+          (:func:`agentkeep.db.attach_schema`), and put in WAL mode; the main
+          file's journal mode is left as it is. An in-memory database is
+          refused. A write unit's ``BEGIN IMMEDIATE`` locks both files; a
+          joined unit's writes and the host's commit in one transaction, but
+          SQLite does not make a commit across two WAL files atomic on a
+          crash (one file may have it and the other not).
+
         Args:
             url: ``sqlite:///path.db`` (default ``sqlite:///agentkeep.db``),
                 ``sqlite://`` for in-memory, ``postgresql+psycopg://…``, or an
@@ -170,6 +203,8 @@ class Store:
                 ``store.commits.commit_runtime_state`` calls (best effort).
             runtime_domain: the runtime store's domain rules (default
                 :class:`~agentkeep.runtime.domain.ReferenceDomain`).
+            schema: the namespace of agentkeep's tables (default None: the
+                original stores' table names, no schema; see above).
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine` (URL only).
 
         Raises:
@@ -180,8 +215,17 @@ class Store:
             LegacySchemaMismatch: (``migrate=True``) legacy tables of unknown shape.
         """
         _check_options(retry_attempts, auto_gc_every_commits)  # before touching the database
+        db.check_schema_name(schema)
         owned = isinstance(url, (str, URL))
         if isinstance(url, (str, URL)):
+            if schema is not None and db.is_memory_sqlite(
+                url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+            ):
+                raise InvalidInput(
+                    "schema",
+                    "an in-memory SQLite database has no file to keep the namespace in: "
+                    "use a database file (or no schema)",
+                )
             engine = db.create_engine(
                 url.render_as_string(hide_password=False) if isinstance(url, URL) else url,
                 busy_timeout_ms=(
@@ -201,8 +245,10 @@ class Store:
             db.adopt_engine(engine, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous)
         memory = _is_memory(engine)
         try:
-            _migrations.ensure_schema(engine, migrate=migrate or memory)
-            db.enable_wal(engine)
+            if schema is not None:
+                db.attach_schema(engine, schema)
+            _migrations.ensure_schema(engine, migrate=migrate or memory, schema=schema)
+            db.enable_wal(engine, schema)
         except BaseException:
             if owned:
                 engine.dispose()
@@ -214,14 +260,15 @@ class Store:
             memory=memory,
             auto_gc_every_commits=auto_gc_every_commits,
             runtime_domain=runtime_domain,
+            schema=schema,
             _checked=True,
         )
         store._owns_engine = owned
         return store
 
     def migrate(self) -> tuple[str, ...]:
-        """Upgrade this database to head (adopting legacy tables); return the revisions."""
-        return _migrations.upgrade(self.engine)
+        """Upgrade this store's namespace to head, adopting legacy tables; return the revisions."""
+        return _migrations.upgrade(self.engine, schema=self.schema)
 
     # ------------------------------------------------------------------ units of work
 
@@ -336,6 +383,7 @@ class Store:
     def _joined(self, join: Any, *, writable: bool) -> Iterator[UnitOfWork]:
         """A unit inside the host's transaction, in a SAVEPOINT, never committed (see write)."""
         session, conn, bind_kw = self._host_transaction(join)
+        db.ensure_attached(conn, self.schema)
         with self._mutex():
             driver = self._driver(conn.connection.driver_connection)
             if writable:
@@ -522,13 +570,16 @@ class Store:
 
     @property
     def compile_target(self) -> CompileTarget:
-        """What this store's statements are compiled for (its dialect and paramstyle).
+        """What this store's statements are compiled for (dialect, paramstyle, namespace).
 
-        Built after the first connection, when the dialect knows the server version.
+        Built after the first connection, when the dialect knows the server
+        version. In a namespace its schema map is ``{None: schema}``.
         """
         target = self._target
         if target is None:
-            target = self._target = CompileTarget.of(self.engine.dialect)
+            target = self._target = CompileTarget.of(
+                self.engine.dialect, db.schema_map(self.schema)
+            )
         return target
 
     @property
