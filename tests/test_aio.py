@@ -53,9 +53,7 @@ def test_async_run_and_lease_operations(db_url: str) -> None:
     async def main() -> None:
         async with await AsyncStore.open(db_url) as astore:
             await astore.runs.create(RunRecord.new("R-async", "T-1", created_at=1_700_000_000))
-            assert await astore.runs.try_transition(
-                "R-async", RunStatus.PENDING, RunStatus.RUNNING
-            )
+            assert await astore.runs.try_transition("R-async", RunStatus.PENDING, RunStatus.RUNNING)
             assert not await astore.runs.try_transition(
                 "R-async", RunStatus.PENDING, RunStatus.RUNNING
             )

@@ -79,16 +79,12 @@ def test_boundary_checks_catch_a_superseded_boundary_that_wrote(db_url: str) -> 
             "WriteFailed",
         ]
         honest = Report()
-        check_boundaries(
-            honest, store, rt, chain, 2, [liar, longest, stale, winner, loser]
-        )
+        check_boundaries(honest, store, rt, chain, 2, [liar, longest, stale, winner, loser])
         assert honest.ok, honest.render("honest")
 
         liar["outcome"] = "SessionSnapshotSuperseded"  # but its receipt and inputs are stored
         report = Report()
-        check_boundaries(
-            report, store, rt, chain, 2, [liar, longest, stale, winner, loser]
-        )
+        check_boundaries(report, store, rt, chain, 2, [liar, longest, stale, winner, loser])
     held = {name: ok for name, ok, _ in report.checks}
     assert not report.ok
     assert held["I1 a superseded or refused boundary left no receipt and no inputs"] is False

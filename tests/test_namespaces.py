@@ -412,6 +412,11 @@ def test_two_schemas_in_one_database_are_independent(host_url: str) -> None:
         assert a.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.RUNNING)
         assert b.runs.get("R-1").status == RunStatus.PENDING
         assert (a.runs.get("R-1").task_id, b.runs.get("R-1").task_id) == ("T-a", "T-b")
+        # Each namespace holds its own OAuth flow state, so its own authority key.
+        key_a, key_b = a.runtime.auth_authority_key(), b.runtime.auth_authority_key()
+        assert key_a is not None and key_b is not None
+        assert key_a.endswith("#ns_a") and key_b.endswith("#ns_b")
+        assert key_a.removesuffix("#ns_a") == key_b.removesuffix("#ns_b")
         migrate.downgrade(host_url, "base", schema="ns_b")
         assert migrate.current(host_url, schema="ns_a") == HEAD
         assert a.runs.get("R-1").task_id == "T-a"

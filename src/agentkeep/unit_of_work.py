@@ -122,9 +122,7 @@ class Repositories:
     def commits(self) -> SessionCommitRepository:
         """Session commits and reads (head, graph, checkpoints, usage) in this unit."""
         if self._commits is None:
-            self._commits = SessionCommitRepository(
-                self.driver, self.clock, writable=self.writable
-            )
+            self._commits = SessionCommitRepository(self.driver, self.clock, writable=self.writable)
         return self._commits
 
     @property

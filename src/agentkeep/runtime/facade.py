@@ -50,10 +50,15 @@ class RuntimeCalls(
         Two handles on the same physical database agree on it:
         ``"sqlite:" + canonical path`` (symlinks and relative parts resolved;
         the path as given if that fails) and
-        ``"postgresql://host:port/dbname"`` (never credentials). None for an
-        in-memory SQLite database, which no other handle can share.
+        ``"postgresql://host:port/dbname"`` (never credentials), followed by
+        ``"#<schema>"`` when the store keeps its tables in a namespace
+        (``Store.open(..., schema=...)``), since two namespaces of one database
+        hold two OAuth flow states. None for an in-memory SQLite database,
+        which no other handle can share.
         """
         url = self._store.engine.url
+        schema = self._store.schema
+        suffix = f"#{schema}" if schema else ""
         if url.get_backend_name() == "sqlite":
             if self._store.memory or not url.database:
                 return None
@@ -61,6 +66,7 @@ class RuntimeCalls(
                 path = os.path.realpath(url.database, strict=True)
             except OSError:
                 path = url.database
-            return f"sqlite:{path}"
+            return f"sqlite:{path}{suffix}"
         u = make_url(url)
-        return f"postgresql://{u.host or 'localhost'}:{u.port or 5432}/{u.database or ''}"
+        host = f"{u.host or 'localhost'}:{u.port or 5432}"
+        return f"postgresql://{host}/{u.database or ''}{suffix}"
