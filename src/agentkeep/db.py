@@ -4,7 +4,8 @@ This is the only module that knows dialect settings. Repositories never branch
 on the dialect name; what differs between SQLite and Postgres is behind the
 functions here.
 
-SQLite (reference/technical.md §1.2, the one recipe that works): the driver's
+SQLite (the recipe that gives SQLAlchemy and pysqlite real transactions;
+docs/architecture.md#sqlite-and-postgres): the driver's
 own transaction handling is switched off in the ``connect`` hook
 (``autocommit = LEGACY_TRANSACTION_CONTROL`` where it exists, then
 ``isolation_level = None``) and a ``begin`` hook emits ``BEGIN <mode>`` from
@@ -18,8 +19,9 @@ Postgres (psycopg 3): READ COMMITTED set explicitly (fenced UPDATEs rely on a
 blocked writer re-checking its predicate), ``pool_pre_ping``, ``lock_timeout``
 equal to the SQLite busy timeout. The aggregate write lock is
 ``pg_advisory_xact_lock(namespace, hash(key))`` taken before the first read of
-a write operation (spec/README.md decision 1); on SQLite ``BEGIN IMMEDIATE``
-already is that lock and :func:`lock_aggregate` does nothing.
+a write operation (docs/decisions.md#one-write-lock-per-aggregate); on
+SQLite ``BEGIN IMMEDIATE`` already is that lock and :func:`lock_aggregate`
+does nothing.
 
 A host application's own engine (``Store.open(engine)``) is made fit for the
 same units by :func:`adopt_engine` without changing how the host's own
@@ -703,7 +705,8 @@ def read_engine(engine: Engine) -> Engine:
     ``sqlite_begin`` option, which a host's engine needs: its driver would
     not begin a transaction before the first write). On Postgres, READ
     COMMITTED would give each SELECT its own snapshot; read units run
-    ``REPEATABLE READ READ ONLY`` instead (spec/README.md decision 5). Pooled
+    ``REPEATABLE READ READ ONLY`` instead
+    (docs/decisions.md#multi-statement-reads-use-one-snapshot). Pooled
     connections return to the engine's level for other units.
     """
     if engine.dialect.name == "postgresql":
@@ -936,8 +939,8 @@ def migration_lock_key(schema: str | None) -> int:
 def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = False) -> None:
     """Take the write lock of one aggregate for the rest of the transaction.
 
-    Every write operation calls this before its first read (spec/README.md
-    decision 1). On SQLite the write unit's ``BEGIN IMMEDIATE`` already holds
+    Every write operation calls this before its first read
+    (docs/decisions.md#one-write-lock-per-aggregate). On SQLite the write unit's ``BEGIN IMMEDIATE`` already holds
     the database-wide write lock, so this does nothing. On Postgres it takes
     ``pg_advisory_xact_lock(namespace, crc32(key))``: every read after it
     reflects every committed writer of that aggregate, including rows that do
