@@ -940,8 +940,9 @@ def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = F
     """Take the write lock of one aggregate for the rest of the transaction.
 
     Every write operation calls this before its first read
-    (docs/decisions.md#one-write-lock-per-aggregate). On SQLite the write unit's ``BEGIN IMMEDIATE`` already holds
-    the database-wide write lock, so this does nothing. On Postgres it takes
+    (docs/decisions.md#one-write-lock-per-aggregate). On SQLite the write
+    unit's ``BEGIN IMMEDIATE`` already holds the database-wide write lock, so
+    this does nothing. On Postgres it takes
     ``pg_advisory_xact_lock(namespace, crc32(key))``: every read after it
     reflects every committed writer of that aggregate, including rows that do
     not exist yet. Two keys may hash alike; that only serialises them.
