@@ -26,7 +26,6 @@ What holds, on SQLite and Postgres:
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ from agentkeep import migrations as migrate
 from agentkeep.runs.domain import RunRecord
 from agentkeep.store import Store
 
-from ._alembic_cli import ALEMBIC, subprocess_env
 from .test_host_alembic import (
     MODELS,
     OFFLINE_LINE,
@@ -46,6 +44,7 @@ from .test_host_alembic import (
     TEMPLATE_OFFLINE,
     TEMPLATE_ONLINE,
     Host,
+    init_host_project,
 )
 
 NS = "agentkeep"
@@ -71,21 +70,7 @@ HOST_TABLES = {"author", "book", "runs"}
 
 @pytest.fixture
 def host(tmp_path: Path) -> Host:
-    root = tmp_path / "host"
-    root.mkdir()
-    init = subprocess.run(
-        [str(ALEMBIC), "init", "migrations"],
-        cwd=root,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert init.returncode == 0, init.stderr
-    (root / "hostapp").mkdir()
-    (root / "hostapp" / "__init__.py").write_text("")
-    (root / "hostapp" / "models.py").write_text(HOST_MODELS)
+    root = init_host_project(tmp_path, HOST_MODELS)
     env_py = root / "migrations" / "env.py"
     text = env_py.read_text()
     text, n_import = re.subn(
