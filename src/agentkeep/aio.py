@@ -1,26 +1,57 @@
-"""The async facade: :class:`AsyncStore`, ``astore.runtime`` and the other stores.
+"""The asyncio facade: :class:`AsyncStore`, its one-call operations and async units of work.
 
-Described in docs/architecture.md#async-facade.
+Described in docs/async.md.
 
-Every async method runs the synchronous one-call operation of the same name
-on a worker thread (the repositories hold the only implementation of every
-fence) and awaits it. **Cancellation never detaches a write**: if the
-awaiting task is cancelled while the operation runs, the cancellation waits
-until the thread has finished — committed completely or not at all — and
-only then propagates. So a cancelled caller can never be followed by a write
-that lands later (after, say, a same-runtime-id replacement). This matters
-most for ``commit_unregister_finalization`` (the original store hardened
-only that operation) and is applied uniformly, which is stricter and
-harmless (docs/decisions.md#cancellation-waits-for-the-transaction).
+There is one implementation of every fence: the synchronous repositories.
+:class:`AsyncStore` runs them in one of two ways, chosen by what it is opened on:
 
-Consequence for callers: ``asyncio.wait_for(op, timeout)`` returns only once
-the operation's thread is done, even after the timeout fired. Use
-``asyncio.wait({task}, timeout=...)`` to stop *waiting* without cancelling.
+* **Native** (``sqlite+aiosqlite``, ``postgresql+asyncpg``,
+  ``postgresql+psycopg_async`` URLs, or a host's
+  :class:`~sqlalchemy.ext.asyncio.AsyncEngine`): the repositories run on the
+  event loop, through SQLAlchemy's greenlet bridge (the mechanism under
+  ``AsyncConnection.run_sync``): each driver call inside them awaits the async
+  driver. No worker thread of agentkeep's is involved. ``async with
+  astore.write() as uow`` gives a unit of work whose repositories are awaited
+  and whose ``uow.session`` is an :class:`~sqlalchemy.ext.asyncio.AsyncSession`
+  in the same transaction.
+* **Thread** (a synchronous URL or Engine, e.g. ``sqlite:///app.db``): each
+  one-call operation runs the synchronous store's operation on a worker
+  thread. Kept for applications whose engine is synchronous (shared with
+  their sync code) and for SQLite without the ``aiosqlite`` extra: pysqlite
+  on a thread is what aiosqlite does too (it runs sqlite3 on a thread of its
+  own). Units of work (``write()``/``read()``) need the native mode.
+
+Cancellation: **a cancelled operation is applied completely or not at all,
+and the caller ends cancelled**:
+
+* One-call operations (``astore.runs.try_transition(...)``): a cancellation
+  that arrives before the operation sends its COMMIT interrupts it where it
+  waits (a lock, a statement, a retry pause); its transaction is rolled back
+  and the caller gets ``CancelledError`` (none of it). A cancellation that
+  arrives once COMMIT was sent waits for the COMMIT's answer and then
+  propagates (all of it). In the thread mode the operation always runs to its
+  end first (a thread cannot be interrupted). So a cancelled caller is never
+  followed by a write that lands later. SQLite: an interrupted statement
+  finishes on aiosqlite's thread before the rollback runs there, so a
+  cancellation during a lock wait takes effect when the wait ends (the lock
+  is freed or the busy timeout passes); nothing is written.
+* Units of work: a cancellation inside the block rolls the whole unit back.
+  The commit at the end of the block is never interrupted. If a repository
+  call inside the block was interrupted and the block then exits normally
+  (it caught the ``CancelledError``), the unit is rolled back and
+  ``CancelledError`` is raised: half an operation is never committed.
+
+``asyncio.timeout(...)``, ``asyncio.wait_for`` and task groups work on top
+of this: their cancellation is the caller's.
 
 Usage::
 
-    astore = await AsyncStore.open("sqlite:///agent.db", migrate=True)
-    await astore.runtime.atomic_apply(runtime_id, snapshot, receipt, inputs, session_id)
+    astore = await AsyncStore.open("postgresql+asyncpg://app@db/app", migrate=True)
+    if await astore.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.RUNNING):
+        ...
+    async with astore.write() as uow:
+        await uow.runs.set_result("R-1", {"ok": True})
+        uow.session.add(AuditRow(run_id="R-1"))     # the host's row, same transaction
     await astore.close()
 """
 
@@ -28,12 +59,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session
 
+from agentkeep import db
+from agentkeep.clock import Clock
+from agentkeep.errors import InvalidInput
 from agentkeep.runs.facade import RunCalls
+from agentkeep.runtime.domain import RuntimeDomain
 from agentkeep.runtime.facade import RuntimeCalls
 from agentkeep.sessions.facade import (
     LeaseCalls,
@@ -42,17 +81,23 @@ from agentkeep.sessions.facade import (
     SessionCalls,
     TurnInputCalls,
 )
-from agentkeep.store import Store
+from agentkeep.store import Store, _check_options, _is_memory
+from agentkeep.unit_of_work import UnitOfWork
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 __all__ = [
     "AsyncLeaseCalls",
     "AsyncMaintenanceCalls",
     "AsyncQueueCalls",
+    "AsyncRepository",
     "AsyncRunCalls",
     "AsyncRuntimeCalls",
     "AsyncSessionCalls",
     "AsyncStore",
     "AsyncTurnInputCalls",
+    "AsyncUnitOfWork",
     "run_to_completion",
 ]
 
@@ -60,9 +105,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 S = TypeVar("S")
 
+Runner = Callable[[Callable[[], T]], Awaitable[T]]
+
+
+# --------------------------------------------------------------------------
+# Running synchronous code: on a thread, or on the loop through the greenlet bridge
+
 
 async def run_to_completion(fn: Callable[[], T]) -> T:
     """Run ``fn`` on a worker thread; a cancellation waits for it to finish, then propagates.
+
+    The thread mode's runner.
 
     Returns:
         ``fn()``'s result.
@@ -85,6 +138,60 @@ async def run_to_completion(fn: Callable[[], T]) -> T:
     return future.result()
 
 
+def _greenlet_spawn() -> Callable[..., Awaitable[Any]]:
+    from sqlalchemy.util.concurrency import greenlet_spawn
+
+    return greenlet_spawn
+
+
+async def run_on_loop(fn: Callable[[], T]) -> T:
+    """Run the synchronous ``fn`` on the event loop through SQLAlchemy's greenlet bridge.
+
+    The native mode's runner: ``fn``'s driver calls await the async driver.
+    A cancellation before ``fn`` starts its COMMIT (:class:`agentkeep.db.CommitWatch`)
+    interrupts it at the driver call it waits in (``fn`` rolls back); after,
+    it waits for ``fn`` to finish. Either way it then propagates.
+
+    Raises:
+        asyncio.CancelledError: the caller was cancelled (raised after ``fn``
+            ended, applied completely or not at all).
+        Exception: whatever ``fn`` raised, when the caller was not cancelled.
+    """
+    watch = db.CommitWatch()
+
+    def watched() -> T:
+        with db.watch_commit(watch):
+            return fn()
+
+    task: asyncio.Future[T] = asyncio.ensure_future(_greenlet_spawn()(watched))
+    return await _outlast(task, watch)
+
+
+async def _outlast(task: asyncio.Future[T], watch: db.CommitWatch | None) -> T:
+    """Await ``task``; on cancellation interrupt it unless it is committing, then wait for it.
+
+    With ``watch`` None the task is never interrupted (it is a commit or a
+    cleanup that must finish).
+    """
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+            if watch is not None and not watch.committing:
+                task.cancel()
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation is what it reports
+        raise asyncio.CancelledError
+    return task.result()
+
+
+# --------------------------------------------------------------------------
+# The one-call facades
+
+
 class _Async(Generic[S, P, T]):
     """A descriptor turning ``SyncCalls.method`` into an awaitable method of an async facade."""
 
@@ -98,10 +205,11 @@ class _Async(Generic[S, P, T]):
         if instance is None:
             raise AttributeError("async facade methods are bound to an instance")
         sync = instance._sync
+        run = instance._run
         method = self._method
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await run_to_completion(functools.partial(method, sync, *args, **kwargs))
+            return await run(functools.partial(method, sync, *args, **kwargs))
 
         call.__doc__ = method.__doc__
         call.__name__ = getattr(method, "__name__", "call")
@@ -109,10 +217,11 @@ class _Async(Generic[S, P, T]):
 
 
 class _AsyncCalls(Generic[S]):
-    __slots__ = ("_sync",)
+    __slots__ = ("_run", "_sync")
 
-    def __init__(self, sync: S) -> None:
+    def __init__(self, sync: S, run: Runner[Any] = run_to_completion) -> None:
         self._sync = sync
+        self._run = run
 
 
 class AsyncRuntimeCalls(_AsyncCalls[RuntimeCalls]):
@@ -267,61 +376,502 @@ class AsyncMaintenanceCalls(_AsyncCalls[MaintenanceCalls]):
     gc_unreachable_strict = _Async(MaintenanceCalls.gc_unreachable_strict)
 
 
-class AsyncStore:
-    """An asyncio handle on one agentkeep database (wraps a :class:`~agentkeep.Store`).
+# --------------------------------------------------------------------------
+# Async units of work
+
+
+class AsyncRepository:
+    """A unit of work's repository whose methods are awaited (``await uow.runs.get(...)``).
+
+    Every method is the synchronous repository's method of the same name,
+    with the same arguments, results and errors (see the repository's
+    docstring: :class:`~agentkeep.runs.repository.RunRepository`,
+    :class:`~agentkeep.sessions.leases.SessionLeaseRepository`, ...), run on
+    the unit's connection through the greenlet bridge. Calls of one unit run
+    one at a time, in the order they were awaited.
+    """
+
+    __slots__ = ("_repo", "_unit")
+
+    def __init__(self, repo: Any, unit: AsyncUnitOfWork) -> None:
+        self._repo = repo
+        self._unit = unit
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._repo, name)
+        if not callable(attr):
+            if attr is None or isinstance(attr, (str, int, float, bool, bytes)):
+                return attr
+            return AsyncRepository(attr, self._unit)
+        unit = self._unit
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await unit._call(functools.partial(attr, *args, **kwargs))
+
+        call.__doc__ = attr.__doc__
+        call.__name__ = name
+        return call
+
+    def __dir__(self) -> list[str]:
+        return [n for n in dir(self._repo) if not n.startswith("_")]
+
+    def __repr__(self) -> str:
+        return f"<AsyncRepository of {type(self._repo).__name__}>"
+
+
+class AsyncUnitOfWork:
+    """The unit of work of ``async with astore.write()`` / ``astore.read()``.
+
+    The same repositories as the synchronous :class:`~agentkeep.UnitOfWork`,
+    awaited; one transaction, committed when the block exits normally and
+    rolled back when it raises (or was cancelled).
 
     Attributes:
-        store: the synchronous store (its units of work).
+        runs, leases, queue, turn_inputs, commits, maintenance, runtime:
+            the repositories (:class:`AsyncRepository`).
+        writable: False in a read unit (write operations raise
+            :class:`~agentkeep.errors.ReadOnlyUnitOfWork`).
+    """
+
+    def __init__(self, uow: UnitOfWork, host_session: AsyncSession | None) -> None:
+        self._uow = uow
+        self._host_session = host_session
+        self._session: AsyncSession | None = host_session
+        self._lock = asyncio.Lock()
+        self._interrupted = False
+        self.writable = uow.writable
+        self.runs = AsyncRepository(uow.runs, self)
+        self.leases = AsyncRepository(uow.leases, self)
+        self.queue = AsyncRepository(uow.queue, self)
+        self.turn_inputs = AsyncRepository(uow.turn_inputs, self)
+        self.commits = AsyncRepository(uow.commits, self)
+        self.maintenance = AsyncRepository(uow.maintenance, self)
+        self.runtime = AsyncRepository(uow.runtime, self)
+
+    @property
+    def session(self) -> AsyncSession:
+        """An :class:`~sqlalchemy.ext.asyncio.AsyncSession` in this unit's transaction.
+
+        Created on first use, like the synchronous ``uow.session``: the host
+        adds its own ORM rows through it and they commit or roll back with
+        agentkeep's writes (``await session.commit()`` inside the block only
+        flushes; a rollback of it rolls the unit back). In a unit joined to
+        the host's AsyncSession it is that AsyncSession.
+        """
+        if self._session is None:
+            from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+            conn = self._uow.connection
+            bind = AsyncConnection(AsyncEngine(conn.engine), conn)
+            self._session = AsyncSession(
+                bind=bind, join_transaction_mode="rollback_only", expire_on_commit=False
+            )
+            self._uow._session = self._session.sync_session  # flushed and closed by the unit
+        return self._session
+
+    @property
+    def connection(self) -> AsyncConnection:
+        """The unit's connection as an :class:`~sqlalchemy.ext.asyncio.AsyncConnection`."""
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+        conn = self._uow.connection
+        return AsyncConnection(AsyncEngine(conn.engine), conn)
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        async with self._lock:
+            try:
+                return await _greenlet_spawn()(fn)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # cancelled between two statements
+                    self._interrupted = True
+                raise
+
+
+# --------------------------------------------------------------------------
+# The store
+
+
+#: One native open at a time per event loop: adopting an engine holds a thread
+#: lock across driver calls, which two tasks of one loop must not interleave.
+_OPENING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _opening_lock() -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    lock = _OPENING.get(loop)
+    if lock is None:
+        lock = _OPENING[loop] = asyncio.Lock()
+    return lock
+
+
+def _is_async_engine(url: object) -> bool:
+    try:
+        from sqlalchemy.ext.asyncio import AsyncEngine
+    except ImportError:  # pragma: no cover - sqlalchemy always ships it
+        return False
+    return isinstance(url, AsyncEngine)
+
+
+def _async_url(url: object) -> str | None:
+    """The URL string when ``url`` names an asyncio driver, else None."""
+    if not isinstance(url, (str, URL)):
+        return None
+    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    try:
+        driver = make_url(text).get_driver_name()
+    except Exception:  # noqa: BLE001 - the sync path reports a bad URL
+        return None
+    return text if driver in db.ASYNC_DRIVERS else None
+
+
+async def _await_sleep_in_greenlet(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def _sleep_on_loop(seconds: float) -> None:
+    """A retry pause inside the greenlet bridge: yields to the event loop."""
+    from sqlalchemy.util.concurrency import await_only
+
+    await_only(_await_sleep_in_greenlet(seconds))
+
+
+class AsyncStore:
+    """An asyncio handle on one agentkeep database.
+
+    Open it with :meth:`open`. Native on an asyncio driver or AsyncEngine,
+    thread-backed on a synchronous URL or Engine (see the module doc).
+
+    Attributes:
+        store: the synchronous :class:`~agentkeep.Store` whose repositories the
+            operations run (native: on the AsyncEngine's ``sync_engine``; call
+            it only through this facade, its driver calls need the bridge).
+        engine: the :class:`~sqlalchemy.ext.asyncio.AsyncEngine` (native) or
+            the synchronous Engine (thread mode).
+        native: True when the operations run on the event loop.
         runtime: the runtime store's operations as coroutines.
         runs, leases, queue, turn_inputs, commits, maintenance: the other
             stores' one-call operations as coroutines.
     """
 
     __slots__ = (
+        "_owns_engine",
+        "_run",
+        "_serial",
+        "commits",
+        "engine",
         "leases",
         "maintenance",
+        "native",
         "queue",
         "runs",
         "runtime",
-        "commits",
         "store",
         "turn_inputs",
     )
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, async_engine: AsyncEngine | None = None) -> None:
+        """Wrap ``store``: thread mode, or native on ``async_engine`` (whose sync_engine it runs on).
+
+        Most code wants :meth:`open`.
+        """
         self.store = store
-        self.runtime = AsyncRuntimeCalls(store.runtime)
-        self.runs = AsyncRunCalls(store.runs)
-        self.leases = AsyncLeaseCalls(store.leases)
-        self.queue = AsyncQueueCalls(store.queue)
-        self.turn_inputs = AsyncTurnInputCalls(store.turn_inputs)
-        self.commits = AsyncSessionCalls(store.commits)
-        self.maintenance = AsyncMaintenanceCalls(store.maintenance)
+        self.native = async_engine is not None
+        self.engine: Any = async_engine if async_engine is not None else store.engine
+        self._owns_engine = False
+        self._serial: asyncio.Lock | None = None
+        if async_engine is not None:
+            store._sleep = _sleep_on_loop
+            if store.memory:
+                # One shared connection: units of one loop take turns (an
+                # asyncio lock; the sync store's thread lock cannot tell tasks apart).
+                store._mutex = nullcontext
+                self._serial = asyncio.Lock()
+            run: Runner[Any] = self._run_native
+        else:
+            run = run_to_completion
+        self._run = run
+        self.runtime = AsyncRuntimeCalls(store.runtime, run)
+        self.runs = AsyncRunCalls(store.runs, run)
+        self.leases = AsyncLeaseCalls(store.leases, run)
+        self.queue = AsyncQueueCalls(store.queue, run)
+        self.turn_inputs = AsyncTurnInputCalls(store.turn_inputs, run)
+        self.commits = AsyncSessionCalls(store.commits, run)
+        self.maintenance = AsyncMaintenanceCalls(store.maintenance, run)
 
     @classmethod
-    async def open(cls, url: str | Engine = "sqlite:///agentkeep.db", **kwargs: Any) -> AsyncStore:
-        """Open the database at ``url`` off the event loop (arguments as :meth:`Store.open`).
+    async def open(
+        cls,
+        url: str | URL | AsyncEngine | Engine = "sqlite:///agentkeep.db",
+        *,
+        migrate: bool = False,
+        clock: Clock | None = None,
+        busy_timeout_ms: int | None = None,
+        synchronous: str | None = None,
+        retry_attempts: int = 5,
+        auto_gc_every_commits: int | None = None,
+        runtime_domain: RuntimeDomain[Any] | None = None,
+        schema: str | None = None,
+        **engine_kwargs: Any,
+    ) -> AsyncStore:
+        """Open the database at ``url``, or the database of the host's engine.
 
-        ``url`` may be the host's own (synchronous) SQLAlchemy Engine, as for
-        :meth:`Store.open`; an ``AsyncEngine`` is refused.
+        Native (the operations run on the event loop) for:
+
+        * ``sqlite+aiosqlite:///path.db`` (extra ``agentkeep[aiosqlite]``),
+          ``postgresql+asyncpg://…`` (extra ``agentkeep[asyncpg]``) and
+          ``postgresql+psycopg_async://…`` (extra ``agentkeep[postgres]``):
+          agentkeep builds and owns the AsyncEngine
+          (:func:`agentkeep.db.create_async_engine`), and :meth:`close`
+          disposes it;
+        * the host's :class:`~sqlalchemy.ext.asyncio.AsyncEngine` on one of
+          those drivers: adopted like a synchronous engine by
+          :meth:`Store.open <agentkeep.Store.open>` (its ``sync_engine`` gets
+          the same hooks and checks), never disposed.
+
+        Thread mode for a synchronous URL (``sqlite:///…``,
+        ``postgresql+psycopg://…``) or Engine: :meth:`Store.open
+        <agentkeep.Store.open>` on a worker thread.
+
+        The arguments are :meth:`Store.open <agentkeep.Store.open>`'s, with the
+        same meaning and checks.
+
+        Raises:
+            InvalidInput: a refused argument or engine; nothing was changed.
+            SchemaBehind, SchemaNewer, LegacySchemaMismatch: as :meth:`Store.open`.
         """
-        store = await asyncio.to_thread(functools.partial(Store.open, url, **kwargs))
-        return cls(store)
+        options: dict[str, Any] = {
+            "migrate": migrate,
+            "clock": clock,
+            "retry_attempts": retry_attempts,
+            "auto_gc_every_commits": auto_gc_every_commits,
+            "runtime_domain": runtime_domain,
+            "schema": schema,
+        }
+        text = _async_url(url)
+        if text is None and not _is_async_engine(url):
+            store = await asyncio.to_thread(
+                functools.partial(
+                    Store.open,
+                    url,  # type: ignore[arg-type]
+                    busy_timeout_ms=busy_timeout_ms,
+                    synchronous=synchronous,
+                    **options,
+                    **engine_kwargs,
+                )
+            )
+            return cls(store)
+        _check_options(retry_attempts, auto_gc_every_commits)
+        db.check_schema_name(schema)
+        async_engine: AsyncEngine
+        if text is not None:
+            if schema is not None and db.is_memory_sqlite(text):
+                raise InvalidInput(
+                    "schema",
+                    "an in-memory SQLite database has no file to keep the namespace in: "
+                    "use a database file (or no schema)",
+                )
+            async_engine = db.create_async_engine(
+                text,
+                busy_timeout_ms=(
+                    db.DEFAULT_BUSY_TIMEOUT_MS if busy_timeout_ms is None else busy_timeout_ms
+                ),
+                synchronous="NORMAL" if synchronous is None else synchronous,
+                **engine_kwargs,
+            )
+            owned = True
+        else:
+            if engine_kwargs:
+                raise InvalidInput(
+                    "engine_kwargs",
+                    f"{sorted(engine_kwargs)} apply to an engine agentkeep creates: "
+                    "pass them to your own create_async_engine call",
+                )
+            async_engine = url  # type: ignore[assignment]
+            owned = False
+        spawn = _greenlet_spawn()
+        async with _opening_lock():
+            try:
+                if not owned:
+                    await spawn(
+                        db.adopt_engine,
+                        async_engine.sync_engine,
+                        busy_timeout_ms=busy_timeout_ms,
+                        synchronous=synchronous,
+                    )
+                store = await spawn(
+                    functools.partial(
+                        Store._on_engine, async_engine.sync_engine, owned=False, **options
+                    )
+                )
+            except BaseException:
+                if owned:
+                    await async_engine.dispose()
+                raise
+        astore = cls(store, async_engine=async_engine)
+        astore._owns_engine = owned
+        return astore
+
+    # ------------------------------------------------------------------ running
+
+    async def _run_native(self, fn: Callable[[], T]) -> T:
+        if self._serial is None:
+            return await run_on_loop(fn)
+        async with self._serial:
+            return await run_on_loop(fn)
 
     async def call_write(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(repositories)`` in one write unit on a worker thread (``Store.call_write``)."""
-        return await run_to_completion(functools.partial(self.store.call_write, fn))
+        """Run ``fn(repositories)`` in one write unit, retried (``Store.call_write``).
+
+        ``fn`` is synchronous code using the synchronous repositories; it runs
+        on the event loop (native) or a worker thread (thread mode).
+        """
+        return await self._run(functools.partial(self.store.call_write, fn))
 
     async def call_read(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(repositories)`` in one read unit on a worker thread."""
-        return await run_to_completion(functools.partial(self.store.call_read, fn))
+        """Run ``fn(repositories)`` in one read unit (one snapshot), retried."""
+        return await self._run(functools.partial(self.store.call_read, fn))
+
+    # ------------------------------------------------------------------ units of work
+
+    @asynccontextmanager
+    async def write(
+        self, *, join: AsyncSession | AsyncConnection | None = None
+    ) -> AsyncIterator[AsyncUnitOfWork]:
+        """A write unit of work: ``async with astore.write() as uow:`` (native mode).
+
+        The unit of :meth:`Store.write <agentkeep.Store.write>` (``BEGIN
+        IMMEDIATE`` on SQLite, READ COMMITTED and per-aggregate advisory
+        locks on Postgres) with awaited repositories and ``uow.session``, an
+        AsyncSession in the same transaction. Commits when the block exits
+        normally, rolls back when it raises or is cancelled.
+
+        With ``join``, the unit runs inside the transaction the host's
+        :class:`~sqlalchemy.ext.asyncio.AsyncSession` or
+        :class:`~sqlalchemy.ext.asyncio.AsyncConnection` holds, on this
+        store's engine, exactly as ``Store.write(join=...)`` does with a
+        synchronous Session or Connection: it never commits, its block runs
+        in a SAVEPOINT, and ``uow.session`` is the host's AsyncSession.
+
+        Raises:
+            InvalidInput: thread mode (open the store on an asyncio driver),
+                or a refused ``join`` (see ``Store.write``).
+            StoreBusy, JoinedTransactionStale, DatabaseError: as ``Store.write``.
+        """
+        async with self._unit(writable=True, join=join) as uow:
+            yield uow
+
+    @asynccontextmanager
+    async def read(
+        self, *, join: AsyncSession | AsyncConnection | None = None
+    ) -> AsyncIterator[AsyncUnitOfWork]:
+        """A read unit of work (one consistent snapshot; writes refused), native mode.
+
+        See :meth:`write` and :meth:`Store.read <agentkeep.Store.read>`.
+
+        Raises:
+            InvalidInput: thread mode, or a refused ``join``.
+            DatabaseError: a driver failure.
+        """
+        async with self._unit(writable=False, join=join) as uow:
+            yield uow
+
+    @asynccontextmanager
+    async def _unit(self, *, writable: bool, join: Any) -> AsyncIterator[AsyncUnitOfWork]:
+        if not self.native:
+            raise InvalidInput(
+                "url",
+                "async units of work (with an AsyncSession) need an asyncio driver: open the "
+                "store on sqlite+aiosqlite, postgresql+asyncpg, postgresql+psycopg_async or an "
+                "AsyncEngine; this store runs on a synchronous engine (one-call operations "
+                "and call_write/call_read work)",
+            )
+        host_session, sync_join = _sync_join(join)
+        store = self.store
+        cm: AbstractContextManager[UnitOfWork]
+        if sync_join is None:
+            engine = store._write_engine if writable else store._read_engine
+            cm = store._unit(engine, writable=writable)
+        else:
+            cm = store._joined(sync_join, writable=writable)
+        spawn = _greenlet_spawn()
+        serial = self._serial
+        if serial is not None:
+            await serial.acquire()
+        try:
+            # Entering: a cancellation interrupts it (the unit cleans up after itself).
+            enter = asyncio.ensure_future(spawn(cm.__enter__))
+            try:
+                uow = await _outlast(enter, db.CommitWatch())
+            except asyncio.CancelledError as cancelled:
+                if not enter.cancelled() and enter.exception() is None:
+                    # Cancelled just as the unit was entered: leave it again (roll back).
+                    await _outlast(
+                        asyncio.ensure_future(
+                            spawn(cm.__exit__, asyncio.CancelledError, cancelled, None)
+                        ),
+                        None,
+                    )
+                raise
+            unit = AsyncUnitOfWork(uow, host_session)
+            try:
+                yield unit
+            except BaseException as exc:
+                # The block raised (or was cancelled): roll back, never interrupted.
+                await _outlast(
+                    asyncio.ensure_future(spawn(cm.__exit__, type(exc), exc, exc.__traceback__)),
+                    None,
+                )
+                raise
+            if unit._interrupted:
+                cancelled = asyncio.CancelledError()
+                await _outlast(
+                    asyncio.ensure_future(spawn(cm.__exit__, asyncio.CancelledError, cancelled, None)),
+                    None,
+                )
+                raise cancelled
+            # Committing: never interrupted; a cancellation waits for the outcome.
+            await _outlast(asyncio.ensure_future(spawn(cm.__exit__, None, None, None)), None)
+        finally:
+            if serial is not None:
+                serial.release()
+
+    # ------------------------------------------------------------------ lifetime
 
     async def close(self) -> None:
-        """Release every pooled connection."""
-        await asyncio.to_thread(self.store.close)
+        """Release every pooled connection of an engine the store created.
+
+        A host's engine (AsyncEngine or Engine) is left as it is.
+        """
+        if self.native:
+            if self._owns_engine:
+                await self.engine.dispose()
+        else:
+            await asyncio.to_thread(self.store.close)
 
     async def __aenter__(self) -> AsyncStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _sync_join(join: Any) -> tuple[AsyncSession | None, Session | Connection | None]:
+    """The host's AsyncSession (or None) and the synchronous object a joined unit runs on."""
+    if join is None:
+        return None, None
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
+    if isinstance(join, async_scoped_session):
+        join = join()
+    if isinstance(join, AsyncSession):
+        return join, join.sync_session
+    if isinstance(join, AsyncConnection):
+        if join.sync_connection is None:
+            raise InvalidInput("join", "the AsyncConnection is not started (await it or use it in async with)")
+        return None, join.sync_connection
+    raise InvalidInput(
+        "join",
+        f"expected a sqlalchemy AsyncSession or AsyncConnection, not {type(join).__name__}",
+    )

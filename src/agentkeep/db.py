@@ -52,9 +52,10 @@ import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from sqlalchemy import Connection, Engine, bindparam, event, false, func, select, update
 from sqlalchemy import create_engine as sa_create_engine
@@ -71,17 +72,23 @@ from agentkeep.errors import (
 from agentkeep.runs.models import Run
 from agentkeep.statements import CompileTarget, Statement
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
 __all__ = [
+    "ASYNC_DRIVERS",
     "DEFAULT_BUSY_TIMEOUT_MS",
     "EngineSettings",
     "LockNamespace",
     "adopt_engine",
     "attach_schema",
     "check_schema_name",
+    "create_async_engine",
     "create_engine",
     "enable_wal",
     "ensure_attached",
     "engine_settings",
+    "CommitWatch",
     "Driver",
     "is_memory_sqlite",
     "is_postgres",
@@ -96,7 +103,10 @@ __all__ = [
     "savepoint",
     "schema_map",
     "sqlite_schema_file",
+    "plain_sql",
+    "sqlite_in_transaction",
     "translate_db_error",
+    "watch_commit",
     "write_engine",
 ]
 
@@ -221,7 +231,12 @@ _SETTINGS: weakref.WeakKeyDictionary[Engine, EngineSettings] = weakref.WeakKeyDi
 _ADOPTING: Final = threading.Lock()  # two stores opening one engine adopt it once
 _CONFIGURED: Final = "agentkeep.configured"
 #: The drivers the lean path runs its statements on (connection.execute, error classes).
-_DRIVERS: Final = {"sqlite": "pysqlite", "postgresql": "psycopg"}
+_DRIVERS: Final = {
+    "sqlite": frozenset({"pysqlite", "aiosqlite"}),
+    "postgresql": frozenset({"psycopg", "psycopg_async", "asyncpg"}),
+}
+#: The async drivers (an AsyncEngine's ``sync_engine`` runs on them; see agentkeep.aio).
+ASYNC_DRIVERS: Final = frozenset({"aiosqlite", "psycopg_async", "asyncpg"})
 #: SQLite: the namespaces attached to every connection of an engine (see attach_schema).
 _ATTACHED_SCHEMAS: weakref.WeakKeyDictionary[Engine, set[str]] = weakref.WeakKeyDictionary()
 #: Pool record info key: the namespaces attached to that driver connection.
@@ -258,6 +273,12 @@ def create_engine(
         raise InvalidInput("busy_timeout_ms", "must be >= 0")
     u = make_url(url)
     backend = u.get_backend_name()
+    if u.get_driver_name() in ASYNC_DRIVERS:
+        raise InvalidInput(
+            "url",
+            f"{u.drivername} is an asyncio driver: open it with agentkeep.AsyncStore.open "
+            "(or agentkeep.db.create_async_engine)",
+        )
     if backend == "sqlite":
         sync = _check_synchronous(synchronous)
         engine = _create_sqlite_engine(url, busy_timeout_ms, sync, engine_kwargs)
@@ -272,6 +293,53 @@ def create_engine(
         _SETTINGS[engine] = EngineSettings(True, busy_timeout_ms, None)
         return engine
     raise InvalidInput("url", f"unsupported backend {backend!r}: use sqlite or postgresql")
+
+
+def create_async_engine(
+    url: str,
+    *,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    synchronous: str = "NORMAL",
+    **engine_kwargs: Any,
+) -> AsyncEngine:
+    """Build an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` configured like :func:`create_engine`.
+
+    The same settings on the asyncio drivers: ``sqlite+aiosqlite`` (the
+    driver's own transaction handling off, ``BEGIN <mode>`` from the ``begin``
+    hook, busy timeout, ``foreign_keys``, ``synchronous``),
+    ``postgresql+asyncpg`` and ``postgresql+psycopg_async`` (READ COMMITTED,
+    ``lock_timeout`` = ``busy_timeout_ms``). The hooks are installed on its
+    ``sync_engine``, which agentkeep's repositories run on through
+    SQLAlchemy's greenlet bridge (:mod:`agentkeep.aio`).
+
+    Raises:
+        InvalidInput: a URL whose driver is not one of the three.
+    """
+    from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
+
+    if busy_timeout_ms < 0:
+        raise InvalidInput("busy_timeout_ms", "must be >= 0")
+    u = make_url(url)
+    backend, driver = u.get_backend_name(), u.get_driver_name()
+    if driver not in ASYNC_DRIVERS or driver not in _DRIVERS.get(backend, ()):
+        raise InvalidInput(
+            "url",
+            f"{u.drivername} is not an asyncio driver agentkeep runs on: use "
+            "sqlite+aiosqlite, postgresql+asyncpg or postgresql+psycopg_async",
+        )
+    engine: AsyncEngine
+    if backend == "sqlite":
+        sync = _check_synchronous(synchronous)
+        engine = _create_sqlite_engine(
+            url, busy_timeout_ms, sync, engine_kwargs, make=sa_create_async_engine
+        )
+        _SETTINGS[engine.sync_engine] = EngineSettings(True, busy_timeout_ms, sync)
+        return engine
+    engine = _create_postgres_engine(
+        url, busy_timeout_ms, engine_kwargs, make=sa_create_async_engine, asyncpg=driver == "asyncpg"
+    )
+    _SETTINGS[engine.sync_engine] = EngineSettings(True, busy_timeout_ms, None)
+    return engine
 
 
 def _check_synchronous(synchronous: str) -> str:
@@ -290,8 +358,12 @@ def _check_sqlite_version() -> None:
 
 
 def _create_sqlite_engine(
-    url: str, busy_timeout_ms: int, synchronous: str, engine_kwargs: dict[str, Any]
-) -> Engine:
+    url: str,
+    busy_timeout_ms: int,
+    synchronous: str,
+    engine_kwargs: dict[str, Any],
+    make: Callable[..., Any] = sa_create_engine,
+) -> Any:
     _check_sqlite_version()
     memory = is_memory_sqlite(url)
     connect_args = dict(engine_kwargs.pop("connect_args", {}))
@@ -304,11 +376,14 @@ def _create_sqlite_engine(
     # sqlite3 takes :name parameters natively: statements are compiled in that
     # style, so a call binds its parameter dict as is.
     engine_kwargs.setdefault("paramstyle", "named")
-    engine = sa_create_engine(url, connect_args=connect_args, **engine_kwargs)
+    made = make(url, connect_args=connect_args, **engine_kwargs)
+    engine: Engine = getattr(made, "sync_engine", made)  # an AsyncEngine's hooks go here
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        if hasattr(sqlite3, "LEGACY_TRANSACTION_CONTROL"):  # Python >= 3.12
+        if hasattr(sqlite3, "LEGACY_TRANSACTION_CONTROL") and isinstance(
+            dbapi_conn, sqlite3.Connection
+        ):  # Python >= 3.12 (aiosqlite's connections keep sqlite3's default, this one)
             dbapi_conn.autocommit = sqlite3.LEGACY_TRANSACTION_CONTROL
         dbapi_conn.isolation_level = None  # the driver never emits BEGIN
         # journal_mode is NOT set here: it is stored in the file, and a legacy
@@ -317,7 +392,7 @@ def _create_sqlite_engine(
         _sqlite_pragmas(dbapi_conn, busy_timeout_ms, synchronous)
 
     event.listen(engine, "begin", _sqlite_begin_hook("DEFERRED"))
-    return engine
+    return made
 
 
 def _sqlite_pragmas(dbapi_conn: Any, busy_timeout_ms: int, synchronous: str | None) -> None:
@@ -328,6 +403,39 @@ def _sqlite_pragmas(dbapi_conn: Any, busy_timeout_ms: int, synchronous: str | No
         cur.execute("PRAGMA foreign_keys=ON")
         if synchronous is not None:
             cur.execute(f"PRAGMA synchronous={synchronous}")
+    finally:
+        cur.close()
+
+
+def _sqlite3_connection(dbapi_conn: Any) -> Any:
+    """The ``sqlite3.Connection`` under a DBAPI connection (pysqlite, or aiosqlite's adapter)."""
+    if isinstance(dbapi_conn, sqlite3.Connection):
+        return dbapi_conn
+    inner = getattr(dbapi_conn, "_connection", None)  # SQLAlchemy's aiosqlite adapter
+    return getattr(inner, "_conn", None)
+
+
+def sqlite_in_transaction(dbapi_conn: Any) -> bool:
+    """True if the SQLite DBAPI connection (pysqlite or aiosqlite's adapter) is in a transaction."""
+    if isinstance(dbapi_conn, sqlite3.Connection):
+        return dbapi_conn.in_transaction
+    return bool(dbapi_conn._connection.in_transaction)  # aiosqlite.Connection's own property
+
+
+def _sqlite_total_changes(dbapi_conn: Any) -> int:
+    if isinstance(dbapi_conn, sqlite3.Connection):
+        return dbapi_conn.total_changes
+    return int(dbapi_conn._connection.total_changes)
+
+
+def plain_sql(dbapi_conn: Any, sql: str, params: Any = None) -> None:
+    """Run one statement whose rows are not needed on a DBAPI connection (any driver)."""
+    cur = dbapi_conn.cursor()
+    try:
+        if params is None:
+            cur.execute(sql)
+        else:
+            cur.execute(sql, params)
     finally:
         cur.close()
 
@@ -355,15 +463,15 @@ def _sqlite_begin_hook(default: str | None) -> Callable[[Connection], None]:
         # Straight to the driver: this runs once per unit of work, on the hot
         # path. SQLAlchemy does not wrap errors raised by a begin hook, so a
         # busy timeout is translated here (to the retryable StoreBusy).
-        driver: Any = conn.connection.driver_connection
+        driver: Any = conn.connection.dbapi_connection
         try:
-            if not driver.in_transaction:
-                driver.execute(_BEGIN_SQL[mode])
+            if not sqlite_in_transaction(driver):
+                plain_sql(driver, _BEGIN_SQL[mode])
             elif mode != "DEFERRED":
                 schema = conn.get_execution_options().get("agentkeep_schema")
                 target = CompileTarget.of(conn.dialect, schema_map(schema))
                 form = _SQLITE_WRITE_LOCK.compiled(target)
-                driver.execute(form.sql, form.bind({}))
+                plain_sql(driver, form.sql, form.bind({}))
         except sqlite3.Error as exc:
             raise _translate_driver_error(exc) from exc
 
@@ -431,7 +539,7 @@ def ensure_attached(conn: Connection, schema: str | None) -> None:
     attached = info.get(_ATTACHED)
     if attached is not None and schema in attached:
         return
-    driver: Any = conn.connection.driver_connection
+    driver: Any = conn.connection.dbapi_connection
     try:
         _attach(driver, info, schema, None)
     except sqlite3.OperationalError as exc:
@@ -449,7 +557,8 @@ def _attach(dbapi_conn: Any, info: dict[Any, Any], schema: str, sync: str | None
         return
     cur = dbapi_conn.cursor()
     try:
-        files = {row[1]: row[2] for row in cur.execute("PRAGMA database_list").fetchall()}
+        cur.execute("PRAGMA database_list")
+        files = {row[1]: row[2] for row in cur.fetchall()}
         main = files.get("main") or ""
         if not main:
             raise InvalidInput(
@@ -473,16 +582,26 @@ def _attach(dbapi_conn: Any, info: dict[Any, Any], schema: str, sync: str | None
 
 
 def _create_postgres_engine(
-    url: str, busy_timeout_ms: int, engine_kwargs: dict[str, Any]
-) -> Engine:
+    url: str,
+    busy_timeout_ms: int,
+    engine_kwargs: dict[str, Any],
+    make: Callable[..., Any] = sa_create_engine,
+    *,
+    asyncpg: bool = False,
+) -> Any:
     connect_args = dict(engine_kwargs.pop("connect_args", {}))
-    options = connect_args.get("options", "")
-    connect_args["options"] = f"{options} -c lock_timeout={int(busy_timeout_ms)}".strip()
+    if asyncpg:  # asyncpg takes server settings, not libpq's options string
+        settings = dict(connect_args.get("server_settings", {}))
+        settings.setdefault("lock_timeout", str(int(busy_timeout_ms)))
+        connect_args["server_settings"] = settings
+    else:
+        options = connect_args.get("options", "")
+        connect_args["options"] = f"{options} -c lock_timeout={int(busy_timeout_ms)}".strip()
     engine_kwargs.setdefault("pool_pre_ping", True)
     # READ COMMITTED explicitly: a role default of REPEATABLE READ would turn
     # fenced UPDATEs into serialization failures instead of re-checks.
     engine_kwargs.setdefault("isolation_level", "READ COMMITTED")
-    return sa_create_engine(url, connect_args=connect_args, **engine_kwargs)
+    return make(url, connect_args=connect_args, **engine_kwargs)
 
 
 # --------------------------------------------------------------------------
@@ -551,11 +670,11 @@ def adopt_engine(
 
 def _adopt(engine: Engine, busy_timeout_ms: int | None, synchronous: str | None) -> EngineSettings:
     name, driver = engine.dialect.name, engine.dialect.driver
-    if _DRIVERS.get(name) != driver:
+    if driver not in _DRIVERS.get(name, ()):
         raise InvalidInput(
             "engine",
-            f"{name}+{driver} is not supported: agentkeep runs on sqlite (pysqlite) "
-            "and postgresql+psycopg (psycopg 3) engines",
+            f"{name}+{driver} is not supported: agentkeep runs on sqlite (pysqlite, "
+            "aiosqlite) and postgresql (psycopg 3, psycopg_async, asyncpg) engines",
         )
     if busy_timeout_ms is not None and busy_timeout_ms < 0:
         raise InvalidInput("busy_timeout_ms", "must be >= 0")
@@ -590,11 +709,12 @@ def _adopt_sqlite(
     legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", None)
     raw = engine.raw_connection()
     try:
-        if legacy is not None and raw.driver_connection.autocommit != legacy:  # type: ignore[union-attr]
+        autocommit = getattr(_sqlite3_connection(raw.dbapi_connection), "autocommit", legacy)
+        if legacy is not None and autocommit != legacy:
             raise InvalidInput(
                 "engine",
                 "its sqlite3 connections have autocommit="
-                f"{raw.driver_connection.autocommit!r}: create the engine without "  # type: ignore[union-attr]
+                f"{autocommit!r}: create the engine without "
                 "connect_args autocommit (sqlite3.LEGACY_TRANSACTION_CONTROL, the default)",
             )
     finally:
@@ -631,7 +751,7 @@ def _adopt_postgres(
     if autocommit is None:
         try:
             with engine.connect() as conn:
-                if conn.connection.driver_connection.autocommit:  # type: ignore[union-attr]
+                if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
                     autocommit = "its driver connections are in autocommit mode"
                 else:
                     level = conn.get_isolation_level()
@@ -659,7 +779,7 @@ def is_autocommit(bind: Engine | Connection) -> bool:
     if level == "AUTOCOMMIT":
         return True
     if isinstance(bind, Connection) and bind.dialect.name == "postgresql" and not bind.closed:
-        return bool(bind.connection.driver_connection.autocommit)  # type: ignore[union-attr]
+        return bool(bind.connection.dbapi_connection.autocommit)  # type: ignore[union-attr]
     return False
 
 
@@ -687,7 +807,8 @@ def enable_wal(engine: Engine, schema: str | None = None) -> None:
         cur = raw.cursor()
         try:
             prefix = "" if schema is None else f'"{check_schema_name(schema)}".'
-            if str(cur.execute(f"PRAGMA {prefix}journal_mode").fetchone()[0]).lower() == "wal":
+            cur.execute(f"PRAGMA {prefix}journal_mode")
+            if str(cur.fetchone()[0]).lower() == "wal":
                 return
             # Needs a moment with no other connection in a transaction; the
             # busy timeout covers that wait.
@@ -754,6 +875,34 @@ _SQLITE_BUSY_SNAPSHOT: Final = 517
 _PG_JOINABLE: Final = frozenset({"read committed", "read uncommitted"})
 
 
+class CommitWatch:
+    """Set by :meth:`Driver.commit` when an operation starts sending its COMMIT.
+
+    The async facade (:mod:`agentkeep.aio`) watches each operation with one
+    (:func:`watch_commit`): a caller cancelled before the COMMIT interrupts
+    the operation (rolled back: none of it), after it waits for the outcome
+    (all of it).
+    """
+
+    __slots__ = ("committing",)
+
+    def __init__(self) -> None:
+        self.committing = False
+
+
+_COMMIT_WATCH: ContextVar[CommitWatch | None] = ContextVar("agentkeep_commit_watch", default=None)
+
+
+@contextmanager
+def watch_commit(watch: CommitWatch) -> Iterator[CommitWatch]:
+    """Let :meth:`Driver.commit` mark ``watch`` for the operations run in the block."""
+    token = _COMMIT_WATCH.set(watch)
+    try:
+        yield watch
+    finally:
+        _COMMIT_WATCH.reset(token)
+
+
 class Driver:
     """A unit of work's driver (DBAPI) connection, as repositories use it.
 
@@ -771,7 +920,15 @@ class Driver:
             in, or None.
     """
 
-    __slots__ = ("_error", "_pg_read_committed", "postgres", "raw", "schema", "target")
+    __slots__ = (
+        "_error",
+        "_multi_rowcount",
+        "_pg_read_committed",
+        "postgres",
+        "raw",
+        "schema",
+        "target",
+    )
 
     def __init__(
         self,
@@ -788,6 +945,7 @@ class Driver:
         self.schema: str | None = schemas.get(None) if schemas else None
         self._error = error
         self._pg_read_committed = pg_read_committed
+        self._multi_rowcount: bool = target.dialect.supports_sane_multi_rowcount
 
     @classmethod
     def of(
@@ -797,7 +955,7 @@ class Driver:
     ) -> Driver:
         """The driver connection under a SQLAlchemy connection (inside its transaction)."""
         return cls(
-            conn.connection.driver_connection,
+            conn.connection.dbapi_connection,
             CompileTarget.of(conn.dialect, schema_translate_map),
             conn.dialect.loaded_dbapi.Error,
         )
@@ -840,8 +998,14 @@ class Driver:
         rows: Any = params if form.plain else [form.bind(p) for p in params]
         cur = self.raw.cursor()
         try:
-            cur.executemany(form.sql, rows)
-            changed: int = cur.rowcount
+            if self._multi_rowcount:
+                cur.executemany(form.sql, rows)
+                changed: int = cur.rowcount
+            else:  # asyncpg reports no row count for executemany: one execute per set
+                changed = 0
+                for row in rows:
+                    cur.execute(form.sql, row)
+                    changed += cur.rowcount
         except self._error as exc:
             raise _translate_driver_error(exc) from exc
         finally:
@@ -868,7 +1032,16 @@ class Driver:
             raise _translate_driver_error(exc) from exc
 
     def commit(self) -> None:
-        """Commit the unit's transaction."""
+        """Commit the unit's transaction.
+
+        Marks the operation's :class:`CommitWatch` (when the caller set one,
+        see :func:`watch_commit`) before COMMIT is sent: from then on the
+        async facade lets a cancelled caller's operation finish instead of
+        interrupting it, so its outcome is never left unknown.
+        """
+        watch = _COMMIT_WATCH.get()
+        if watch is not None:
+            watch.committing = True
         try:
             self.raw.commit()
         except self._error as exc:
@@ -990,7 +1163,10 @@ def join_write(driver: Driver) -> None:
     raw = driver.raw
     if driver.postgres:
         try:
-            level = str(raw.execute(_PG_ISOLATION).fetchone()[0])
+            cur = raw.cursor()
+            cur.execute(_PG_ISOLATION)
+            level = str(cur.fetchone()[0])
+            cur.close()
         except driver._error as exc:
             raise _translate_driver_error(exc) from exc
         if level not in _PG_JOINABLE:
@@ -1001,13 +1177,13 @@ def join_write(driver: Driver) -> None:
                 "store.read(join=...) to read in it, or begin it READ COMMITTED",
             )
         return
-    begun = bool(raw.in_transaction)
+    begun = sqlite_in_transaction(raw)
     try:
         if begun:
             form = _SQLITE_WRITE_LOCK.compiled(driver.target)
-            raw.execute(form.sql, form.bind({}))
+            plain_sql(raw, form.sql, form.bind({}))
         else:
-            raw.execute(_BEGIN_SQL["IMMEDIATE"])
+            plain_sql(raw, _BEGIN_SQL["IMMEDIATE"])
     except sqlite3.Error as exc:
         if getattr(exc, "sqlite_errorcode", None) == _SQLITE_BUSY_SNAPSHOT:
             raise JoinedTransactionStale(
@@ -1041,15 +1217,15 @@ def join_read(driver: Driver) -> Iterator[None]:
     begun the host's transaction).
     """
     raw = driver.raw
-    if driver.postgres or raw.in_transaction:
+    if driver.postgres or sqlite_in_transaction(raw):
         yield
         return
     driver._plain(_BEGIN_SQL["DEFERRED"])
-    changes = raw.total_changes
+    changes = _sqlite_total_changes(raw)
     try:
         yield
     finally:
-        if raw.in_transaction and raw.total_changes == changes:
+        if sqlite_in_transaction(raw) and _sqlite_total_changes(raw) == changes:
             driver.commit()
 
 
@@ -1098,7 +1274,8 @@ def translate_db_error(exc: sa_exc.DBAPIError) -> DatabaseError:
 
 
 def _translate_driver_error(orig: BaseException) -> DatabaseError:
-    prefix = "postgres" if type(orig).__module__.startswith("psycopg") else "sqlite"
+    module = type(orig).__module__
+    prefix = "postgres" if module.startswith(("psycopg", "asyncpg")) or "postgres" in module else "sqlite"
     msg = f"{prefix}: {orig}"
     return StoreBusy(msg) if is_transient(orig) else DatabaseError(msg)
 
@@ -1109,6 +1286,7 @@ def retry_transient(
     attempts: int = 5,
     base_delay_s: float = 0.005,
     max_delay_s: float = 0.5,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> T:
     """Run ``fn`` (a whole unit of work), retrying it on transient errors.
 
@@ -1116,6 +1294,9 @@ def retry_transient(
     errors classified by :func:`is_transient` are retried; everything else
     propagates at once. ``fn`` must be a complete unit of work: a retried
     attempt starts from a fresh transaction, nothing of the failed one remains.
+
+    ``sleep`` waits between attempts (the async facade passes one that
+    yields to the event loop).
 
     Raises:
         StoreBusy: when every attempt failed transiently.
@@ -1129,5 +1310,5 @@ def retry_transient(
                     raise translate_db_error(exc) from exc
                 raise
             delay = min(max_delay_s, base_delay_s * (2 ** (attempt - 1)))
-            time.sleep(random.uniform(0, delay))
+            sleep(random.uniform(0, delay))
     raise AssertionError("unreachable")  # pragma: no cover

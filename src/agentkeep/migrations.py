@@ -455,8 +455,11 @@ def _resolve(target: Target, schema: str | None) -> tuple[Target, str | None]:
         return target, schema
     main: str | Path | None
     if isinstance(target, Connection):
-        driver: Any = target.connection.driver_connection
-        rows = driver.execute("PRAGMA database_list").fetchall()
+        driver: Any = target.connection.dbapi_connection
+        cur = driver.cursor()
+        cur.execute("PRAGMA database_list")
+        rows = cur.fetchall()
+        cur.close()
         main = next((row[2] for row in rows if row[1] == "main"), None) or None
     else:
         url = target if isinstance(target, str) else str(target.url)
@@ -578,22 +581,22 @@ def _on_connection(conn: Connection, schema: str | None = None) -> Iterator[Conn
 
 @contextmanager
 def _sqlite_own_or_joined(conn: Connection) -> Iterator[None]:
-    driver: Any = conn.connection.driver_connection
-    if not hasattr(driver, "in_transaction"):
-        raise SchemaError(f"unsupported SQLite driver {type(driver).__name__}: use sqlite3")
-    if driver.in_transaction:
+    driver: Any = conn.connection.dbapi_connection
+    if conn.dialect.driver not in ("pysqlite", "aiosqlite"):
+        raise SchemaError(f"unsupported SQLite driver {conn.dialect.driver}: use sqlite3")
+    if db.sqlite_in_transaction(driver):
         _sqlite_write_lock(conn)
         yield
         return
     # Plain SQL, not driver.commit(): it also works with sqlite3's autocommit=True.
-    driver.execute("BEGIN IMMEDIATE")
+    db.plain_sql(driver, "BEGIN IMMEDIATE")
     try:
         yield
     except BaseException:
-        if driver.in_transaction:
-            driver.execute("ROLLBACK")
+        if db.sqlite_in_transaction(driver):
+            db.plain_sql(driver, "ROLLBACK")
         raise
-    driver.execute("COMMIT")
+    db.plain_sql(driver, "COMMIT")
 
 
 # --------------------------------------------------------------------------

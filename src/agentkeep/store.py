@@ -21,13 +21,14 @@ attached next to the database (:mod:`agentkeep.db`).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, scoped_session
 
 from agentkeep import db
@@ -93,6 +94,7 @@ class Store:
         db.check_schema_name(schema)
         memory = memory or _is_memory(engine)
         if not _checked:  # Store(engine): what Store.open does, without migrate
+            _refuse_async(engine)
             db.adopt_engine(engine)
             if schema is not None:
                 db.attach_schema(engine, schema)
@@ -112,6 +114,8 @@ class Store:
         self._target: CompileTarget | None = None
         self._dbapi_error: type[BaseException] = engine.dialect.loaded_dbapi.Error
         self._retry_attempts = retry_attempts
+        #: How a one-call operation waits between retries (the async facade's yields).
+        self._sleep: Callable[[float], object] = time.sleep
         self._mutex: Callable[[], AbstractContextManager[Any]]
         self._memory = memory
         if memory:
@@ -216,6 +220,7 @@ class Store:
         """
         _check_options(retry_attempts, auto_gc_every_commits)  # before touching the database
         db.check_schema_name(schema)
+        _refuse_async(url)
         owned = isinstance(url, (str, URL))
         if isinstance(url, (str, URL)):
             if schema is not None and db.is_memory_sqlite(
@@ -243,6 +248,35 @@ class Store:
                 )
             engine = url
             db.adopt_engine(engine, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous)
+        return cls._on_engine(
+            engine,
+            owned=owned,
+            migrate=migrate,
+            clock=clock,
+            retry_attempts=retry_attempts,
+            auto_gc_every_commits=auto_gc_every_commits,
+            runtime_domain=runtime_domain,
+            schema=schema,
+        )
+
+    @classmethod
+    def _on_engine(
+        cls,
+        engine: Engine,
+        *,
+        owned: bool,
+        migrate: bool,
+        clock: Clock | None,
+        retry_attempts: int,
+        auto_gc_every_commits: int | None,
+        runtime_domain: RuntimeDomain[Any] | None,
+        schema: str | None,
+    ) -> Store:
+        """The rest of :meth:`open` on a created or adopted engine: namespace, schema, WAL.
+
+        Disposes an ``owned`` engine when it fails. The async facade calls it
+        on an AsyncEngine's ``sync_engine`` inside SQLAlchemy's greenlet bridge.
+        """
         memory = _is_memory(engine)
         try:
             if schema is not None:
@@ -362,7 +396,7 @@ class Store:
                     self.clock,
                     writable=writable,
                     runtime_domain=self.runtime_domain,
-                    driver=self._driver(conn.connection.driver_connection),
+                    driver=self._driver(conn.connection.dbapi_connection),
                 )
                 try:
                     yield uow
@@ -370,11 +404,11 @@ class Store:
                     conn.commit()
                 except sa_exc.DBAPIError as exc:
                     uow._discard()
-                    conn.rollback()
+                    _rollback_connection(conn)
                     raise db.translate_db_error(exc) from exc
                 except BaseException:
                     uow._discard()
-                    conn.rollback()
+                    _rollback_connection(conn)
                     raise
             finally:
                 conn.close()
@@ -385,7 +419,7 @@ class Store:
         session, conn, bind_kw = self._host_transaction(join)
         db.ensure_attached(conn, self.schema)
         with self._mutex():
-            driver = self._driver(conn.connection.driver_connection)
+            driver = self._driver(conn.connection.dbapi_connection)
             if writable:
                 try:
                     db.join_write(driver)
@@ -511,7 +545,9 @@ class Store:
         Raises:
             StoreBusy: every attempt met a busy/serialisation error.
         """
-        return db.retry_transient(lambda: self._lean(fn, write=True), attempts=self._retry_attempts)
+        return db.retry_transient(
+            lambda: self._lean(fn, write=True), attempts=self._retry_attempts, sleep=self._sleep
+        )
 
     def call_read(self, fn: Callable[[Repositories], T], *, single_statement: bool = False) -> T:
         """Run ``fn`` in its own lean read unit (one snapshot), retried like :meth:`call_write`.
@@ -527,17 +563,18 @@ class Store:
         return db.retry_transient(
             lambda: self._lean(fn, write=False, snapshot=not single_statement),
             attempts=self._retry_attempts,
+            sleep=self._sleep,
         )
 
     def _lean(self, fn: Callable[[Repositories], T], *, write: bool, snapshot: bool = True) -> T:
-        with self.pooled_driver() as (driver, _pooled):
+        with self.pooled_driver() as (driver, pooled):
             if write or snapshot:
                 driver.begin(write=write)
             try:
                 result = fn(self.repositories(driver, write=write))
                 driver.commit()
             except BaseException:
-                driver.rollback()
+                _rollback_or_discard(driver, pooled)
                 raise
             return result
 
@@ -560,7 +597,7 @@ class Store:
             except sa_exc.DBAPIError as exc:
                 raise db.translate_db_error(exc) from exc
             try:
-                yield self._driver(pooled.driver_connection), pooled
+                yield self._driver(pooled.dbapi_connection), pooled
             finally:
                 pooled.close()
 
@@ -608,6 +645,47 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _rollback_or_discard(driver: db.Driver, pooled: Any) -> None:
+    """Roll a failed unit back; a connection that cannot roll back is discarded.
+
+    Called while the unit's own error propagates: a failing rollback (a dead
+    connection, a cancelled driver call) must not replace that error, and the
+    connection, whose transaction state is unknown, must not go back to the pool.
+    """
+    try:
+        driver.rollback()
+    except Exception:  # noqa: BLE001 - the unit's error is the one to report
+        pooled.invalidate()
+
+
+def _rollback_connection(conn: Connection) -> None:
+    """:func:`_rollback_or_discard` for a unit on a SQLAlchemy Connection."""
+    try:
+        conn.rollback()
+    except Exception:  # noqa: BLE001 - the unit's error is the one to report
+        conn.invalidate()
+
+
+def _refuse_async(url: object) -> None:
+    """Store is the synchronous facade: an AsyncEngine or asyncio driver belongs to AsyncStore."""
+    name = None
+    if isinstance(url, Engine):
+        name = url.dialect.driver if url.dialect.is_async else None
+    elif isinstance(url, (str, URL)):
+        try:
+            parsed = make_url(url)
+        except sa_exc.ArgumentError:
+            return  # create_engine reports it
+        name = parsed.get_driver_name() if parsed.get_driver_name() in db.ASYNC_DRIVERS else None
+    elif type(url).__name__ == "AsyncEngine":
+        name = "AsyncEngine"
+    if name is not None:
+        raise InvalidInput(
+            "url",
+            f"{name} is asyncio: open it with agentkeep.AsyncStore.open (Store is synchronous)",
+        )
 
 
 def _check_options(retry_attempts: int, auto_gc_every_commits: int | None) -> None:
