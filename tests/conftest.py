@@ -128,6 +128,44 @@ def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
     drop_pg_database(url)
 
 
+#: The asyncio drivers of each backend (AsyncStore's native mode).
+ASYNC_DRIVERS_OF = {"sqlite": ("aiosqlite",), "postgres": ("asyncpg", "psycopg_async")}
+ASYNC_DRIVERS = [d for b in BACKENDS for d in ASYNC_DRIVERS_OF.get(b, ())]
+
+
+@pytest.fixture(params=ASYNC_DRIVERS)
+def async_driver(request: pytest.FixtureRequest) -> str:
+    """``"aiosqlite"``, ``"asyncpg"`` or ``"psycopg_async"``."""
+    if request.param != "aiosqlite":
+        require_postgres()
+    return str(request.param)
+
+
+def as_async_url(url: str, driver: str) -> str:
+    """The URL of the same database on the asyncio ``driver``."""
+    backend = "sqlite" if driver == "aiosqlite" else "postgresql"
+    return make_url(url).set(drivername=f"{backend}+{driver}").render_as_string(hide_password=False)
+
+
+def as_sync_url(url: str) -> str:
+    """The URL of the same database on the synchronous driver (pysqlite, psycopg)."""
+    u = make_url(url)
+    drivername = "sqlite" if u.get_backend_name() == "sqlite" else "postgresql+psycopg"
+    return u.set(drivername=drivername).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def async_url(async_driver: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A migrated, empty database on ``async_driver`` (like ``db_url``; raw SQL: as_sync_url)."""
+    if async_driver == "aiosqlite":
+        url = f"sqlite:///{tmp_path / 'agentkeep.db'}"
+        migrate.upgrade(url)
+    else:
+        url = request.getfixturevalue("_pg_session_url")
+        _empty_tables(url)
+    return as_async_url(url, async_driver)
+
+
 @pytest.fixture
 def clock() -> SettableClock:
     return SettableClock(1_700_000_000_000)

@@ -29,8 +29,10 @@ and the caller ends cancelled**:
   waits (a lock, a statement, a retry pause); its transaction is rolled back
   and the caller gets ``CancelledError`` (none of it). A cancellation that
   arrives once COMMIT was sent waits for the COMMIT's answer and then
-  propagates (all of it). In the thread mode the operation always runs to its
-  end first (a thread cannot be interrupted). So a cancelled caller is never
+  propagates (all of it). ``runtime.commit_unregister_finalization`` is
+  never interrupted: a cancelled caller waits for it to end, as in the
+  original store. In the thread mode every operation runs to its end first
+  (a thread cannot be interrupted). So a cancelled caller is never
   followed by a write that lands later. SQLite: an interrupted statement
   finishes on aiosqlite's thread before the rollback runs there, so a
   cancellation during a lock wait takes effect when the wait ends (the lock
@@ -62,7 +64,7 @@ import functools
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL, make_url
@@ -81,7 +83,7 @@ from agentkeep.sessions.facade import (
     SessionCalls,
     TurnInputCalls,
 )
-from agentkeep.store import Store, _check_options, _is_memory
+from agentkeep.store import Store, _check_options
 from agentkeep.unit_of_work import UnitOfWork
 
 if TYPE_CHECKING:
@@ -105,17 +107,22 @@ P = ParamSpec("P")
 T = TypeVar("T")
 S = TypeVar("S")
 
-Runner = Callable[[Callable[[], T]], Awaitable[T]]
+
+class Runner(Protocol):
+    """How a facade runs a synchronous operation: on a thread, or on the loop."""
+
+    def __call__(self, fn: Callable[[], T], *, shield: bool = False) -> Awaitable[T]: ...
 
 
 # --------------------------------------------------------------------------
 # Running synchronous code: on a thread, or on the loop through the greenlet bridge
 
 
-async def run_to_completion(fn: Callable[[], T]) -> T:
+async def run_to_completion(fn: Callable[[], T], *, shield: bool = True) -> T:
     """Run ``fn`` on a worker thread; a cancellation waits for it to finish, then propagates.
 
-    The thread mode's runner.
+    The thread mode's runner (a thread cannot be interrupted: ``shield`` is
+    always in effect).
 
     Returns:
         ``fn()``'s result.
@@ -144,13 +151,15 @@ def _greenlet_spawn() -> Callable[..., Awaitable[Any]]:
     return greenlet_spawn
 
 
-async def run_on_loop(fn: Callable[[], T]) -> T:
+async def run_on_loop(fn: Callable[[], T], *, shield: bool = False) -> T:
     """Run the synchronous ``fn`` on the event loop through SQLAlchemy's greenlet bridge.
 
     The native mode's runner: ``fn``'s driver calls await the async driver.
     A cancellation before ``fn`` starts its COMMIT (:class:`agentkeep.db.CommitWatch`)
     interrupts it at the driver call it waits in (``fn`` rolls back); after,
-    it waits for ``fn`` to finish. Either way it then propagates.
+    it waits for ``fn`` to finish. Either way it then propagates. With
+    ``shield``, a cancellation never interrupts ``fn``: it waits for ``fn``
+    to finish, whatever it waits for.
 
     Raises:
         asyncio.CancelledError: the caller was cancelled (raised after ``fn``
@@ -164,7 +173,7 @@ async def run_on_loop(fn: Callable[[], T]) -> T:
             return fn()
 
     task: asyncio.Future[T] = asyncio.ensure_future(_greenlet_spawn()(watched))
-    return await _outlast(task, watch)
+    return await _outlast(task, None if shield else watch)
 
 
 async def _outlast(task: asyncio.Future[T], watch: db.CommitWatch | None) -> T:
@@ -195,8 +204,9 @@ async def _outlast(task: asyncio.Future[T], watch: db.CommitWatch | None) -> T:
 class _Async(Generic[S, P, T]):
     """A descriptor turning ``SyncCalls.method`` into an awaitable method of an async facade."""
 
-    def __init__(self, method: Callable[Concatenate[S, P], T]) -> None:
+    def __init__(self, method: Callable[Concatenate[S, P], T], *, shield: bool = False) -> None:
         self._method = method
+        self._shield = shield
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
 
     def __get__(
@@ -207,9 +217,10 @@ class _Async(Generic[S, P, T]):
         sync = instance._sync
         run = instance._run
         method = self._method
+        shield = self._shield
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await run(functools.partial(method, sync, *args, **kwargs))
+            return await run(functools.partial(method, sync, *args, **kwargs), shield=shield)
 
         call.__doc__ = method.__doc__
         call.__name__ = getattr(method, "__name__", "call")
@@ -219,7 +230,7 @@ class _Async(Generic[S, P, T]):
 class _AsyncCalls(Generic[S]):
     __slots__ = ("_run", "_sync")
 
-    def __init__(self, sync: S, run: Runner[Any] = run_to_completion) -> None:
+    def __init__(self, sync: S, run: Runner = run_to_completion) -> None:
         self._sync = sync
         self._run = run
 
@@ -267,7 +278,10 @@ class AsyncRuntimeCalls(_AsyncCalls[RuntimeCalls]):
     initialize_ops_lifecycle_if_absent = _Async(RuntimeCalls.initialize_ops_lifecycle_if_absent)
     load_ops_lifecycle = _Async(RuntimeCalls.load_ops_lifecycle)
     delete_ops_lifecycle = _Async(RuntimeCalls.delete_ops_lifecycle)
-    commit_unregister_finalization = _Async(RuntimeCalls.commit_unregister_finalization)
+    # Never interrupted: a cancelled caller waits for it (test #30 of the runtime store).
+    commit_unregister_finalization = _Async(
+        RuntimeCalls.commit_unregister_finalization, shield=True
+    )
     # mob hosts
     load_mob_host_binding = _Async(RuntimeCalls.load_mob_host_binding)
     list_mob_host_bindings = _Async(RuntimeCalls.list_mob_host_bindings)
@@ -480,7 +494,8 @@ class AsyncUnitOfWork:
     async def _call(self, fn: Callable[[], T]) -> T:
         async with self._lock:
             try:
-                return await _greenlet_spawn()(fn)
+                result: T = await _greenlet_spawn()(fn)
+                return result
             except BaseException as exc:
                 if not isinstance(exc, Exception):  # cancelled between two statements
                     self._interrupted = True
@@ -572,7 +587,8 @@ class AsyncStore:
     )
 
     def __init__(self, store: Store, *, async_engine: AsyncEngine | None = None) -> None:
-        """Wrap ``store``: thread mode, or native on ``async_engine`` (whose sync_engine it runs on).
+        """Wrap ``store``: thread mode, or native on ``async_engine`` (``store`` runs on its
+        sync_engine).
 
         Most code wants :meth:`open`.
         """
@@ -588,7 +604,7 @@ class AsyncStore:
                 # asyncio lock; the sync store's thread lock cannot tell tasks apart).
                 store._mutex = nullcontext
                 self._serial = asyncio.Lock()
-            run: Runner[Any] = self._run_native
+            run: Runner = self._run_native
         else:
             run = run_to_completion
         self._run = run
@@ -715,11 +731,11 @@ class AsyncStore:
 
     # ------------------------------------------------------------------ running
 
-    async def _run_native(self, fn: Callable[[], T]) -> T:
+    async def _run_native(self, fn: Callable[[], T], *, shield: bool = False) -> T:
         if self._serial is None:
-            return await run_on_loop(fn)
+            return await run_on_loop(fn, shield=shield)
         async with self._serial:
-            return await run_on_loop(fn)
+            return await run_on_loop(fn, shield=shield)
 
     async def call_write(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(repositories)`` in one write unit, retried (``Store.call_write``).
@@ -825,12 +841,14 @@ class AsyncStore:
                 )
                 raise
             if unit._interrupted:
-                cancelled = asyncio.CancelledError()
+                interrupted = asyncio.CancelledError()
                 await _outlast(
-                    asyncio.ensure_future(spawn(cm.__exit__, asyncio.CancelledError, cancelled, None)),
+                    asyncio.ensure_future(
+                        spawn(cm.__exit__, asyncio.CancelledError, interrupted, None)
+                    ),
                     None,
                 )
-                raise cancelled
+                raise interrupted
             # Committing: never interrupted; a cancellation waits for the outcome.
             await _outlast(asyncio.ensure_future(spawn(cm.__exit__, None, None, None)), None)
         finally:
@@ -869,7 +887,9 @@ def _sync_join(join: Any) -> tuple[AsyncSession | None, Session | Connection | N
         return join, join.sync_session
     if isinstance(join, AsyncConnection):
         if join.sync_connection is None:
-            raise InvalidInput("join", "the AsyncConnection is not started (await it or use it in async with)")
+            raise InvalidInput(
+                "join", "the AsyncConnection is not started (await it or use it in async with)"
+            )
         return None, join.sync_connection
     raise InvalidInput(
         "join",

@@ -281,7 +281,7 @@ def create_engine(
         )
     if backend == "sqlite":
         sync = _check_synchronous(synchronous)
-        engine = _create_sqlite_engine(url, busy_timeout_ms, sync, engine_kwargs)
+        engine: Engine = _create_sqlite_engine(url, busy_timeout_ms, sync, engine_kwargs)
         _SETTINGS[engine] = EngineSettings(True, busy_timeout_ms, sync)
         return engine
     if backend == "postgresql":
@@ -336,7 +336,11 @@ def create_async_engine(
         _SETTINGS[engine.sync_engine] = EngineSettings(True, busy_timeout_ms, sync)
         return engine
     engine = _create_postgres_engine(
-        url, busy_timeout_ms, engine_kwargs, make=sa_create_async_engine, asyncpg=driver == "asyncpg"
+        url,
+        busy_timeout_ms,
+        engine_kwargs,
+        make=sa_create_async_engine,
+        asyncpg=driver == "asyncpg",
     )
     _SETTINGS[engine.sync_engine] = EngineSettings(True, busy_timeout_ms, None)
     return engine
@@ -384,7 +388,7 @@ def _create_sqlite_engine(
         if hasattr(sqlite3, "LEGACY_TRANSACTION_CONTROL") and isinstance(
             dbapi_conn, sqlite3.Connection
         ):  # Python >= 3.12 (aiosqlite's connections keep sqlite3's default, this one)
-            dbapi_conn.autocommit = sqlite3.LEGACY_TRANSACTION_CONTROL
+            dbapi_conn.autocommit = sqlite3.LEGACY_TRANSACTION_CONTROL  # type: ignore[attr-defined]
         dbapi_conn.isolation_level = None  # the driver never emits BEGIN
         # journal_mode is NOT set here: it is stored in the file, and a legacy
         # file whose adoption is refused must stay byte-for-byte unchanged.
@@ -808,7 +812,8 @@ def enable_wal(engine: Engine, schema: str | None = None) -> None:
         try:
             prefix = "" if schema is None else f'"{check_schema_name(schema)}".'
             cur.execute(f"PRAGMA {prefix}journal_mode")
-            if str(cur.fetchone()[0]).lower() == "wal":
+            mode: Any = cur.fetchone()
+            if str(mode[0]).lower() == "wal":
                 return
             # Needs a moment with no other connection in a transaction; the
             # busy timeout covers that wait.
@@ -1275,7 +1280,11 @@ def translate_db_error(exc: sa_exc.DBAPIError) -> DatabaseError:
 
 def _translate_driver_error(orig: BaseException) -> DatabaseError:
     module = type(orig).__module__
-    prefix = "postgres" if module.startswith(("psycopg", "asyncpg")) or "postgres" in module else "sqlite"
+    prefix = (
+        "postgres"
+        if module.startswith(("psycopg", "asyncpg")) or "postgres" in module
+        else "sqlite"
+    )
     msg = f"{prefix}: {orig}"
     return StoreBusy(msg) if is_transient(orig) else DatabaseError(msg)
 
