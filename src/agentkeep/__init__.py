@@ -10,6 +10,7 @@ docs/architecture.md#layout.
 
 from __future__ import annotations
 
+from agentkeep.aio import AsyncStore, AsyncUnitOfWork
 from agentkeep.clock import Clock, SettableClock, SystemClock
 from agentkeep.db import create_engine
 from agentkeep.errors import (
@@ -87,6 +88,8 @@ from agentkeep.unit_of_work import UnitOfWork
 __all__ = [
     "UNSET",
     "AgentkeepError",
+    "AsyncStore",
+    "AsyncUnitOfWork",
     "Assignee",
     "AssigneeDescRequired",
     "AssigneeGenerationAhead",

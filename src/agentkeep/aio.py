@@ -291,6 +291,12 @@ class AsyncRuntimeCalls(_AsyncCalls[RuntimeCalls]):
     load_mob_host_revocation = _Async(RuntimeCalls.load_mob_host_revocation)
     list_mob_host_revocations = _Async(RuntimeCalls.list_mob_host_revocations)
     revoke_mob_host_binding = _Async(RuntimeCalls.revoke_mob_host_binding)
+    # OAuth flow state (synchronous only in the original store; here as
+    # coroutines too, since a native store has no synchronous path). The
+    # callback of update_auth_oauth_flow_snapshot is synchronous.
+    load_auth_oauth_flow_snapshot = _Async(RuntimeCalls.load_auth_oauth_flow_snapshot)
+    persist_auth_oauth_flow_snapshot = _Async(RuntimeCalls.persist_auth_oauth_flow_snapshot)
+    update_auth_oauth_flow_snapshot = _Async(RuntimeCalls.update_auth_oauth_flow_snapshot)
 
 
 class AsyncRunCalls(_AsyncCalls[RunCalls]):

@@ -1,8 +1,8 @@
 """Unregister finalization: one atomic commit, and a verdict when its acknowledgement is lost.
 
-Described in docs/runtime.md#unregister-finalization; its async form waits,
-when its caller is cancelled, until the transaction has finished
-(docs/architecture.md#async-facade). ``commit_unregister_finalization``
+Described in docs/runtime.md#unregister-finalization; its async form is
+never interrupted: when its caller is cancelled, it waits until the
+transaction has finished (docs/async.md#cancellation). ``commit_unregister_finalization``
 writes, in one transaction under the ``runtime:<id>`` write lock: the final
 lifecycle record, the final input states, the retired-epoch tombstone, and —
 when the stored ops snapshot belongs to the retired epoch — the deletion of

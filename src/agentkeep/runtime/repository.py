@@ -77,9 +77,9 @@ Choices where the original store was open (docs/decisions.md#runtime-store):
   (docs/decisions.md#savepoints-in-caller-units).
 * **Fault injection** is a per-call hook at named points, never global state
   (docs/decisions.md#fault-hooks-not-globals).
-* **Async**: every operation's cancellation waits for its thread (stricter
-  than the original store, which hardens only unregister finalization;
-  docs/decisions.md#cancellation-waits-for-the-transaction).
+* **Async**: a cancelled operation is applied completely or not at all;
+  unregister finalization is never interrupted, as in the original store
+  (docs/decisions.md#cancellation-all-of-the-operation-or-none-of-it).
 * The outbox's pending list has an index (``runtime_0002``); the original
   store had none (docs/decisions.md#outbox-pending-index).
 """
