@@ -64,6 +64,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
 from agentkeep.errors import (
+    CommitOutcomeUnknown,
+    ConnectionLost,
     DatabaseError,
     InvalidInput,
     JoinedTransactionStale,
@@ -978,11 +980,11 @@ class Driver:
         # The common case (a named or pyformat driver, nothing fixed in the
         # construct) binds the caller's dict as it is.
         bound = params if form.plain else form.bind(params)
-        cur = self.raw.cursor()
         try:
+            cur = self.raw.cursor()
             cur.execute(form.sql, bound)
         except self._error as exc:
-            raise _translate_driver_error(exc) from exc
+            raise self.translate(exc) from exc
         return cur
 
     def executemany(self, stmt: Statement, params: Sequence[Mapping[str, Any]]) -> int:
@@ -1001,7 +1003,10 @@ class Driver:
             return 0
         form = stmt.compiled(self.target)
         rows: Any = params if form.plain else [form.bind(p) for p in params]
-        cur = self.raw.cursor()
+        try:
+            cur = self.raw.cursor()
+        except self._error as exc:
+            raise self.translate(exc) from exc
         try:
             if self._multi_rowcount:
                 cur.executemany(form.sql, rows)
@@ -1012,10 +1017,32 @@ class Driver:
                     cur.execute(form.sql, row)
                     changed += cur.rowcount
         except self._error as exc:
-            raise _translate_driver_error(exc) from exc
+            raise self.translate(exc) from exc
         finally:
             cur.close()
         return changed
+
+    def limit_lock_wait(self, ms: int) -> None:
+        """Wait at most ``ms`` for a lock in this unit (a retry near the operation's deadline).
+
+        SQLite: sets the connection's ``busy_timeout`` (call before
+        :meth:`begin`; :meth:`restore_lock_wait` sets it back). Postgres:
+        ``SET LOCAL lock_timeout`` (call after :meth:`begin`; it ends with
+        the transaction).
+        """
+        ms = max(1, int(ms))
+        try:
+            if self.postgres:
+                self.raw.execute(f"SET LOCAL lock_timeout = {ms}")
+            else:
+                self.raw.execute(f"PRAGMA busy_timeout = {ms}")
+        except self._error as exc:
+            raise self.translate(exc) from exc
+
+    def restore_lock_wait(self, ms: int) -> None:
+        """SQLite: set the connection's ``busy_timeout`` back (no-op on Postgres)."""
+        if not self.postgres:
+            self.raw.execute(f"PRAGMA busy_timeout = {int(ms)}")
 
     def begin(self, *, write: bool) -> None:
         """Open the unit's transaction (lean one-call units).
@@ -1034,7 +1061,7 @@ class Driver:
             else:
                 self.raw.execute(_BEGIN_SQL["IMMEDIATE" if write else "DEFERRED"])
         except self._error as exc:
-            raise _translate_driver_error(exc) from exc
+            raise self.translate(exc) from exc
 
     def commit(self) -> None:
         """Commit the unit's transaction.
@@ -1050,7 +1077,44 @@ class Driver:
         try:
             self.raw.commit()
         except self._error as exc:
-            raise _translate_driver_error(exc) from exc
+            raise self.commit_failure(exc) from exc
+
+    def translate(self, exc: BaseException) -> DatabaseError:
+        """The typed error for a driver error raised before COMMIT.
+
+        :class:`~agentkeep.errors.ConnectionLost` when the connection is gone
+        (nothing of the unit was written), :class:`~agentkeep.errors.StoreBusy`
+        when transient, :class:`~agentkeep.errors.DatabaseError` otherwise.
+        """
+        if _is_disconnect(exc, self.raw, self.target):
+            return ConnectionLost(f"{_prefix(exc)}: {exc}")
+        return _translate_driver_error(exc)
+
+    def commit_failure(self, exc: BaseException) -> DatabaseError:
+        """The typed error for a failed COMMIT: definite when provable, else unknown.
+
+        Postgres: a COMMIT the server answered with an error was rolled back
+        (the translated error: nothing written); a connection lost while
+        COMMIT was in flight leaves the outcome unknown. SQLite: a transaction
+        still open after the failed COMMIT was not committed (the translated
+        error; the caller rolls it back); one that is gone may or may not
+        have been.
+
+        Returns:
+            :class:`~agentkeep.errors.CommitOutcomeUnknown` (naming no
+            operation: the one-call layer adds it) or the definite error.
+        """
+        if self.postgres:
+            if not _is_disconnect(exc, self.raw, self.target):
+                return _translate_driver_error(exc)
+        else:
+            try:
+                still_open = sqlite_in_transaction(self.raw)
+            except Exception:  # noqa: BLE001 - a closed connection: the outcome is unknown
+                still_open = False
+            if still_open:
+                return _translate_driver_error(exc)
+        return CommitOutcomeUnknown("transaction", detail=f"{_prefix(exc)}: {exc}")
 
     def rollback(self) -> None:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
@@ -1079,7 +1143,7 @@ class Driver:
         try:
             self.raw.execute(sql)
         except self._error as exc:
-            raise _translate_driver_error(exc) from exc
+            raise self.translate(exc) from exc
 
 
 # --------------------------------------------------------------------------
@@ -1274,19 +1338,48 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def translate_db_error(exc: sa_exc.DBAPIError) -> DatabaseError:
-    """Map a SQLAlchemy-wrapped driver error to :class:`StoreBusy` or :class:`DatabaseError`."""
-    return _translate_driver_error(exc.orig if exc.orig is not None else exc)
+    """Map a SQLAlchemy-wrapped driver error to a typed one.
+
+    :class:`ConnectionLost` when SQLAlchemy found the connection gone
+    (``connection_invalidated``), else :class:`StoreBusy` or :class:`DatabaseError`.
+    """
+    orig = exc.orig if exc.orig is not None else exc
+    if exc.connection_invalidated or _disconnect_sqlstate(orig):
+        return ConnectionLost(f"{_prefix(orig)}: {orig}")
+    return _translate_driver_error(orig)
+
+
+def _prefix(orig: BaseException) -> str:
+    module = type(orig).__module__
+    postgres = module.startswith(("psycopg", "asyncpg")) or "postgres" in module
+    return "postgres" if postgres else "sqlite"
 
 
 def _translate_driver_error(orig: BaseException) -> DatabaseError:
-    module = type(orig).__module__
-    prefix = (
-        "postgres"
-        if module.startswith(("psycopg", "asyncpg")) or "postgres" in module
-        else "sqlite"
-    )
-    msg = f"{prefix}: {orig}"
+    msg = f"{_prefix(orig)}: {orig}"
     return StoreBusy(msg) if is_transient(orig) else DatabaseError(msg)
+
+
+#: Postgres SQLSTATEs of a connection that is gone: class 08 (connection
+#: exception) and the operator-intervention codes of a terminated backend.
+_PG_DISCONNECT: Final = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _disconnect_sqlstate(orig: BaseException) -> bool:
+    state = getattr(orig, "sqlstate", None)
+    return isinstance(state, str) and (state.startswith("08") or state in _PG_DISCONNECT)
+
+
+def _is_disconnect(orig: BaseException, raw: Any, target: CompileTarget) -> bool:
+    """True if ``orig`` says the connection under ``raw`` is gone."""
+    if _disconnect_sqlstate(orig):
+        return True
+    if getattr(raw, "closed", False) or getattr(raw, "broken", False):  # psycopg
+        return True
+    try:
+        return bool(target.dialect.is_disconnect(orig, raw, None))  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - a dialect that cannot tell: not a disconnect
+        return False
 
 
 def retry_transient(
@@ -1296,28 +1389,33 @@ def retry_transient(
     base_delay_s: float = 0.005,
     max_delay_s: float = 0.5,
     sleep: Callable[[float], object] = time.sleep,
+    deadline: float | None = None,
 ) -> T:
     """Run ``fn`` (a whole unit of work), retrying it on transient errors.
 
     The retry is bounded and jittered (full jitter, exponential cap). Only
-    errors classified by :func:`is_transient` are retried; everything else
-    propagates at once. ``fn`` must be a complete unit of work: a retried
-    attempt starts from a fresh transaction, nothing of the failed one remains.
+    errors classified by :func:`is_transient` are retried (busy, lock
+    timeouts, serialisation failures, a connection lost before COMMIT);
+    everything else propagates at once. ``fn`` must be a complete unit of
+    work: a retried attempt starts from a fresh transaction, nothing of the
+    failed one remains.
 
     ``sleep`` waits between attempts (the async facade passes one that
-    yields to the event loop).
+    yields to the event loop). ``deadline`` (a :func:`time.monotonic` time)
+    ends the retries: no attempt starts, and no pause runs, past it.
 
     Raises:
-        StoreBusy: when every attempt failed transiently.
+        StoreBusy: when every attempt failed transiently, or the deadline passed.
     """
     for attempt in range(1, attempts + 1):
         try:
             return fn()
         except (StoreBusy, sa_exc.DBAPIError) as exc:
-            if attempt == attempts or not is_transient(exc):
+            delay = random.uniform(0, min(max_delay_s, base_delay_s * (2 ** (attempt - 1))))
+            late = deadline is not None and time.monotonic() + delay >= deadline
+            if attempt == attempts or late or not is_transient(exc):
                 if isinstance(exc, sa_exc.DBAPIError):
                     raise translate_db_error(exc) from exc
                 raise
-            delay = min(max_delay_s, base_delay_s * (2 ** (attempt - 1)))
-            sleep(random.uniform(0, delay))
+            sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -39,7 +39,9 @@ __all__ = [
     "AssigneeGenerationAhead",
     "AssigneeSlotRequired",
     "ClaimSuperseded",
+    "CommitOutcomeUnknown",
     "ConcurrentModification",
+    "ConnectionLost",
     "CorruptData",
     "DatabaseError",
     "DatabaseMissing",
@@ -223,6 +225,50 @@ class JoinedTransactionStale(StoreBusy):
     :class:`StoreBusy`), or begin the host's transactions ``IMMEDIATE`` so
     that they hold the write lock before they read.
     """
+
+
+class ConnectionLost(StoreBusy):
+    """The connection to the database was lost before the unit's COMMIT was sent.
+
+    The server (or SQLite) discards a transaction whose connection is gone,
+    so nothing of the unit was written, and running it again is safe: it is a
+    :class:`StoreBusy`. One-call operations retry it on a new connection
+    (within the busy timeout); a unit of work (``store.write()``) raises it.
+    The dead connection is discarded, never returned to the pool.
+    """
+
+
+class CommitOutcomeUnknown(DatabaseError):
+    """The COMMIT was sent but its answer was lost: the unit may or may not be applied.
+
+    Raised when the connection breaks while COMMIT is in flight (a killed
+    server backend, a network failure), and on SQLite when COMMIT fails and
+    the transaction is gone all the same. Running a non-idempotent operation
+    again could apply it twice: read back first. The idempotent one-call
+    operations resolve it themselves by reading back (run creation, turn
+    commits by hash, boundary receipts, enqueues by source key); the others,
+    and units of work, raise it.
+
+    Attributes:
+        operation: the one-call operation (``"runs.acquire_assignee"``),
+            ``"unit of work"`` for ``store.write()``, or ``"transaction"``
+            where the operation does not name itself.
+        arguments: the operation's arguments by name (what identifies the
+            write to read it back: the run id, session id, ...); empty for a
+            unit of work.
+    """
+
+    def __init__(
+        self, operation: str, arguments: dict[str, object] | None = None, detail: str = ""
+    ) -> None:
+        self.operation = operation
+        self.arguments: dict[str, object] = dict(arguments or {})
+        self.detail = detail
+        super().__init__(
+            f"{operation}: the outcome of its COMMIT is unknown (the connection was lost "
+            f"before the answer arrived); read back before running it again"
+            + (f": {detail}" if detail else "")
+        )
 
 
 class ConcurrentModification(DatabaseError):

@@ -39,10 +39,37 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from agentkeep.errors import CommitOutcomeUnknown
+
 if TYPE_CHECKING:
     from agentkeep.store import Store
 
-__all__ = ["OneCalls", "read", "write"]
+__all__ = ["OneCalls", "Resolver", "named_outcome", "read", "rerun", "write"]
+
+#: How a write's one-call form settles a :class:`~agentkeep.errors.CommitOutcomeUnknown`:
+#: called as ``resolver(facade, again, *args, **kwargs)`` where ``again()`` runs the
+#: operation once more in a new unit; returns the operation's result or raises.
+Resolver = Callable[..., Any]
+
+
+def rerun(facade: Any, again: Callable[[], T], *args: Any, **kwargs: Any) -> T:
+    """Resolve by running the operation again: for operations whose replay returns the
+    stored outcome (a turn commit replayed by its hash, an enqueue by its source key)."""
+    return again()
+
+
+def named_outcome(
+    exc: CommitOutcomeUnknown, operation: str, signature: inspect.Signature, args: Any, kwargs: Any
+) -> CommitOutcomeUnknown:
+    """``exc`` naming ``operation`` and its arguments (bound to ``signature``)."""
+    try:
+        arguments = dict(signature.bind(*args, **kwargs).arguments)
+    except TypeError:
+        arguments = {"args": args, "kwargs": kwargs}
+    named = CommitOutcomeUnknown(operation, arguments, exc.detail)
+    named.__cause__ = exc
+    return named
+
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -77,15 +104,30 @@ class OneCalls:
 class _Forwarder(Generic[P, T]):
     """A descriptor that becomes the one-call form of ``method`` on a facade instance."""
 
-    __slots__ = ("_kind", "_method", "_name", "_path", "_signature", "_single")
+    __slots__ = (
+        "_kind",
+        "_method",
+        "_name",
+        "_operation",
+        "_path",
+        "_resolve",
+        "_signature",
+        "_single",
+    )
 
     def __init__(
-        self, method: Callable[Concatenate[Any, P], T], kind: str, single: bool | None = None
+        self,
+        method: Callable[Concatenate[Any, P], T],
+        kind: str,
+        single: bool | None = None,
+        resolve: Resolver | None = None,
     ) -> None:
         self._method = method
         self._kind = kind
         self._single = single
+        self._resolve = resolve
         self._name = method.__name__
+        self._operation = method.__name__
         self._path: Callable[[Any], Any] | None = None
         self._signature: inspect.Signature | None = None
 
@@ -95,6 +137,7 @@ class _Forwarder(Generic[P, T]):
         if not path:
             raise TypeError(f"{owner.__name__}.{name}: the facade class sets no _repository")
         self._path = operator.attrgetter(path)
+        self._operation = f"{path.split('.')[0]}.{name}"
         if self._single is None:
             self._single = bool(owner._single_statement_reads)
 
@@ -123,11 +166,30 @@ class _Forwarder(Generic[P, T]):
         method = self._method
         part = self._path
         assert part is not None  # set by __set_name__
+        if self._signature is None:  # the method's signature without ``self``
+            sig = inspect.signature(method)
+            self._signature = sig.replace(parameters=list(sig.parameters.values())[1:])
+        signature = self._signature
         if self._kind == "write":
             run = obj._call_write
+            resolve = self._resolve
+            operation = self._operation
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
-                return run(lambda r: method(part(r), *args, **kwargs))
+                def once() -> T:
+                    return run(lambda r: method(part(r), *args, **kwargs))
+
+                try:
+                    return once()
+                except CommitOutcomeUnknown as exc:
+                    if resolve is None:
+                        raise named_outcome(exc, operation, signature, args, kwargs) from exc
+                    unknown = exc
+                try:
+                    result: T = resolve(obj, once, *args, **kwargs)
+                    return result
+                except CommitOutcomeUnknown as again:
+                    raise named_outcome(again, operation, signature, args, kwargs) from unknown
 
         else:
             single = bool(self._single)
@@ -137,16 +199,21 @@ class _Forwarder(Generic[P, T]):
                 return run_read(lambda r: method(part(r), *args, **kwargs), single_statement=single)
 
         functools.update_wrapper(call, method)
-        if self._signature is None:  # the method's signature without ``self``
-            sig = inspect.signature(method)
-            self._signature = sig.replace(parameters=list(sig.parameters.values())[1:])
-        call.__signature__ = self._signature  # type: ignore[attr-defined]
+        call.__signature__ = signature  # type: ignore[attr-defined]
         return call
 
 
-def write(method: Callable[Concatenate[Any, P], T]) -> _Forwarder[P, T]:
-    """The one-call form of a repository write: its own write unit, retried when busy."""
-    return _Forwarder(method, "write")
+def write(
+    method: Callable[Concatenate[Any, P], T], *, resolve: Resolver | None = None
+) -> _Forwarder[P, T]:
+    """The one-call form of a repository write: its own write unit, retried when busy.
+
+    When the COMMIT's answer is lost (:class:`~agentkeep.errors.CommitOutcomeUnknown`),
+    an idempotent operation declared with ``resolve`` settles it itself (once: a
+    second unknown outcome is raised); any other raises it, naming the
+    operation (``"runs.acquire_assignee"``) and its arguments.
+    """
+    return _Forwarder(method, "write", resolve=resolve)
 
 
 def read(

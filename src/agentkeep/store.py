@@ -34,7 +34,13 @@ from sqlalchemy.orm import Session, scoped_session
 from agentkeep import db
 from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
-from agentkeep.errors import InvalidInput
+from agentkeep.errors import (
+    CommitOutcomeUnknown,
+    ConnectionLost,
+    DatabaseError,
+    InvalidInput,
+    StoreBusy,
+)
 from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.facade import RuntimeCalls
@@ -401,7 +407,14 @@ class Store:
                 try:
                     yield uow
                     uow._flush()
-                    conn.commit()
+                    try:
+                        conn.commit()
+                    except sa_exc.DBAPIError as exc:
+                        failure = _commit_failure(conn, exc)
+                        if isinstance(failure, CommitOutcomeUnknown):
+                            conn.invalidate()
+                            raise failure from exc
+                        raise  # a definite failure: rolled back below
                 except sa_exc.DBAPIError as exc:
                     uow._discard()
                     _rollback_connection(conn)
@@ -545,8 +558,12 @@ class Store:
         Raises:
             StoreBusy: every attempt met a busy/serialisation error.
         """
+        deadline = self._deadline()
         return db.retry_transient(
-            lambda: self._lean(fn, write=True), attempts=self._retry_attempts, sleep=self._sleep
+            lambda: self._lean(fn, write=True, deadline=deadline),
+            attempts=self._retry_attempts,
+            sleep=self._sleep,
+            deadline=deadline,
         )
 
     def call_read(self, fn: Callable[[Repositories], T], *, single_statement: bool = False) -> T:
@@ -560,22 +577,58 @@ class Store:
                 TRANSACTION … REPEATABLE READ`` on Postgres), saving a round
                 trip. Never set it for a read of several statements.
         """
+        deadline = self._deadline()
         return db.retry_transient(
             lambda: self._lean(fn, write=False, snapshot=not single_statement),
             attempts=self._retry_attempts,
             sleep=self._sleep,
+            deadline=deadline,
         )
 
-    def _lean(self, fn: Callable[[Repositories], T], *, write: bool, snapshot: bool = True) -> T:
+    def _deadline(self) -> float | None:
+        """When a one-call operation started now must end: now + the busy timeout.
+
+        None when the store does not know the engine's lock wait (a host's
+        Postgres engine): the attempts alone bound it then.
+        """
+        busy = self._settings.busy_timeout_ms
+        return None if busy is None else time.monotonic() + busy / 1000
+
+    def _lean(
+        self,
+        fn: Callable[[Repositories], T],
+        *,
+        write: bool,
+        snapshot: bool = True,
+        deadline: float | None = None,
+    ) -> T:
         with self.pooled_driver() as (driver, pooled):
-            if write or snapshot:
-                driver.begin(write=write)
+            busy = self._settings.busy_timeout_ms
+            limit = None
+            if deadline is not None and write and busy is not None:
+                left_ms = (deadline - time.monotonic()) * 1000
+                if left_ms < busy - _LOCK_WAIT_SLACK_MS:  # a retry: wait only what is left
+                    if left_ms <= 0:
+                        raise StoreBusy("the operation's busy timeout passed before this attempt")
+                    limit = int(left_ms)
             try:
+                if limit is not None and not driver.postgres:
+                    driver.limit_lock_wait(limit)
+                if write or snapshot:
+                    driver.begin(write=write)
+                if limit is not None and driver.postgres:
+                    driver.limit_lock_wait(limit)
                 result = fn(self.repositories(driver, write=write))
                 driver.commit()
+            except (ConnectionLost, CommitOutcomeUnknown):
+                pooled.invalidate()  # its state is unknown: never back to the pool
+                raise
             except BaseException:
                 _rollback_or_discard(driver, pooled)
                 raise
+            finally:
+                if limit is not None and not driver.postgres and pooled.is_valid:
+                    driver.restore_lock_wait(busy)  # type: ignore[arg-type]
             return result
 
     @contextmanager
@@ -647,6 +700,11 @@ class Store:
         self.close()
 
 
+#: A one-call attempt that starts with less than the busy timeout minus this
+#: left before its deadline is a retry: its lock waits are cut to what is left.
+_LOCK_WAIT_SLACK_MS = 50
+
+
 def _rollback_or_discard(driver: db.Driver, pooled: Any) -> None:
     """Roll a failed unit back; a connection that cannot roll back is discarded.
 
@@ -658,6 +716,21 @@ def _rollback_or_discard(driver: db.Driver, pooled: Any) -> None:
         driver.rollback()
     except Exception:  # noqa: BLE001 - the unit's error is the one to report
         pooled.invalidate()
+
+
+def _commit_failure(conn: Connection, exc: sa_exc.DBAPIError) -> DatabaseError:
+    """:meth:`agentkeep.db.Driver.commit_failure` for a unit on a SQLAlchemy Connection."""
+    if exc.connection_invalidated:
+        return CommitOutcomeUnknown("unit of work", detail=str(exc.orig))
+    try:
+        raw = conn.connection.dbapi_connection
+    except sa_exc.SQLAlchemyError:
+        return CommitOutcomeUnknown("unit of work", detail=str(exc.orig))
+    driver = db.Driver(raw, CompileTarget.of(conn.dialect), conn.dialect.loaded_dbapi.Error)
+    failure = driver.commit_failure(exc.orig if exc.orig is not None else exc)
+    if isinstance(failure, CommitOutcomeUnknown):
+        return CommitOutcomeUnknown("unit of work", detail=failure.detail)
+    return failure
 
 
 def _rollback_connection(conn: Connection) -> None:

@@ -9,10 +9,30 @@ docs/runs.md#operations, for fences, outcomes and errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from agentkeep.errors import RunDuplicate, RunNotFound
 from agentkeep.one_call import OneCalls, read, write
+from agentkeep.runs.domain import RunRecord
 from agentkeep.runs.repository import RunRepository as _R
 
 __all__ = ["RunCalls"]
+
+
+def _resolve_create(runs: Any, again: Callable[[], None], record: RunRecord) -> None:
+    """A lost COMMIT of ``create``: the run as stored says whether it was ours.
+
+    Stored and equal to ``record``: it was applied (done). Absent: it was
+    not; create it now. Another record under the id: ``RunDuplicate``.
+    """
+    try:
+        stored = runs.get(record.id)
+    except RunNotFound:
+        again()
+        return
+    if stored != record:
+        raise RunDuplicate(record.id)
 
 
 class RunCalls(OneCalls):
@@ -20,7 +40,7 @@ class RunCalls(OneCalls):
 
     _repository = "runs"
 
-    create = write(_R.create)
+    create = write(_R.create, resolve=_resolve_create)
     get = read(_R.get, single_statement=True)
     list_by_task = read(_R.list_by_task, single_statement=True)
     list_running = read(_R.list_running, single_statement=True)

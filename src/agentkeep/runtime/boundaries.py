@@ -51,6 +51,7 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import insert, select
 
 from agentkeep.db import LockNamespace
+from agentkeep.errors import CommitOutcomeUnknown
 from agentkeep.runtime.access import RuntimeAccess
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import (
@@ -64,6 +65,7 @@ from agentkeep.runtime.errors import (
     GuardRejected,
     SessionKeyMismatch,
     SessionSnapshotSuperseded,
+    WriteFailed,
 )
 from agentkeep.runtime.inputs import encode_input_states, upsert_input_states
 from agentkeep.runtime.lifecycle import upsert_lifecycle
@@ -328,11 +330,15 @@ class BoundaryCalls(RuntimeCallsBase):
         input_updates: Sequence[InputStatePersistenceRecord | StoredInputState] = (),
         session_store_key: str | None = None,
     ) -> None:
-        """One-call form of :meth:`BoundaryOps.atomic_apply`."""
+        """One-call form of :meth:`BoundaryOps.atomic_apply`.
+
+        A lost COMMIT answer is resolved by reading the receipt back (see
+        :meth:`_apply_resolved`).
+        """
         prepared = prepare_boundary(
             self.domain, runtime_id, session_snapshot, receipt, input_updates, session_store_key
         )
-        self._write(lambda r: r.boundaries.apply_boundary(prepared))
+        self._apply_resolved(prepared, "runtime.atomic_apply")
 
     def atomic_apply_with_machine_lifecycle(
         self,
@@ -353,7 +359,39 @@ class BoundaryCalls(RuntimeCallsBase):
             session_store_key,
             machine_lifecycle,
         )
-        self._write(lambda r: r.boundaries.apply_boundary(prepared))
+        self._apply_resolved(prepared, "runtime.atomic_apply_with_machine_lifecycle")
+
+    def _apply_resolved(self, prepared: PreparedBoundary, operation: str) -> None:
+        """Apply a prepared boundary; settle a lost COMMIT answer by its receipt.
+
+        The receipt is the boundary's idempotency fence: stored and equal to
+        this boundary's receipt, the boundary was applied (done); absent, it
+        was not (applied now, once more); another receipt under its key is a
+        duplicate (``WriteFailed``, as for any boundary whose receipt key is taken).
+
+        Raises:
+            CommitOutcomeUnknown: the second attempt's COMMIT answer was lost too.
+        """
+        receipt = prepared.receipt
+        try:
+            self._write(lambda r: r.boundaries.apply_boundary(prepared))
+            return
+        except CommitOutcomeUnknown as unknown:
+            first = unknown
+        arguments: dict[str, object] = {"runtime_id": prepared.runtime_id, "receipt": receipt}
+        try:
+            stored = self.load_boundary_receipt(
+                prepared.runtime_id, receipt.run_id, receipt.sequence
+            )
+            if stored is None:
+                self._write(lambda r: r.boundaries.apply_boundary(prepared))
+            elif stored != receipt:
+                raise WriteFailed(
+                    f"boundary receipt {receipt.run_id}#{receipt.sequence} is already stored "
+                    "with other content"
+                )
+        except CommitOutcomeUnknown as again:
+            raise CommitOutcomeUnknown(operation, arguments, again.detail) from first
 
     def load_boundary_receipt(
         self, runtime_id: str, run_id: str, sequence: int

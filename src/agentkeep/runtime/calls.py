@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentkeep.errors import ConcurrentModification, DatabaseError
+from agentkeep.errors import CommitOutcomeUnknown, ConcurrentModification, DatabaseError
 from agentkeep.one_call import OneCalls
 from agentkeep.runtime.domain import RuntimeDomain
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
@@ -51,7 +51,7 @@ class RuntimeCallsBase(OneCalls):
     def _call_write(self, fn: Callable[[Any], T]) -> T:
         try:
             return self._store.call_write(fn)
-        except ConcurrentModification:
+        except (ConcurrentModification, CommitOutcomeUnknown):
             raise
         except DatabaseError as exc:
             raise WriteFailed(str(exc)) from exc

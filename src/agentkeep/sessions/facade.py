@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentkeep.errors import DatabaseError, SessionCorrupt
+from agentkeep.errors import CommitOutcomeUnknown, DatabaseError, SessionCorrupt
 from agentkeep.one_call import OneCalls, read, write
 from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
 from agentkeep.sessions.leases import SessionLeaseRepository as _LEASES
@@ -32,6 +33,17 @@ if TYPE_CHECKING:
     from agentkeep.store import Store
 
 __all__ = ["LeaseCalls", "MaintenanceCalls", "QueueCalls", "SessionCalls", "TurnInputCalls"]
+
+T = TypeVar("T")
+
+
+def _rerun_if_source_keyed(facade: Any, again: Callable[[], T], draft: Any) -> T:
+    """A lost COMMIT of an enqueue: with a source key, enqueueing again returns the
+    stored item (the enqueue is idempotent by its key); without one it could enqueue
+    twice, so the unknown outcome is raised."""
+    if draft.source_key is None:
+        raise CommitOutcomeUnknown("enqueue without a source_key", {"draft": draft})
+    return again()
 
 
 class LeaseCalls(OneCalls):
@@ -52,7 +64,7 @@ class QueueCalls(OneCalls):
 
     _repository = "queue"
 
-    enqueue_queued_work = write(_QUEUE.enqueue_queued_work)
+    enqueue_queued_work = write(_QUEUE.enqueue_queued_work, resolve=_rerun_if_source_keyed)
     claim_leading_ready_session_command = write(_QUEUE.claim_leading_ready_session_command)
     claim_ready_queued_work = write(_QUEUE.claim_ready_queued_work)
     claim_ready_queued_work_by_batch_ids = write(_QUEUE.claim_ready_queued_work_by_batch_ids)
@@ -68,7 +80,9 @@ class TurnInputCalls(OneCalls):
 
     _repository = "turn_inputs"
 
-    enqueue_pending_turn_input = write(_TURN_INPUTS.enqueue_pending_turn_input)
+    enqueue_pending_turn_input = write(
+        _TURN_INPUTS.enqueue_pending_turn_input, resolve=_rerun_if_source_keyed
+    )
     list_pending_turn_inputs = read(_TURN_INPUTS.list_pending_turn_inputs)
     list_turn_inputs = read(_TURN_INPUTS.list_turn_inputs)
     cancel_pending_turn_inputs = write(_TURN_INPUTS.cancel_pending_turn_inputs)
@@ -139,10 +153,33 @@ class SessionCalls(OneCalls):
     def commit_runtime_state(
         self, commit: RuntimeCommit, *, blob_profile: BlobProfile = BlobProfile.BALANCED
     ) -> RuntimeCommitResult:
-        """See :meth:`SessionCommitRepository.commit_runtime_state`; then maybe auto-GC."""
-        result = self._store.call_write(
-            lambda r: r.commits.commit_runtime_state(commit, blob_profile=blob_profile)
-        )
+        """See :meth:`SessionCommitRepository.commit_runtime_state`; then maybe auto-GC.
+
+        A lost COMMIT answer (:class:`~agentkeep.errors.CommitOutcomeUnknown`)
+        of a commit with a ``turn_commit`` stamp is resolved by committing
+        again: such a commit is idempotent by its hash, so the second call
+        returns the stored result when the first was applied, and applies it
+        when it was not. Without a stamp the unknown outcome is raised.
+        """
+
+        def once() -> RuntimeCommitResult:
+            return self._store.call_write(
+                lambda r: r.commits.commit_runtime_state(commit, blob_profile=blob_profile)
+            )
+
+        try:
+            result = once()
+        except CommitOutcomeUnknown as unknown:
+            if commit.turn_commit is None:
+                raise CommitOutcomeUnknown(
+                    "commits.commit_runtime_state", {"commit": commit}, unknown.detail
+                ) from unknown
+            try:
+                result = once()
+            except CommitOutcomeUnknown as again:
+                raise CommitOutcomeUnknown(
+                    "commits.commit_runtime_state", {"commit": commit}, again.detail
+                ) from unknown
         self._maybe_auto_gc()
         return result
 
