@@ -72,6 +72,7 @@ from sqlalchemy.orm import Session
 
 from agentkeep import db
 from agentkeep.clock import Clock
+from agentkeep.crypto import PayloadCodec
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.domain import RuntimeDomain
@@ -83,7 +84,7 @@ from agentkeep.sessions.facade import (
     SessionCalls,
     TurnInputCalls,
 )
-from agentkeep.store import Store, _check_options
+from agentkeep.store import Store, _check_codec, _check_options
 from agentkeep.unit_of_work import UnitOfWork
 
 if TYPE_CHECKING:
@@ -297,6 +298,7 @@ class AsyncRuntimeCalls(_AsyncCalls[RuntimeCalls]):
     load_auth_oauth_flow_snapshot = _Async(RuntimeCalls.load_auth_oauth_flow_snapshot)
     persist_auth_oauth_flow_snapshot = _Async(RuntimeCalls.persist_auth_oauth_flow_snapshot)
     update_auth_oauth_flow_snapshot = _Async(RuntimeCalls.update_auth_oauth_flow_snapshot)
+    reencrypt_auth_oauth_flow_snapshot = _Async(RuntimeCalls.reencrypt_auth_oauth_flow_snapshot)
 
 
 class AsyncRunCalls(_AsyncCalls[RunCalls]):
@@ -635,6 +637,7 @@ class AsyncStore:
         auto_gc_every_commits: int | None = None,
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
+        oauth_codec: PayloadCodec | None = None,
         **engine_kwargs: Any,
     ) -> AsyncStore:
         """Open the database at ``url``, or the database of the host's engine.
@@ -670,6 +673,7 @@ class AsyncStore:
             "auto_gc_every_commits": auto_gc_every_commits,
             "runtime_domain": runtime_domain,
             "schema": schema,
+            "oauth_codec": oauth_codec,
         }
         text = _async_url(url)
         if text is None and not _is_async_engine(url):
@@ -686,6 +690,7 @@ class AsyncStore:
             return cls(store)
         _check_options(retry_attempts, auto_gc_every_commits)
         db.check_schema_name(schema)
+        _check_codec(oauth_codec)
         async_engine: AsyncEngine
         if text is not None:
             if schema is not None and db.is_memory_sqlite(text):

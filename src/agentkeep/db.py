@@ -43,6 +43,7 @@ file: ``app.db`` with ``schema="agentkeep"`` keeps agentkeep's tables in
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import re
 import sqlite3
@@ -85,6 +86,7 @@ __all__ = [
     "adopt_engine",
     "attach_schema",
     "check_schema_name",
+    "create_private_file",
     "create_async_engine",
     "create_engine",
     "enable_wal",
@@ -106,6 +108,8 @@ __all__ = [
     "schema_map",
     "sqlite_schema_file",
     "plain_sql",
+    "PRIVATE_FILE_MODE",
+    "sqlite_creates_file",
     "sqlite_in_transaction",
     "translate_db_error",
     "watch_commit",
@@ -194,6 +198,97 @@ def check_schema_name(schema: str | None) -> str | None:
 def schema_map(schema: str | None) -> dict[str | None, str | None] | None:
     """The ``schema_translate_map`` that puts agentkeep's tables into ``schema`` (None: none)."""
     return None if schema is None else {None: schema}
+
+
+#: The mode of a SQLite file agentkeep creates (before the process umask): owner-only.
+PRIVATE_FILE_MODE: Final = 0o600
+
+
+def create_private_file(path: str | os.PathLike[str]) -> bool:
+    """Create ``path`` as an empty file with mode :data:`PRIVATE_FILE_MODE`, unless it exists.
+
+    SQLite takes an empty file for an empty database, and gives the
+    ``-wal``, ``-shm`` and ``-journal`` files it creates next to a database
+    the permission bits of the database file; creating the file first is how
+    a new database and its companions get mode 0600 instead of 0644. The
+    create is exclusive (``O_CREAT | O_EXCL``): a file that exists, a
+    symbolic link included, is left exactly as it is (its mode is never
+    changed), and when two processes create the same file at once, one
+    creates it and the other finds it. The process umask still applies. On
+    Windows the mode is ignored (the file gets the default ACL).
+
+    Returns:
+        True if this call created the file, False if something was already there.
+
+    Raises:
+        OSError: the file could not be created (a missing directory, a
+            read-only file system, no permission).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def sqlite_creates_file(database: object, *, uri: bool = False) -> str | None:
+    """The file ``sqlite3.connect(database, uri=uri)`` would create if missing, or None.
+
+    None for an in-memory or temporary database (``:memory:``, ``""``), and
+    for a URI filename (``uri=True`` and ``file:...``) that does not create
+    files: ``mode=ro``, ``mode=rw``, ``mode=memory``, ``immutable=``, a
+    ``vfs=`` of its own, or an authority other than ``localhost``. The path
+    of a URI filename is percent-decoded as SQLite does; a relative path is
+    relative to the working directory, as for SQLite.
+    """
+    if isinstance(database, os.PathLike):
+        database = os.fspath(database)
+    if not isinstance(database, str):
+        return None  # bytes names and anything else: left to SQLite
+    if uri and database.startswith("file:"):
+        return _sqlite_uri_file(database[len("file:") :])
+    return None if database in ("", ":memory:") else database
+
+
+def _sqlite_uri_file(rest: str) -> str | None:
+    """The file of a SQLite URI filename (after ``file:``) that may be created, or None."""
+    from urllib.parse import unquote
+
+    rest = rest.split("#", 1)[0]
+    path, _, query = rest.partition("?")
+    if path.startswith("//"):
+        authority, slash, tail = path[2:].partition("/")
+        if authority not in ("", "localhost"):
+            return None
+        path = slash + tail
+    for pair in query.split("&") if query else ():
+        key, _, value = pair.partition("=")
+        key, value = unquote(key), unquote(value)
+        if key == "mode" and value != "rwc":
+            return None  # ro, rw and memory never create a file
+        if key in ("vfs", "immutable"):
+            return None
+    path = unquote(path)
+    return None if path in ("", ":memory:") else path
+
+
+def _create_missing_database(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
+    """``do_connect`` hook of agentkeep's SQLite engines: a missing file is created 0600 first.
+
+    Failing to create it (a missing directory, a read-only file system) is
+    left to SQLite, which reports it when it opens the file.
+    """
+    if os.name == "nt":
+        return  # the mode has no effect there
+    database = cargs[0] if cargs else cparams.get("database")
+    path = sqlite_creates_file(database, uri=bool(cparams.get("uri", False)))
+    if path is not None:
+        try:
+            create_private_file(path)
+        except OSError:
+            pass
 
 
 def sqlite_schema_file(database: str | Path, schema: str) -> Path:
@@ -384,6 +479,8 @@ def _create_sqlite_engine(
     engine_kwargs.setdefault("paramstyle", "named")
     made = make(url, connect_args=connect_args, **engine_kwargs)
     engine: Engine = getattr(made, "sync_engine", made)  # an AsyncEngine's hooks go here
+    if not memory:  # a new file is created 0600 (its -wal and -shm follow its mode)
+        event.listen(engine, "do_connect", _create_missing_database)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -488,7 +585,8 @@ def attach_schema(engine: Engine, schema: str) -> None:
     """SQLite: attach namespace ``schema``'s file to every connection of ``engine`` (idempotent).
 
     The file is :func:`sqlite_schema_file` of the connection's main file; it
-    is created empty if missing (the migrations fill it). ``ATTACH DATABASE
+    is created empty, with mode 0600 (:func:`create_private_file`), if
+    missing (the migrations fill it). ``ATTACH DATABASE
     '<file>' AS <schema>`` runs on every new connection (``connect``) and on
     every connection already pooled (``checkout``), and a synchronous setting
     agentkeep applies (``synchronous=``) is applied to the attached file too.
@@ -574,6 +672,10 @@ def _attach(dbapi_conn: Any, info: dict[Any, Any], schema: str, sync: str | None
         want = str(sqlite_schema_file(main, schema))
         have = files.get(schema)
         if have is None:
+            try:  # a new namespace file is 0600, like a database agentkeep creates
+                create_private_file(want)
+            except OSError:
+                pass  # ATTACH reports why the file cannot be opened
             cur.execute(f'ATTACH DATABASE ? AS "{schema}"', (want,))
             if sync is not None:
                 cur.execute(f'PRAGMA "{schema}".synchronous={sync}')

@@ -45,6 +45,7 @@ __all__ = [
     "CorruptData",
     "DatabaseError",
     "DatabaseMissing",
+    "DecryptionFailed",
     "Duplicate",
     "GenerationOverflow",
     "GuardRejected",
@@ -652,6 +653,30 @@ class ReadFailed(RuntimeStoreError):
     def __init__(self, message: str) -> None:
         self.message = message
         super().__init__(f"Store read failed: {message}")
+
+
+class DecryptionFailed(ReadFailed):
+    """A stored value that should be encrypted could not be decrypted; nothing was returned.
+
+    Fail-closed (docs/runtime.md#oauth-flow-state): raised when reading the
+    OAuth flow state (``load_auth_oauth_flow_snapshot``, and
+    ``update_auth_oauth_flow_snapshot`` before it calls its callback, so
+    nothing is written) when the store's ``oauth_codec`` refuses the stored
+    value: a wrong key, a tampered or truncated value, or plain text stored
+    before the codec was configured. Also raised when a store opened without
+    a codec finds a value in :class:`~agentkeep.crypto.AesGcmCodec`'s format
+    (the store was opened without its key), and by that codec's ``decode``
+    on its own. Never read as absent, never returned as plain text.
+
+    Attributes:
+        what: the value (``table[key].column``; ``"payload"`` from a codec on its own).
+        reason: why it could not be decrypted.
+    """
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"cannot decrypt {what}: {reason}")
 
 
 class RuntimeNotFound(NotFound, RuntimeStoreError):

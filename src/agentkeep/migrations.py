@@ -75,7 +75,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -474,10 +473,17 @@ def _resolve(target: Target, schema: str | None) -> tuple[Target, str | None]:
 
 
 def _create_sqlite_file(url: str) -> None:
-    """Create the SQLite file of ``url`` (empty) when missing, as a plain upgrade would."""
+    """Create the SQLite file of ``url`` (empty, mode 0600) when missing, as a plain upgrade would.
+
+    A file that cannot be created (a missing directory) is left for the
+    upgrade's own connection to report.
+    """
     path = sqlite_file(url) if make_url(url).get_backend_name() == "sqlite" else None
-    if path is not None and not path.exists():
-        sqlite3.connect(path).close()
+    if path is not None:
+        try:
+            db.create_private_file(path)
+        except OSError:
+            pass
 
 
 def _create_schema(conn: Connection, schema: str) -> None:

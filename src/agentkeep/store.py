@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, scoped_session
 from agentkeep import db
 from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
+from agentkeep.crypto import PayloadCodec
 from agentkeep.errors import (
     CommitOutcomeUnknown,
     ConnectionLost,
@@ -77,6 +78,8 @@ class Store:
         schema: the namespace of agentkeep's tables (None: the default, the
             original stores' table names without a schema).
         clock: the time source.
+        oauth_codec: encryption at rest of the OAuth flow state (None: stored
+            as given; see :meth:`open`).
 
     Raises:
         InvalidInput: a refused engine or argument.
@@ -94,10 +97,12 @@ class Store:
         auto_gc_every_commits: int | None = None,
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
+        oauth_codec: PayloadCodec | None = None,
         _checked: bool = False,
     ) -> None:
         _check_options(retry_attempts, auto_gc_every_commits)
         db.check_schema_name(schema)
+        _check_codec(oauth_codec)
         memory = memory or _is_memory(engine)
         if not _checked:  # Store(engine): what Store.open does, without migrate
             _refuse_async(engine)
@@ -139,6 +144,8 @@ class Store:
         self.runtime_domain: RuntimeDomain[Any] = (
             runtime_domain if runtime_domain is not None else ReferenceDomain()
         )
+        #: Encryption at rest of the OAuth flow state (None: stored as given).
+        self.oauth_codec = oauth_codec
         self.runtime = RuntimeCalls(self)
 
     @classmethod
@@ -154,6 +161,7 @@ class Store:
         auto_gc_every_commits: int | None = None,
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
+        oauth_codec: PayloadCodec | None = None,
         **engine_kwargs: Any,
     ) -> Store:
         """Open the database at ``url``, or the database of the host's ``Engine``.
@@ -215,6 +223,11 @@ class Store:
                 :class:`~agentkeep.runtime.domain.ReferenceDomain`).
             schema: the namespace of agentkeep's tables (default None: the
                 original stores' table names, no schema; see above).
+            oauth_codec: encrypts the OAuth flow state at rest: any
+                :class:`~agentkeep.crypto.PayloadCodec`, such as
+                :class:`~agentkeep.crypto.AesGcmCodec` (extra
+                ``agentkeep[crypto]``). Default None: stored as given
+                (docs/runtime.md#oauth-flow-state).
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine` (URL only).
 
         Raises:
@@ -226,6 +239,7 @@ class Store:
         """
         _check_options(retry_attempts, auto_gc_every_commits)  # before touching the database
         db.check_schema_name(schema)
+        _check_codec(oauth_codec)
         _refuse_async(url)
         owned = isinstance(url, (str, URL))
         if isinstance(url, (str, URL)):
@@ -263,6 +277,7 @@ class Store:
             auto_gc_every_commits=auto_gc_every_commits,
             runtime_domain=runtime_domain,
             schema=schema,
+            oauth_codec=oauth_codec,
         )
 
     @classmethod
@@ -277,6 +292,7 @@ class Store:
         auto_gc_every_commits: int | None,
         runtime_domain: RuntimeDomain[Any] | None,
         schema: str | None,
+        oauth_codec: PayloadCodec | None = None,
     ) -> Store:
         """The rest of :meth:`open` on a created or adopted engine: namespace, schema, WAL.
 
@@ -301,6 +317,7 @@ class Store:
             auto_gc_every_commits=auto_gc_every_commits,
             runtime_domain=runtime_domain,
             schema=schema,
+            oauth_codec=oauth_codec,
             _checked=True,
         )
         store._owns_engine = owned
@@ -403,6 +420,7 @@ class Store:
                     writable=writable,
                     runtime_domain=self.runtime_domain,
                     driver=self._driver(conn.connection.dbapi_connection),
+                    oauth_codec=self.oauth_codec,
                 )
                 try:
                     yield uow
@@ -474,6 +492,7 @@ class Store:
             runtime_domain=self.runtime_domain,
             driver=driver,
             session=session,
+            oauth_codec=self.oauth_codec,
         )
         try:
             yield uow
@@ -656,7 +675,13 @@ class Store:
 
     def repositories(self, driver: db.Driver, *, write: bool) -> Repositories:
         """The repositories of a one-call unit on ``driver`` (see :meth:`pooled_driver`)."""
-        return Repositories(driver, self.clock, writable=write, runtime_domain=self.runtime_domain)
+        return Repositories(
+            driver,
+            self.clock,
+            writable=write,
+            runtime_domain=self.runtime_domain,
+            oauth_codec=self.oauth_codec,
+        )
 
     @property
     def compile_target(self) -> CompileTarget:
@@ -768,6 +793,17 @@ def _check_options(retry_attempts: int, auto_gc_every_commits: int | None) -> No
         type(auto_gc_every_commits) is not int or auto_gc_every_commits < 1
     ):
         raise InvalidInput("auto_gc_every_commits", "must be None or an integer >= 1")
+
+
+def _check_codec(codec: object) -> None:
+    if codec is None:
+        return
+    if not (callable(getattr(codec, "encode", None)) and callable(getattr(codec, "decode", None))):
+        raise InvalidInput(
+            "oauth_codec",
+            f"{type(codec).__name__} is not a codec: it needs encode(bytes) -> bytes and "
+            "decode(bytes) -> bytes (see agentkeep.crypto.PayloadCodec)",
+        )
 
 
 def _is_memory(engine: Engine) -> bool:

@@ -117,9 +117,11 @@ class _SqliteStores:
         self._numbers = itertools.count()
 
     def open(self, clock: SettableClock) -> tuple[Store, Any]:
+        from agentkeep.db import create_private_file
         from agentkeep.store import Store
 
         path = self._directory / f"store-{next(self._numbers)}.db"
+        create_private_file(path)  # copyfile keeps the mode of a file it overwrites
         shutil.copyfile(self._template, path)
         return Store.open(f"sqlite:///{path}", clock=clock), path
 

@@ -31,6 +31,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from agentkeep.clock import Clock
+from agentkeep.crypto import PayloadCodec
 from agentkeep.db import Driver
 from agentkeep.runs.repository import RunRepository
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
@@ -53,6 +54,7 @@ class Repositories:
         writable: False for a read unit (write operations then raise
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`).
         runtime_domain: the runtime store's domain rules.
+        oauth_codec: the store's encryption at rest of the OAuth flow state (None: none).
         nested: True in a ``store.write()`` unit that may hold several
             operations (runtime operations that can fail after writing then
             run in a SAVEPOINT, so a caught error leaves nothing behind).
@@ -69,6 +71,7 @@ class Repositories:
         "clock",
         "driver",
         "nested",
+        "oauth_codec",
         "runtime_domain",
         "writable",
     )
@@ -81,6 +84,7 @@ class Repositories:
         writable: bool,
         runtime_domain: RuntimeDomain[Any] | None = None,
         nested: bool = False,
+        oauth_codec: PayloadCodec | None = None,
     ) -> None:
         self.driver = driver
         self.clock = clock
@@ -89,6 +93,7 @@ class Repositories:
             runtime_domain if runtime_domain is not None else ReferenceDomain()
         )
         self.nested = nested
+        self.oauth_codec = oauth_codec
         self._runtime: RuntimeRepository | None = None
         self._runs: RunRepository | None = None
         self._leases: SessionLeaseRepository | None = None
@@ -139,7 +144,11 @@ class Repositories:
         """The runtime store's operations in this unit (snapshots, boundaries, inputs, ...)."""
         if self._runtime is None:
             self._runtime = RuntimeRepository(
-                self.driver, self.runtime_domain, writable=self.writable, nested=self.nested
+                self.driver,
+                self.runtime_domain,
+                writable=self.writable,
+                nested=self.nested,
+                oauth_codec=self.oauth_codec,
             )
         return self._runtime
 
@@ -171,6 +180,7 @@ class UnitOfWork(Repositories):
         runtime_domain: RuntimeDomain[Any] | None = None,
         driver: Driver | None = None,
         session: Session | None = None,
+        oauth_codec: PayloadCodec | None = None,
     ) -> None:
         """Build the unit on ``connection`` (inside its transaction).
 
@@ -187,6 +197,7 @@ class UnitOfWork(Repositories):
             writable=writable,
             runtime_domain=runtime_domain,
             nested=True,
+            oauth_codec=oauth_codec,
         )
         self.connection = connection
         self._session: Session | None = session

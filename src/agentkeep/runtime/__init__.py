@@ -39,6 +39,7 @@ from agentkeep.runtime.domain import (
     logical_runtime_id_for_session,
 )
 from agentkeep.runtime.errors import (
+    DecryptionFailed,
     GuardRejected,
     InvalidInputStateBatchCas,
     OpsLifecycleEpochRetired,
@@ -72,6 +73,7 @@ __all__ = [
     "FaultHook",
     "FinalizationObservation",
     "FinalizationPoint",
+    "DecryptionFailed",
     "GuardRejected",
     "InputStateCasOutcome",
     "InputStatePersistenceRecord",

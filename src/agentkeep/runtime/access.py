@@ -53,6 +53,7 @@ from typing import Any, Final
 
 from sqlalchemy.engine import Dialect
 
+from agentkeep.crypto import PayloadCodec
 from agentkeep.db import Driver, lock_aggregate
 from agentkeep.errors import (
     ConcurrentModification,
@@ -144,9 +145,11 @@ class RuntimeAccess:
         writable: False inside ``store.read()`` (writes raise ReadOnlyUnitOfWork).
         nested: True inside a caller's ``store.write()`` unit (operations that
             can fail after writing then run in a SAVEPOINT).
+        oauth_codec: the store's encryption at rest of the OAuth flow state
+            (None: stored as given; :mod:`~agentkeep.runtime.oauth`).
     """
 
-    __slots__ = ("db", "domain", "nested", "writable")
+    __slots__ = ("db", "domain", "nested", "oauth_codec", "writable")
 
     def __init__(
         self,
@@ -155,11 +158,13 @@ class RuntimeAccess:
         *,
         writable: bool,
         nested: bool = False,
+        oauth_codec: PayloadCodec | None = None,
     ) -> None:
         self.db = driver
         self.domain: RuntimeDomain[Any] = domain if domain is not None else ReferenceDomain()
         self.writable = writable
         self.nested = nested
+        self.oauth_codec = oauth_codec
 
     # -- the write lock ----------------------------------------------------
 

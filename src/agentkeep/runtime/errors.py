@@ -8,6 +8,7 @@ raised: docs/runtime.md#errors.
 from __future__ import annotations
 
 from agentkeep.errors import (
+    DecryptionFailed,
     GuardRejected,
     InvalidInputStateBatchCas,
     OpsLifecycleEpochRetired,
@@ -23,6 +24,7 @@ from agentkeep.errors import (
 )
 
 __all__ = [
+    "DecryptionFailed",
     "GuardRejected",
     "InvalidInputStateBatchCas",
     "OpsLifecycleEpochRetired",

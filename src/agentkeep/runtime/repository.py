@@ -89,6 +89,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
+from agentkeep.crypto import PayloadCodec
 from agentkeep.db import Driver
 from agentkeep.runtime.access import RuntimeAccess
 from agentkeep.runtime.boundaries import BoundaryOps
@@ -204,8 +205,11 @@ class RuntimeRepository:
         *,
         writable: bool,
         nested: bool = False,
+        oauth_codec: PayloadCodec | None = None,
     ) -> None:
-        self.access = RuntimeAccess(driver, domain, writable=writable, nested=nested)
+        self.access = RuntimeAccess(
+            driver, domain, writable=writable, nested=nested, oauth_codec=oauth_codec
+        )
 
     # The parts, each built on first use (a one-call unit touches one or two).
     snapshots = _Part(SnapshotOps)
@@ -274,3 +278,4 @@ class RuntimeRepository:
     persist_auth_oauth_flow_snapshot = _oauth(OAuthOps.persist_auth_oauth_flow_snapshot)
     load_auth_oauth_flow_snapshot = _oauth(OAuthOps.load_auth_oauth_flow_snapshot)
     update_auth_oauth_flow_snapshot = _oauth(OAuthOps.update_auth_oauth_flow_snapshot)
+    reencrypt_auth_oauth_flow_snapshot = _oauth(OAuthOps.reencrypt_auth_oauth_flow_snapshot)
