@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
-from agentkeep.errors import DecryptionFailed, InvalidInput
+from agentkeep.errors import DecryptionFailed, InvalidInput, MissingDependency
 
 __all__ = ["AESGCM_HEADER", "AesGcmCodec", "PayloadCodec", "looks_aes_gcm_encrypted"]
 
@@ -79,7 +79,7 @@ class AesGcmCodec:
 
     Raises:
         InvalidInput: a key that is not bytes of a valid AES key length.
-        ModuleNotFoundError: ``cryptography`` is not installed.
+        MissingDependency: ``cryptography`` is not installed (extra ``agentkeep[crypto]``).
     """
 
     __slots__ = ("_accept_plaintext", "_ciphers", "_invalid_tag")
@@ -97,10 +97,8 @@ class AesGcmCodec:
             from cryptography.exceptions import InvalidTag
             from cryptography.hazmat.primitives.ciphers.aead import AESGCM
         except ImportError as exc:
-            raise ModuleNotFoundError(
-                "agentkeep.crypto.AesGcmCodec needs the cryptography package: "
-                "pip install 'agentkeep[crypto]'",
-                name="cryptography",
+            raise MissingDependency(
+                "agentkeep.crypto.AesGcmCodec", "cryptography", "crypto"
             ) from exc
         self._ciphers: tuple[Any, ...] = tuple(AESGCM(k) for k in keys)
         self._invalid_tag: type[Exception] = InvalidTag

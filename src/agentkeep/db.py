@@ -70,6 +70,7 @@ from agentkeep.errors import (
     DatabaseError,
     InvalidInput,
     JoinedTransactionStale,
+    MissingDependency,
     StoreBusy,
 )
 from agentkeep.runs.models import Run
@@ -414,6 +415,7 @@ def create_async_engine(
     """
     from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
 
+    _require_async_driver(url)
     if busy_timeout_ms < 0:
         raise InvalidInput("busy_timeout_ms", "must be >= 0")
     u = make_url(url)
@@ -441,6 +443,24 @@ def create_async_engine(
     )
     _SETTINGS[engine.sync_engine] = EngineSettings(True, busy_timeout_ms, None)
     return engine
+
+
+#: The extra that installs each asyncio driver (and greenlet, SQLAlchemy's bridge).
+_ASYNC_EXTRA: Final = {"aiosqlite": "aiosqlite", "asyncpg": "asyncpg", "psycopg_async": "postgres"}
+
+
+def _require_async_driver(url: str) -> None:
+    """Raise :class:`MissingDependency` when the URL's asyncio driver or greenlet is missing."""
+    driver = make_url(url).get_driver_name()
+    extra = _ASYNC_EXTRA.get(driver)
+    if extra is None:
+        return
+    package = "psycopg" if driver == "psycopg_async" else driver
+    for needed in (package, "greenlet"):
+        try:
+            __import__(needed)
+        except ImportError as exc:
+            raise MissingDependency(f"the {driver} driver", needed, extra) from exc
 
 
 def _check_synchronous(synchronous: str) -> str:

@@ -56,6 +56,7 @@ __all__ = [
     "JoinedTransactionStale",
     "LegacyMigrationBlocked",
     "LegacySchemaMismatch",
+    "MissingDependency",
     "NodeAlreadyExists",
     "NotFound",
     "OpsLifecycleEpochRetired",
@@ -278,6 +279,22 @@ class ConcurrentModification(DatabaseError):
     This is a bug signal (a writer that bypassed the lock), never a normal
     outcome; it is not retried.
     """
+
+
+class MissingDependency(AgentkeepError, ImportError):
+    """An optional feature's package is not installed (the message names the extra).
+
+    Also an :class:`ImportError`, so ``except ImportError`` keeps working.
+
+    Attributes:
+        package: the missing package (``"cryptography"``).
+        extra: the agentkeep extra that installs it (``"crypto"``).
+    """
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(f"{feature} needs the {package} package: pip install 'agentkeep[{extra}]'")
 
 
 class ReadOnlyUnitOfWork(AgentkeepError):
