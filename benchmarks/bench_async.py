@@ -625,7 +625,8 @@ def main() -> int:
     print(
         f"thread facade: {threads} default-executor threads"
         + ("" if args.threads else " (asyncio's default, min(32, cpu+4))")
-        + f"; cpus: {os.cpu_count()}; Python {sys.version.split()[0]}"
+        + f"; cpus: {os.cpu_count()}; Python {sys.version.split()[0]}; "
+        + f"load average at start: {os.getloadavg()[0]:.1f}"
     )
 
     relay = None
@@ -715,6 +716,8 @@ def main() -> int:
                     rows,
                 )
 
+            print()
+            print(f"load average at the end of the timed rounds: {os.getloadavg()[0]:.1f}")
             if not args.no_check:
                 dbs = {c.mode.backend: c.db for c in configs}
                 if not report_traces(modes, dbs):
