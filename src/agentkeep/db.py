@@ -16,7 +16,9 @@ snapshot). The engine is never given ``isolation_level`` (that would re-enable
 the driver's implicit BEGIN).
 
 Postgres (psycopg 3): READ COMMITTED set explicitly (fenced UPDATEs rely on a
-blocked writer re-checking its predicate), ``pool_pre_ping``, ``lock_timeout``
+blocked writer re-checking its predicate), no pool pre-ping (a connection
+found dead by a unit's first statement is :class:`ConnectionLost`, and a
+one-call operation runs again on a new one), ``lock_timeout``
 equal to the SQLite busy timeout. The aggregate write lock is
 ``pg_advisory_xact_lock(namespace, hash(key))`` taken before the first read of
 a write operation (docs/decisions.md#one-write-lock-per-aggregate); on
@@ -102,6 +104,7 @@ __all__ = [
     "join_read",
     "join_write",
     "lock_aggregate",
+    "lock_aggregate_and_blobs",
     "migration_lock_key",
     "read_engine",
     "retry_transient",
@@ -725,7 +728,9 @@ def _create_postgres_engine(
     else:
         options = connect_args.get("options", "")
         connect_args["options"] = f"{options} -c lock_timeout={int(busy_timeout_ms)}".strip()
-    engine_kwargs.setdefault("pool_pre_ping", True)
+    # No pre-ping: it costs a round trip per checkout. A connection found dead
+    # before COMMIT is ConnectionLost, which a one-call operation retries.
+    engine_kwargs.setdefault("pool_pre_ping", False)
     # READ COMMITTED explicitly: a role default of REPEATABLE READ would turn
     # fenced UPDATEs into serialization failures instead of re-checks.
     engine_kwargs.setdefault("isolation_level", "READ COMMITTED")
@@ -1274,6 +1279,13 @@ class Driver:
 _LOCK_SQL: Final = Statement(
     select(func.pg_advisory_xact_lock(bindparam("ns"), bindparam("key"))), name="advisory_lock"
 )
+_LOCK_WITH_BLOBS_SQL: Final = Statement(
+    select(
+        func.pg_advisory_xact_lock(bindparam("ns"), bindparam("key")),
+        func.pg_advisory_xact_lock_shared(bindparam("gc_ns"), bindparam("gc_key")),
+    ),
+    name="advisory_lock_with_blobs",
+)
 _LOCK_SHARED_SQL: Final = Statement(
     select(func.pg_advisory_xact_lock_shared(bindparam("ns"), bindparam("key"))),
     name="advisory_lock_shared",
@@ -1324,6 +1336,25 @@ def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = F
     if driver.postgres:
         stmt = _LOCK_SHARED_SQL if shared else _LOCK_SQL
         driver.execute(stmt, {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))})
+
+
+def lock_aggregate_and_blobs(driver: Driver, namespace: int, key: str) -> None:
+    """:func:`lock_aggregate` of ``key``, then the blob GC lock shared, in one statement.
+
+    For a write that stores blobs (a session commit): the same two locks,
+    in the same order, as two :func:`lock_aggregate` calls, in one round trip.
+    """
+    if driver.postgres:
+        schema = driver.schema
+        driver.execute(
+            _LOCK_WITH_BLOBS_SQL,
+            {
+                "ns": namespace,
+                "key": _key_hash(_namespaced(key, schema)),
+                "gc_ns": LockNamespace.BLOB_GC,
+                "gc_key": _key_hash(_namespaced("blobs", schema)),
+            },
+        )
 
 
 def join_write(driver: Driver) -> None:

@@ -639,7 +639,13 @@ class Store:
                     driver.limit_lock_wait(limit)
                 result = fn(self.repositories(driver, write=write))
                 driver.commit()
-            except (ConnectionLost, CommitOutcomeUnknown):
+            except ConnectionLost as lost:
+                # Its peers may be dead too (a server restart): SQLAlchemy's own
+                # rule for a disconnect, every connection of the pool opened before
+                # now is replaced on its next checkout.
+                self.engine.pool._invalidate(pooled, lost)
+                raise
+            except CommitOutcomeUnknown:
                 pooled.invalidate()  # its state is unknown: never back to the pool
                 raise
             except BaseException:

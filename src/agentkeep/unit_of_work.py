@@ -127,7 +127,9 @@ class Repositories:
     def commits(self) -> SessionCommitRepository:
         """Session commits and reads (head, graph, checkpoints, usage) in this unit."""
         if self._commits is None:
-            self._commits = SessionCommitRepository(self.driver, self.clock, writable=self.writable)
+            self._commits = SessionCommitRepository(
+                self.driver, self.clock, writable=self.writable, nested=self.nested
+            )
         return self._commits
 
     @property

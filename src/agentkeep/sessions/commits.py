@@ -153,7 +153,7 @@ from sqlalchemy.orm import aliased
 
 from agentkeep.base import BIGINT
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, lock_aggregate
+from agentkeep.db import Driver
 from agentkeep.errors import (
     ConcurrentModification,
     HeadRevisionConflict,
@@ -676,10 +676,21 @@ def _check_revision(session_id: str, value: object) -> int:
 class SessionCommitRepository:
     """Session commits and reads inside one unit of work (``uow.commits``)."""
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
+        """Bind to a unit's driver.
+
+        Args:
+            nested: the unit may hold other work (``store.write()``): a commit
+                then runs in a SAVEPOINT, so that its error leaves the rest of
+                the unit. False in a one-call unit, whose transaction is the
+                commit's alone.
+        """
         self._db = driver
         self._clock = clock
         self._writable = writable
+        self._nested = nested
 
     # ------------------------------------------------------------------ commit
 
@@ -729,8 +740,9 @@ class SessionCommitRepository:
         prepared = _Prepared(commit)
         sid = commit.session_id
         db = self._db
-        now = begin_session_write(db, self._clock, self._writable, sid)
-        lock_aggregate(db, LockNamespace.BLOB_GC, "blobs", shared=True)
+        now = begin_session_write(db, self._clock, self._writable, sid, blobs=True)
+        if not self._nested:  # a one-call unit: an error rolls its whole transaction back
+            return self._commit(commit, prepared, blob_profile, now)
         with db.savepoint():
             return self._commit(commit, prepared, blob_profile, now)
 

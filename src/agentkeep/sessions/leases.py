@@ -41,7 +41,7 @@ from sqlalchemy import func, null, select, update
 from sqlalchemy.engine import Dialect
 
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, lock_aggregate
+from agentkeep.db import Driver, LockNamespace, lock_aggregate, lock_aggregate_and_blobs
 from agentkeep.errors import (
     ConcurrentModification,
     ReadOnlyUnitOfWork,
@@ -164,15 +164,23 @@ _RELEASE: Final = Statement(
 # Shared by every session-store write
 
 
-def begin_session_write(db: Driver, clock: Clock, writable: bool, session_id: str) -> int:
+def begin_session_write(
+    db: Driver, clock: Clock, writable: bool, session_id: str, *, blobs: bool = False
+) -> int:
     """Take the ``session:<id>`` write lock and return ``now`` (ms), sampled after it.
+
+    With ``blobs``, also the blob GC lock shared (a write that stores blobs),
+    in the same statement.
 
     Raises:
         ReadOnlyUnitOfWork: inside ``store.read()``.
     """
     if not writable:
         raise ReadOnlyUnitOfWork("session store writes need store.write(), not store.read()")
-    lock_aggregate(db, LockNamespace.SESSION, session_id)
+    if blobs:
+        lock_aggregate_and_blobs(db, LockNamespace.SESSION, session_id)
+    else:
+        lock_aggregate(db, LockNamespace.SESSION, session_id)
     return clock.now_ms()
 
 
