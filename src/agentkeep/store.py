@@ -404,11 +404,11 @@ class Store:
                     conn.commit()
                 except sa_exc.DBAPIError as exc:
                     uow._discard()
-                    _rollback_connection(conn)
+                    _rollback_connection(conn, exc, memory=self._memory)
                     raise db.translate_db_error(exc) from exc
-                except BaseException:
+                except BaseException as exc:
                     uow._discard()
-                    _rollback_connection(conn)
+                    _rollback_connection(conn, exc, memory=self._memory)
                     raise
             finally:
                 conn.close()
@@ -573,8 +573,8 @@ class Store:
             try:
                 result = fn(self.repositories(driver, write=write))
                 driver.commit()
-            except BaseException:
-                _rollback_or_discard(driver, pooled)
+            except BaseException as exc:
+                _rollback_or_discard(driver, pooled, exc, memory=self._memory)
                 raise
             return result
 
@@ -647,21 +647,41 @@ class Store:
         self.close()
 
 
-def _rollback_or_discard(driver: db.Driver, pooled: Any) -> None:
-    """Roll a failed unit back; a connection that cannot roll back is discarded.
+def _rollback_or_discard(
+    driver: db.Driver, pooled: Any, error: BaseException, *, memory: bool
+) -> None:
+    """Roll a failed unit back; a connection whose state is unknown is discarded.
 
-    Called while the unit's own error propagates: a failing rollback (a dead
-    connection, a cancelled driver call) must not replace that error, and the
-    connection, whose transaction state is unknown, must not go back to the pool.
+    Called while the unit's own ``error`` propagates: a failing rollback (a
+    dead connection) must not replace that error, and the connection, whose
+    transaction state is unknown, must not go back to the pool. Nor may a
+    connection whose driver call was interrupted (``error`` is not an
+    ``Exception``: an asyncio cancellation, KeyboardInterrupt): the driver
+    may have sent a statement whose outcome it never read, and its own idea
+    of the transaction can be wrong (asyncpg interrupted in its implicit
+    ``BEGIN`` believes no transaction is open, so a rollback does nothing
+    and the next unit on the connection would run, and "commit", inside
+    that stale transaction). SQLAlchemy invalidates a connection in that
+    case for the statements it runs; agentkeep's statements go straight to
+    the driver, so it does the same here. Except for an in-memory database
+    (``memory``), which lives in its one connection: it is rolled back (on
+    SQLite the connection knows its transaction: pysqlite and aiosqlite
+    finish a statement before the rollback runs).
     """
+    if not isinstance(error, Exception) and not memory:
+        pooled.invalidate()
+        return
     try:
         driver.rollback()
     except Exception:  # noqa: BLE001 - the unit's error is the one to report
         pooled.invalidate()
 
 
-def _rollback_connection(conn: Connection) -> None:
+def _rollback_connection(conn: Connection, error: BaseException, *, memory: bool) -> None:
     """:func:`_rollback_or_discard` for a unit on a SQLAlchemy Connection."""
+    if not isinstance(error, Exception) and not memory:
+        conn.invalidate()
+        return
     try:
         conn.rollback()
     except Exception:  # noqa: BLE001 - the unit's error is the one to report
