@@ -27,9 +27,9 @@ and the caller ends cancelled**:
 * One-call operations (``astore.runs.try_transition(...)``): a cancellation
   that arrives before the operation sends its COMMIT interrupts it where it
   waits (a lock, a statement, a retry pause); its transaction is rolled back
-  (the connection is closed, never reused: a driver interrupted in a call
-  may misjudge its transaction) and the caller gets ``CancelledError``
-  (none of it). A cancellation that arrives once COMMIT was sent waits for
+  (on Postgres by closing the connection, never reused: a driver
+  interrupted in a call may misjudge its transaction) and the caller gets
+  ``CancelledError`` (none of it). A cancellation that arrives once COMMIT was sent waits for
   the COMMIT's answer and then propagates (all of it).
   ``runtime.commit_unregister_finalization`` is never interrupted: a
   cancelled caller waits for it to end, as in the original store. In the

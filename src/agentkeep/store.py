@@ -404,11 +404,11 @@ class Store:
                     conn.commit()
                 except sa_exc.DBAPIError as exc:
                     uow._discard()
-                    _rollback_connection(conn, exc, memory=self._memory)
+                    _rollback_connection(conn, exc)
                     raise db.translate_db_error(exc) from exc
                 except BaseException as exc:
                     uow._discard()
-                    _rollback_connection(conn, exc, memory=self._memory)
+                    _rollback_connection(conn, exc)
                     raise
             finally:
                 conn.close()
@@ -568,13 +568,13 @@ class Store:
 
     def _lean(self, fn: Callable[[Repositories], T], *, write: bool, snapshot: bool = True) -> T:
         with self.pooled_driver() as (driver, pooled):
-            if write or snapshot:
-                driver.begin(write=write)
             try:
+                if write or snapshot:
+                    driver.begin(write=write)  # may open the driver's transaction
                 result = fn(self.repositories(driver, write=write))
                 driver.commit()
             except BaseException as exc:
-                _rollback_or_discard(driver, pooled, exc, memory=self._memory)
+                _rollback_or_discard(driver, pooled, exc)
                 raise
             return result
 
@@ -647,28 +647,30 @@ class Store:
         self.close()
 
 
-def _rollback_or_discard(
-    driver: db.Driver, pooled: Any, error: BaseException, *, memory: bool
-) -> None:
+def _rollback_or_discard(driver: db.Driver, pooled: Any, error: BaseException) -> None:
     """Roll a failed unit back; a connection whose state is unknown is discarded.
 
     Called while the unit's own ``error`` propagates: a failing rollback (a
     dead connection) must not replace that error, and the connection, whose
-    transaction state is unknown, must not go back to the pool. Nor may a
-    connection whose driver call was interrupted (``error`` is not an
-    ``Exception``: an asyncio cancellation, KeyboardInterrupt): the driver
-    may have sent a statement whose outcome it never read, and its own idea
-    of the transaction can be wrong (asyncpg interrupted in its implicit
-    ``BEGIN`` believes no transaction is open, so a rollback does nothing
-    and the next unit on the connection would run, and "commit", inside
-    that stale transaction). SQLAlchemy invalidates a connection in that
-    case for the statements it runs; agentkeep's statements go straight to
-    the driver, so it does the same here. Except for an in-memory database
-    (``memory``), which lives in its one connection: it is rolled back (on
-    SQLite the connection knows its transaction: pysqlite and aiosqlite
-    finish a statement before the rollback runs).
+    transaction state is unknown, must not go back to the pool.
+
+    Nor may a Postgres connection whose driver call was interrupted
+    (``error`` is not an ``Exception``: an asyncio cancellation,
+    KeyboardInterrupt): the driver may have sent a statement whose outcome it
+    never read, and its own idea of the transaction can be wrong (asyncpg
+    interrupted in its implicit ``BEGIN`` believes no transaction is open, so
+    a rollback does nothing and the next units on the connection would run,
+    and "commit", inside that stale transaction). SQLAlchemy invalidates a
+    connection in that case for the statements it runs; agentkeep's
+    statements go straight to the driver, so it does the same here (the
+    server rolls back when the connection closes). A SQLite connection is
+    rolled back instead: it knows its transaction (sqlite3 asks the library;
+    aiosqlite finishes a statement before the rollback runs on its thread),
+    and closing it would not end the transaction while a cursor of it is
+    still referenced (sqlite3 then leaves the connection open, holding the
+    write lock, until the cursor is collected).
     """
-    if not isinstance(error, Exception) and not memory:
+    if not isinstance(error, Exception) and driver.postgres:
         pooled.invalidate()
         return
     try:
@@ -677,9 +679,9 @@ def _rollback_or_discard(
         pooled.invalidate()
 
 
-def _rollback_connection(conn: Connection, error: BaseException, *, memory: bool) -> None:
+def _rollback_connection(conn: Connection, error: BaseException) -> None:
     """:func:`_rollback_or_discard` for a unit on a SQLAlchemy Connection."""
-    if not isinstance(error, Exception) and not memory:
+    if not isinstance(error, Exception) and db.is_postgres(conn):
         conn.invalidate()
         return
     try:
