@@ -119,8 +119,24 @@ class Observer:
         ((value,),) = self.rows(sql, **params)
         return value
 
-    def no_transaction_left_open(self) -> bool:
-        """True when no other connection to the database sits in an open transaction.
+    async def no_transaction_left_open(self) -> bool:
+        """True once no other connection to the database sits in an open transaction.
+
+        Polls :meth:`no_open_transaction_now` on the loop for up to
+        :data:`WAIT_S`: a connection the store closed may still be listed by
+        the server for a moment (its backend notices the closed socket
+        asynchronously); one left open in the pool stays.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_S
+        while not self.no_open_transaction_now():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    def no_open_transaction_now(self) -> bool:
+        """True when no other connection to the database sits in an open transaction now.
 
         Postgres: no other backend of the database is ``idle in transaction``
         (say, a pooled connection returned with a transaction its driver

@@ -82,7 +82,7 @@ async def healthy(astore: AsyncStore, url: str, run_id: str) -> None:
     assert await astore.runs.try_transition(run_id, RunStatus.PENDING, RunStatus.RUNNING)
     assert astore.engine.pool.checkedout() == 0
     with Observer(url) as seen:
-        assert seen.no_transaction_left_open()
+        assert await seen.no_transaction_left_open()
 
 
 async def lease(astore: AsyncStore) -> LeaseFence:
@@ -294,7 +294,7 @@ def test_cancel_at_random_points_is_all_or_nothing(async_url: str) -> None:
                 if turn in stored:
                     committed.append(turn)
                 assert astore.engine.pool.checkedout() == 0
-                assert seen.no_transaction_left_open(), f"round {i}: a transaction left open"
+                assert await seen.no_transaction_left_open(), f"round {i}: a transaction left open"
             assert outcomes["nothing"] >= 1, outcomes
             assert sum(outcomes.values()) == ROUNDS
             assert await astore.commits.get_head_revision(SID) == len(committed)
@@ -347,27 +347,31 @@ async def first_statement_window(
     return marks["checkout"], marks["first"], ticks
 
 
-@pytest.mark.parametrize("how", ["one_call", "unit"])
+@pytest.mark.parametrize("how", ["one_call", "unit", "read"])
 def test_cancel_at_each_loop_step_leaves_no_stale_transaction(
     async_url: str, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """A write is cancelled after k event loop iterations, for k across its whole run;
-    each time, the same write then runs uncancelled.
+    """An operation is cancelled after k event loop iterations, for k across its whole run;
+    after each, a write runs uncancelled and must be stored.
 
-    The write is ``runs.set_result`` (``one_call``), or the same in ``async
-    with astore.write()`` (``unit``). k takes every value from the iteration
-    at which an uncancelled write took its connection to the one at which
-    its first statement returned (where the driver opens its transaction),
-    with a margin of half that on each side (about :data:`DENSE` values at
-    most), and :data:`STEPS` values spread up to 1.5 times its whole run.
+    The cancelled operation is a write, ``runs.set_result`` (``one_call``),
+    or the same in ``async with astore.write()`` (``unit``), or a read of
+    several statements, ``call_read`` (``read``: it opens a snapshot
+    transaction first). k takes every value from the iteration at which an
+    uncancelled one took its connection to the one at which its first
+    statement returned (where the driver opens its transaction), with a
+    margin of half that on each side (about :data:`DENSE` values at most),
+    and :data:`STEPS` values spread up to 1.5 times its whole run.
+
     Expected after each cancellation: the caller got ``CancelledError`` or
-    None, and the stored result is the previous one or this write's (the
-    one it returned, if it returned); no connection is left inside a
-    transaction; and the next, uncancelled write is stored (read back on
-    another connection). A regression test: asyncpg
-    interrupted in its implicit ``BEGIN`` forgets the transaction it opened;
-    such a connection went back to the pool with its rollback a no-op, and
-    later writes on it reported success but were never committed.
+    the result, and the stored result is the previous one or the cancelled
+    write's (the one it returned, if it returned); no connection is left
+    inside a transaction; and the next, uncancelled write is stored (read
+    back on another connection). A regression test: asyncpg interrupted in
+    its implicit ``BEGIN`` forgets the transaction it opened; such a
+    connection went back to the pool with its rollback a no-op, and later
+    units on it ran inside that stale transaction (writes reported success
+    and were never committed; a read's ``SET TRANSACTION`` failed).
     """
 
     async def scenario() -> None:
@@ -377,35 +381,43 @@ def test_cancel_at_each_loop_step_leaves_no_stale_transaction(
             await astore.runs.create(new_run("R-1"))
 
             async def write(value: Any) -> None:
-                if how == "one_call":
-                    await astore.runs.set_result("R-1", value)
+                if how == "unit":
+                    async with astore.write() as uow:
+                        await uow.runs.set_result("R-1", value)
                     return
-                async with astore.write() as uow:
-                    await uow.runs.set_result("R-1", value)
+                await astore.runs.set_result("R-1", value)
+
+            async def operation(value: Any) -> Any:
+                if how == "read":
+                    return await astore.call_read(lambda r: r.runs.get("R-1").result_ref)
+                return await write(value)
 
             await write({"warm": 0})
             took, first, last = await first_statement_window(
-                astore, monkeypatch, lambda: write({"warm": 1})
+                astore, monkeypatch, lambda: operation({"warm": 1})
             )
             end = 3 * last // 2 + 1
             margin = (first - took) // 2 + 2
             dense = range(max(0, took - margin), first + margin, max(1, 2 * margin // DENSE))
             ks = sorted({*dense, *(end * i // STEPS for i in range(STEPS + 1))})
-            previous: Any = {"warm": 1}
+            previous = stored_result(seen, "R-1")
             for k in ks:
-                task = asyncio.ensure_future(write({"cancelled": k}))
+                task = asyncio.ensure_future(operation({"cancelled": k}))
                 for _ in range(k):
                     await asyncio.sleep(0)
                 task.cancel()
                 await finished(task)
                 got = stored_result(seen, "R-1")
-                if task.cancelled():
+                if how == "read":
+                    assert got == previous, (k, got)
+                    assert task.cancelled() or task.result() == previous, (k, task.result())
+                elif task.cancelled():
                     assert got in (previous, {"cancelled": k}), (k, got)
                 else:
                     assert task.result() is None
                     assert got == {"cancelled": k}, (k, got)
                 assert astore.engine.pool.checkedout() == 0
-                assert seen.no_transaction_left_open(), f"after a cancel at step {k}"
+                assert await seen.no_transaction_left_open(), f"after a cancel at step {k}"
                 await write({"after": k})
                 assert stored_result(seen, "R-1") == {"after": k}, f"step {k}: not durable"
                 previous = {"after": k}
