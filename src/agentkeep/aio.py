@@ -27,21 +27,26 @@ and the caller ends cancelled**:
 * One-call operations (``astore.runs.try_transition(...)``): a cancellation
   that arrives before the operation sends its COMMIT interrupts it where it
   waits (a lock, a statement, a retry pause); its transaction is rolled back
-  and the caller gets ``CancelledError`` (none of it). A cancellation that
-  arrives once COMMIT was sent waits for the COMMIT's answer and then
-  propagates (all of it). ``runtime.commit_unregister_finalization`` is
-  never interrupted: a cancelled caller waits for it to end, as in the
-  original store. In the thread mode every operation runs to its end first
-  (a thread cannot be interrupted). So a cancelled caller is never
-  followed by a write that lands later. SQLite: an interrupted statement
-  finishes on aiosqlite's thread before the rollback runs there, so a
-  cancellation during a lock wait takes effect when the wait ends (the lock
-  is freed or the busy timeout passes); nothing is written.
-* Units of work: a cancellation inside the block rolls the whole unit back.
-  The commit at the end of the block is never interrupted. If a repository
-  call inside the block was interrupted and the block then exits normally
-  (it caught the ``CancelledError``), the unit is rolled back and
-  ``CancelledError`` is raised: half an operation is never committed.
+  (on Postgres by closing the connection, never reused: a driver
+  interrupted in a call may misjudge its transaction) and the caller gets
+  ``CancelledError`` (none of it). A cancellation that arrives once COMMIT was sent waits for
+  the COMMIT's answer and then propagates (all of it).
+  ``runtime.commit_unregister_finalization`` is never interrupted: a
+  cancelled caller waits for it to end, as in the original store. In the
+  thread mode every operation runs to its end first (a thread cannot be
+  interrupted). So a cancelled caller is never followed by a write that
+  lands later. SQLite: an interrupted statement finishes on aiosqlite's
+  thread before the rollback runs there, so a cancellation during a lock
+  wait takes effect when the wait ends (the lock is freed or the busy
+  timeout passes); nothing is written. (``sqlite3``'s
+  ``Connection.interrupt()`` would not end it sooner: SQLite does not check
+  for an interrupt while its busy handler waits.)
+* Units of work: a cancellation inside the block rolls the whole unit back
+  (closing its connection, as above). The commit at the end of the block
+  is never interrupted. If a repository call inside the block was
+  interrupted and the block then exits normally (it caught the
+  ``CancelledError``), the unit is rolled back and ``CancelledError`` is
+  raised: half an operation is never committed.
 
 ``asyncio.timeout(...)``, ``asyncio.wait_for`` and task groups work on top
 of this: their cancellation is the caller's.

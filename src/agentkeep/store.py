@@ -435,11 +435,11 @@ class Store:
                         raise  # a definite failure: rolled back below
                 except sa_exc.DBAPIError as exc:
                     uow._discard()
-                    _rollback_connection(conn)
+                    _rollback_connection(conn, exc)
                     raise db.translate_db_error(exc) from exc
-                except BaseException:
+                except BaseException as exc:
                     uow._discard()
-                    _rollback_connection(conn)
+                    _rollback_connection(conn, exc)
                     raise
             finally:
                 conn.close()
@@ -634,7 +634,7 @@ class Store:
                 if limit is not None and not driver.postgres:
                     driver.limit_lock_wait(limit)
                 if write or snapshot:
-                    driver.begin(write=write)
+                    driver.begin(write=write)  # may open the driver's transaction
                 if limit is not None and driver.postgres:
                     driver.limit_lock_wait(limit)
                 result = fn(self.repositories(driver, write=write))
@@ -648,8 +648,8 @@ class Store:
             except CommitOutcomeUnknown:
                 pooled.invalidate()  # its state is unknown: never back to the pool
                 raise
-            except BaseException:
-                _rollback_or_discard(driver, pooled)
+            except BaseException as exc:
+                _rollback_or_discard(driver, pooled, exc)
                 raise
             finally:
                 if limit is not None and not driver.postgres and pooled.is_valid:
@@ -736,13 +736,32 @@ class Store:
 _LOCK_WAIT_SLACK_MS = 50
 
 
-def _rollback_or_discard(driver: db.Driver, pooled: Any) -> None:
-    """Roll a failed unit back; a connection that cannot roll back is discarded.
+def _rollback_or_discard(driver: db.Driver, pooled: Any, error: BaseException) -> None:
+    """Roll a failed unit back; a connection whose state is unknown is discarded.
 
-    Called while the unit's own error propagates: a failing rollback (a dead
-    connection, a cancelled driver call) must not replace that error, and the
-    connection, whose transaction state is unknown, must not go back to the pool.
+    Called while the unit's own ``error`` propagates: a failing rollback (a
+    dead connection) must not replace that error, and the connection, whose
+    transaction state is unknown, must not go back to the pool.
+
+    Nor may a Postgres connection whose driver call was interrupted
+    (``error`` is not an ``Exception``: an asyncio cancellation,
+    KeyboardInterrupt): the driver may have sent a statement whose outcome it
+    never read, and its own idea of the transaction can be wrong (asyncpg
+    interrupted in its implicit ``BEGIN`` believes no transaction is open, so
+    a rollback does nothing and the next units on the connection would run,
+    and "commit", inside that stale transaction). SQLAlchemy invalidates a
+    connection in that case for the statements it runs; agentkeep's
+    statements go straight to the driver, so it does the same here (the
+    server rolls back when the connection closes). A SQLite connection is
+    rolled back instead: it knows its transaction (sqlite3 asks the library;
+    aiosqlite finishes a statement before the rollback runs on its thread),
+    and closing it would not end the transaction while a cursor of it is
+    still referenced (sqlite3 then leaves the connection open, holding the
+    write lock, until the cursor is collected).
     """
+    if not isinstance(error, Exception) and driver.postgres:
+        pooled.invalidate()
+        return
     try:
         driver.rollback()
     except Exception:  # noqa: BLE001 - the unit's error is the one to report
@@ -764,8 +783,11 @@ def _commit_failure(conn: Connection, exc: sa_exc.DBAPIError) -> DatabaseError:
     return failure
 
 
-def _rollback_connection(conn: Connection) -> None:
+def _rollback_connection(conn: Connection, error: BaseException) -> None:
     """:func:`_rollback_or_discard` for a unit on a SQLAlchemy Connection."""
+    if not isinstance(error, Exception) and db.is_postgres(conn):
+        conn.invalidate()
+        return
     try:
         conn.rollback()
     except Exception:  # noqa: BLE001 - the unit's error is the one to report
