@@ -638,7 +638,10 @@ class Store:
                 if limit is not None and driver.postgres:
                     driver.limit_lock_wait(limit)
                 result = fn(self.repositories(driver, write=write))
-                driver.commit()
+                if write:
+                    driver.commit()
+                else:
+                    _end_read(driver, pooled)
             except ConnectionLost as lost:
                 # Its peers may be dead too (a server restart): SQLAlchemy's own
                 # rule for a disconnect, every connection of the pool opened before
@@ -734,6 +737,20 @@ class Store:
 #: A one-call attempt that starts with less than the busy timeout minus this
 #: left before its deadline is a retry: its lock waits are cut to what is left.
 _LOCK_WAIT_SLACK_MS = 50
+
+
+def _end_read(driver: db.Driver, pooled: Any) -> None:
+    """End a one-call read unit, whose result is already read.
+
+    The unit wrote nothing (its repositories refuse writes), so its COMMIT
+    only ends the snapshot the result was read in: when the connection is
+    lost while COMMIT is in flight there is no outcome to be unsure of, and
+    the result stands. The connection, in an unknown state, is discarded.
+    """
+    try:
+        driver.commit()
+    except CommitOutcomeUnknown:
+        pooled.invalidate()
 
 
 def _rollback_or_discard(driver: db.Driver, pooled: Any, error: BaseException) -> None:
