@@ -82,6 +82,8 @@ class Store:
         InvalidInput: a refused engine or argument.
         SchemaBehind: the schema is behind head.
         SchemaNewer: the database was written by a newer agentkeep.
+        DatabaseUnavailable, StoreBusy, DatabaseError: opening failed, as
+            for :meth:`open`.
     """
 
     def __init__(
@@ -98,14 +100,20 @@ class Store:
     ) -> None:
         _check_options(retry_attempts, auto_gc_every_commits)
         db.check_schema_name(schema)
+        if not isinstance(engine, Engine):
+            _refuse_async(engine)
+            raise InvalidInput(
+                "engine", f"expected a sqlalchemy Engine, not {type(engine).__name__}"
+            )
         memory = memory or _is_memory(engine)
         if not _checked:  # Store(engine): what Store.open does, without migrate
             _refuse_async(engine)
-            db.adopt_engine(engine)
-            if schema is not None:
-                db.attach_schema(engine, schema)
-            _migrations.ensure_schema(engine, migrate=memory, schema=schema)
-            db.enable_wal(engine, schema)
+            with db.opening(engine if isinstance(engine, Engine) else None):
+                db.adopt_engine(engine)
+                if schema is not None:
+                    db.attach_schema(engine, schema)
+                _migrations.ensure_schema(engine, migrate=memory, schema=schema)
+                db.enable_wal(engine, schema)
         settings = db.engine_settings(engine)
         assert settings is not None  # created or adopted above
         self._settings = settings
@@ -218,16 +226,59 @@ class Store:
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine` (URL only).
 
         Raises:
-            InvalidInput: a refused argument or engine (the message says what
-                to change); nothing was changed.
+            InvalidInput: a refused argument, URL or engine (the message says
+                what to change); nothing was changed.
             SchemaBehind: the schema is behind head and ``migrate`` is false.
             SchemaNewer: the database was written by a newer agentkeep.
             LegacySchemaMismatch: (``migrate=True``) legacy tables of unknown shape.
+            DatabaseUnavailable: the database cannot be opened: a SQLite path
+                that is a directory, in a directory that does not exist, on a
+                read-only file system (or opened ``?mode=ro``), a file that is
+                not a SQLite database; a Postgres server that refuses the
+                connection. Nothing was created.
+            StoreBusy: a lock held elsewhere (a migration in another process)
+                outlasted the busy timeout; retry.
+            DatabaseError: any other failure of the database while opening
+                (a statement timeout, ...), the driver's error chained.
         """
         _check_options(retry_attempts, auto_gc_every_commits)  # before touching the database
         db.check_schema_name(schema)
+        if isinstance(url, (str, URL)):
+            db.check_url(url)
         _refuse_async(url)
         owned = isinstance(url, (str, URL))
+        with db.opening(url if isinstance(url, (str, URL, Engine)) else None):
+            return cls._open(
+                url,
+                owned=owned,
+                migrate=migrate,
+                clock=clock,
+                busy_timeout_ms=busy_timeout_ms,
+                synchronous=synchronous,
+                retry_attempts=retry_attempts,
+                auto_gc_every_commits=auto_gc_every_commits,
+                runtime_domain=runtime_domain,
+                schema=schema,
+                engine_kwargs=engine_kwargs,
+            )
+
+    @classmethod
+    def _open(
+        cls,
+        url: str | URL | Engine,
+        *,
+        owned: bool,
+        migrate: bool,
+        clock: Clock | None,
+        busy_timeout_ms: int | None,
+        synchronous: str | None,
+        retry_attempts: int,
+        auto_gc_every_commits: int | None,
+        runtime_domain: RuntimeDomain[Any] | None,
+        schema: str | None,
+        engine_kwargs: dict[str, Any],
+    ) -> Store:
+        """:meth:`open` after its argument checks: build or adopt the engine, then open on it."""
         if isinstance(url, (str, URL)):
             if schema is not None and db.is_memory_sqlite(
                 url.render_as_string(hide_password=False) if isinstance(url, URL) else url
@@ -285,10 +336,11 @@ class Store:
         """
         memory = _is_memory(engine)
         try:
-            if schema is not None:
-                db.attach_schema(engine, schema)
-            _migrations.ensure_schema(engine, migrate=migrate or memory, schema=schema)
-            db.enable_wal(engine, schema)
+            with db.opening(engine):
+                if schema is not None:
+                    db.attach_schema(engine, schema)
+                _migrations.ensure_schema(engine, migrate=migrate or memory, schema=schema)
+                db.enable_wal(engine, schema)
         except BaseException:
             if owned:
                 engine.dispose()
