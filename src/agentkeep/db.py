@@ -220,9 +220,11 @@ class EngineSettings:
 
     Attributes:
         owned: built by :func:`create_engine` (every setting applied at connect).
-        busy_timeout_ms: SQLite: the ``busy_timeout`` of every connection
-            (Postgres: the ``lock_timeout`` of an owned engine; None for a
-            host's Postgres engine, whose own setting stands).
+        busy_timeout_ms: SQLite: the ``busy_timeout`` of every connection.
+            Postgres: the ``lock_timeout`` of an owned engine; for a host's
+            engine, whose own setting stands, the ``lock_timeout`` its
+            connection had when it was adopted (None: 0, no limit). It is
+            the one deadline of a one-call operation (``Store._deadline``).
         synchronous: SQLite ``PRAGMA synchronous`` applied to every connection,
             or None where the connections keep their own.
         pg_read_committed: Postgres: the engine's transactions are not READ
@@ -658,7 +660,10 @@ def adopt_engine(
     transaction. ``busy_timeout_ms`` and ``synchronous`` are refused too: set
     ``lock_timeout`` on the engine (``connect_args={"options": "-c
     lock_timeout=30000"}``) to bound agentkeep's lock waits; without it a
-    writer waits as long as the engine's setting says. When the engine's
+    writer waits as long as the engine's setting says. The ``lock_timeout``
+    a connection of the engine has when it is adopted is read (nothing is
+    set) and is the deadline of a one-call operation, retries included, as
+    the busy timeout is for an engine agentkeep creates. When the engine's
     transactions are not READ COMMITTED (a REPEATABLE READ engine or role
     default), agentkeep's write units still run READ COMMITTED (the host's
     connections keep their level); the fences rely on it.
@@ -762,6 +767,7 @@ def _adopt_postgres(
         "it is configured with isolation_level='AUTOCOMMIT'" if is_autocommit(engine) else None
     )
     level = None
+    lock_wait_ms = None
     if autocommit is None:
         try:
             with engine.connect() as conn:
@@ -769,6 +775,7 @@ def _adopt_postgres(
                     autocommit = "its driver connections are in autocommit mode"
                 else:
                     level = conn.get_isolation_level()
+                    lock_wait_ms = _pg_lock_timeout_ms(conn)
         except sa_exc.DBAPIError as exc:
             raise translate_db_error(exc) from exc
     if autocommit is not None:
@@ -777,7 +784,20 @@ def _adopt_postgres(
             f"{autocommit} (AUTOCOMMIT): agentkeep's fenced writes need a transaction; "
             "use an engine without isolation_level='AUTOCOMMIT' (READ COMMITTED or the default)",
         )
-    return EngineSettings(False, None, None, pg_read_committed=level != "READ COMMITTED")
+    return EngineSettings(False, lock_wait_ms, None, pg_read_committed=level != "READ COMMITTED")
+
+
+_PG_LOCK_TIMEOUT: Final = "SELECT setting FROM pg_settings WHERE name = 'lock_timeout'"
+
+
+def _pg_lock_timeout_ms(conn: Connection) -> int | None:
+    """The ``lock_timeout`` a connection of the host's engine runs with (None: 0, no limit)."""
+    value = conn.exec_driver_sql(_PG_LOCK_TIMEOUT).scalar()
+    try:
+        ms = int(str(value))
+    except ValueError:
+        return None
+    return ms if ms > 0 else None
 
 
 def is_autocommit(bind: Engine | Connection) -> bool:

@@ -640,8 +640,10 @@ class Store:
     def _deadline(self) -> float | None:
         """When a one-call operation started now must end: now + the busy timeout.
 
-        None when the store does not know the engine's lock wait (a host's
-        Postgres engine): the attempts alone bound it then.
+        The busy timeout: SQLite's ``busy_timeout``, the ``lock_timeout`` of
+        an owned Postgres engine, or the one a host's Postgres engine had
+        when it was adopted. None when that is 0 (no limit): the attempts
+        alone bound the operation then.
         """
         busy = self._settings.busy_timeout_ms
         return None if busy is None else time.monotonic() + busy / 1000
