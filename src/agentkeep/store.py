@@ -216,7 +216,9 @@ class Store:
                 (default 30 s; for a SQLite Engine applied to its connections).
             synchronous: SQLite ``PRAGMA synchronous`` (NORMAL or FULL;
                 default NORMAL for a URL, the connections' own for an Engine).
-            retry_attempts: attempts of a one-call operation on transient errors.
+            retry_attempts: at most this many attempts of a one-call operation
+                on transient errors, all within one busy timeout (one deadline:
+                docs/architecture.md#one-call-operations).
             auto_gc_every_commits: run blob GC after every N successful
                 ``store.commits.commit_runtime_state`` calls (best effort).
             runtime_domain: the runtime store's domain rules (default
@@ -607,8 +609,18 @@ class Store:
         repositories. Every one-call operation (``store.runs.<op>``) goes
         through here.
 
+        One deadline: the operation ends within the busy timeout (plus the
+        statement running when it passes), retries included, after at most
+        ``retry_attempts`` attempts; a retry waits for a lock only as long as
+        is left.
+
         Raises:
-            StoreBusy: every attempt met a busy/serialisation error.
+            StoreBusy: every attempt met a busy/serialisation error, or the
+                busy timeout passed (``ConnectionLost`` when the last attempt
+                lost its connection before COMMIT).
+            CommitOutcomeUnknown: the connection was lost while COMMIT was
+                in flight (named ``"transaction"``; the one-call forms name
+                the operation).
         """
         deadline = self._deadline()
         return db.retry_transient(
