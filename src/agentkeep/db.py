@@ -109,6 +109,7 @@ __all__ = [
     "opening",
     "read_engine",
     "retry_transient",
+    "rollback_after",
     "savepoint",
     "schema_map",
     "sqlite_file",
@@ -1639,6 +1640,24 @@ def _sqlite_unusable(exc: sqlite3.Error, path: Path | None) -> str | None:
     except OSError as err:  # the path itself cannot be examined (too long, ...)
         return f"{path} cannot be examined ({err}): sqlite: {message}"
     return f"sqlite cannot open {path}: {message}"
+
+
+def rollback_after(
+    error: BaseException, rollback: Callable[[], object], discard: Callable[[], object]
+) -> None:
+    """Roll a failed unit back while ``error`` propagates; a failing rollback never replaces it.
+
+    The rollback's own failure (a dead connection, a cancelled driver call)
+    is attached to ``error`` as a note naming it, and ``discard`` throws the
+    connection away (its transaction state is unknown, it must not be
+    pooled again). The caller then re-raises ``error``.
+    """
+    try:
+        rollback()
+    except Exception as failure:  # noqa: BLE001 - error is the one to report
+        reason = _first_line(f"{type(failure).__name__}: {failure}")
+        error.add_note(f"rolling back failed too ({reason}); the connection was discarded")
+        discard()
 
 
 def retry_transient(

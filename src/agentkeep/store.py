@@ -471,11 +471,12 @@ class Store:
                         raise  # a definite failure: rolled back below
                 except sa_exc.DBAPIError as exc:
                     uow._discard()
-                    _rollback_connection(conn)
-                    raise db.translate_db_error(exc) from exc
-                except BaseException:
+                    error = db.translate_db_error(exc)
+                    db.rollback_after(error, conn.rollback, conn.invalidate)
+                    raise error from exc
+                except BaseException as exc:
                     uow._discard()
-                    _rollback_connection(conn)
+                    db.rollback_after(exc, conn.rollback, conn.invalidate)
                     raise
             finally:
                 conn.close()
@@ -536,13 +537,14 @@ class Store:
                 nested.commit()
         except sa_exc.DBAPIError as exc:
             uow._discard()
-            if nested.is_active:
-                nested.rollback()
-            raise db.translate_db_error(exc) from exc
-        except BaseException:
+            error = db.translate_db_error(exc)
+            if nested.is_active:  # the host's connection: never discarded by agentkeep
+                db.rollback_after(error, nested.rollback, lambda: None)
+            raise error from exc
+        except BaseException as exc:
             uow._discard()
             if nested.is_active:
-                nested.rollback()
+                db.rollback_after(exc, nested.rollback, lambda: None)
             raise
 
     def _host_transaction(self, join: Any) -> tuple[Session | None, Connection, dict[str, Any]]:
@@ -689,8 +691,8 @@ class Store:
             except (ConnectionLost, CommitOutcomeUnknown):
                 pooled.invalidate()  # its state is unknown: never back to the pool
                 raise
-            except BaseException:
-                _rollback_or_discard(driver, pooled)
+            except BaseException as exc:
+                db.rollback_after(exc, driver.rollback, pooled.invalidate)
                 raise
             finally:
                 if limit is not None and not driver.postgres and pooled.is_valid:
@@ -771,19 +773,6 @@ class Store:
 _LOCK_WAIT_SLACK_MS = 50
 
 
-def _rollback_or_discard(driver: db.Driver, pooled: Any) -> None:
-    """Roll a failed unit back; a connection that cannot roll back is discarded.
-
-    Called while the unit's own error propagates: a failing rollback (a dead
-    connection, a cancelled driver call) must not replace that error, and the
-    connection, whose transaction state is unknown, must not go back to the pool.
-    """
-    try:
-        driver.rollback()
-    except Exception:  # noqa: BLE001 - the unit's error is the one to report
-        pooled.invalidate()
-
-
 def _commit_failure(conn: Connection, exc: sa_exc.DBAPIError) -> DatabaseError:
     """:meth:`agentkeep.db.Driver.commit_failure` for a unit on a SQLAlchemy Connection."""
     if exc.connection_invalidated:
@@ -797,14 +786,6 @@ def _commit_failure(conn: Connection, exc: sa_exc.DBAPIError) -> DatabaseError:
     if isinstance(failure, CommitOutcomeUnknown):
         return CommitOutcomeUnknown("unit of work", detail=failure.detail)
     return failure
-
-
-def _rollback_connection(conn: Connection) -> None:
-    """:func:`_rollback_or_discard` for a unit on a SQLAlchemy Connection."""
-    try:
-        conn.rollback()
-    except Exception:  # noqa: BLE001 - the unit's error is the one to report
-        conn.invalidate()
 
 
 def _refuse_async(url: object) -> None:
