@@ -685,6 +685,43 @@ def test_pg_unit_loses_its_connection_at_commit(
     assert pool_errors() == []
 
 
+def test_pg_unit_failing_rollback_never_replaces_the_error(
+    pg_url: str, admin: Admin, pool_errors: Callable[[], list[str]]
+) -> None:
+    """The block raises on a connection that is gone: its error, the rollback's failure noted."""
+
+    class Boom(Exception):
+        pass
+
+    with Store.open(pg_url) as store:
+        with pytest.raises(Boom) as caught:
+            with store.write() as uow:
+                uow.runs.create(RunRecord.new("R-1", "T-1", created_at=T0))
+                admin.terminate(_own_pid(uow))
+                raise Boom("the application's own error")
+        assert any("rolling back failed too" in note for note in caught.value.__notes__)
+        assert raw_rows(pg_url, "SELECT count(*) FROM runs") == [(0,)]
+        store.runs.create(RunRecord.new("R-2", "T-1", created_at=T0))  # a fresh connection
+    assert pool_errors() == []
+
+
+def test_pg_joined_unit_failing_savepoint_rollback_never_replaces_the_error(
+    pg_url: str, admin: Admin
+) -> None:
+    """A joined unit's SAVEPOINT rollback on a dead host connection: the block's error stays."""
+    from sqlalchemy.orm import Session
+
+    class Boom(Exception):
+        pass
+
+    with Store.open(pg_url) as store, Session(store.engine) as host:
+        with pytest.raises(Boom) as caught:
+            with store.write(join=host) as uow:
+                admin.terminate(_own_pid(uow))
+                raise Boom("the application's own error")
+        assert any("rolling back failed too" in note for note in caught.value.__notes__)
+
+
 # --------------------------------------------------------------------------
 # (d) random moments
 
