@@ -670,6 +670,8 @@ class AsyncStore:
         Raises:
             InvalidInput: a refused argument or engine; nothing was changed.
             SchemaBehind, SchemaNewer, LegacySchemaMismatch: as :meth:`Store.open`.
+            DatabaseUnavailable, StoreBusy, DatabaseError: opening failed, as
+                for :meth:`Store.open`.
         """
         options: dict[str, Any] = {
             "migrate": migrate,
@@ -726,12 +728,13 @@ class AsyncStore:
         async with _opening_lock():
             try:
                 if not owned:
-                    await spawn(
-                        db.adopt_engine,
-                        async_engine.sync_engine,
-                        busy_timeout_ms=busy_timeout_ms,
-                        synchronous=synchronous,
-                    )
+                    with db.opening(async_engine.sync_engine):
+                        await spawn(
+                            db.adopt_engine,
+                            async_engine.sync_engine,
+                            busy_timeout_ms=busy_timeout_ms,
+                            synchronous=synchronous,
+                        )
                 store = await spawn(
                     functools.partial(
                         Store._on_engine, async_engine.sync_engine, owned=False, **options

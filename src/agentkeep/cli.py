@@ -26,9 +26,11 @@ saw an invariant fail, or ``migrate-legacy`` found a blocked runtime; 2 the
 command was refused or failed: the database carries a revision this code does
 not know (``current`` prints "ahead of this code: <rev>"), legacy tables of an
 unknown shape, a stamp its tables do not match, an unknown revision argument, a
-lock held elsewhere, an unreachable database, a missing SQLite file, or a usage
-error. A refusal prints one line on stderr, ``agentkeep <command>: <reason>``,
-and no traceback.
+lock held elsewhere, a statement timeout, an unreachable database or one that
+cannot be opened (a directory, a missing directory, a read-only file system, a
+file that is not a database: :class:`~agentkeep.errors.DatabaseUnavailable`),
+a missing SQLite file, or a usage error. A refusal prints one line on stderr,
+``agentkeep <command>: <reason>`` (the typed error's message), and no traceback.
 
 ``agentkeep migrate-legacy runtime [URL] [--apply] [--json] [--progress]``
 runs :func:`agentkeep.legacy.migrator.migrate_v0_6_34_completed_idle`: a dry
@@ -75,9 +77,11 @@ exit codes:
      migrate-legacy: a runtime is blocked
   2  refused or failed, nothing changed: the database is ahead of this code
      (a revision it does not know), legacy tables of an unknown shape, a stamp
-     the tables do not match, an unknown revision, a lock held elsewhere, an
-     unreachable database, a missing SQLite file for a command that never
-     creates one, or a usage error"""
+     the tables do not match, an unknown revision, a lock held elsewhere, a
+     statement timeout, an unreachable database or one that cannot be opened
+     (a directory, a missing directory, a read-only file system, not a
+     database), a missing SQLite file for a command that never creates one,
+     or a usage error"""
 
 
 def _version() -> str:

@@ -63,13 +63,15 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from sqlalchemy import Connection, Engine, bindparam, event, false, func, select, update
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
 from agentkeep.errors import (
+    AgentkeepError,
     CommitOutcomeUnknown,
     ConnectionLost,
     DatabaseError,
+    DatabaseUnavailable,
     InvalidInput,
     JoinedTransactionStale,
     MissingDependency,
@@ -90,6 +92,7 @@ __all__ = [
     "attach_schema",
     "check_schema_name",
     "create_private_file",
+    "check_url",
     "create_async_engine",
     "create_engine",
     "enable_wal",
@@ -105,11 +108,16 @@ __all__ = [
     "join_write",
     "lock_aggregate",
     "lock_aggregate_and_blobs",
+    "mask_url",
     "migration_lock_key",
+    "open_failure",
+    "opening",
     "read_engine",
     "retry_transient",
+    "rollback_after",
     "savepoint",
     "schema_map",
+    "sqlite_file",
     "sqlite_schema_file",
     "plain_sql",
     "PRIVATE_FILE_MODE",
@@ -311,9 +319,11 @@ class EngineSettings:
 
     Attributes:
         owned: built by :func:`create_engine` (every setting applied at connect).
-        busy_timeout_ms: SQLite: the ``busy_timeout`` of every connection
-            (Postgres: the ``lock_timeout`` of an owned engine; None for a
-            host's Postgres engine, whose own setting stands).
+        busy_timeout_ms: SQLite: the ``busy_timeout`` of every connection.
+            Postgres: the ``lock_timeout`` of an owned engine; for a host's
+            engine, whose own setting stands, the ``lock_timeout`` its
+            connection had when it was adopted (None: 0, no limit). It is
+            the one deadline of a one-call operation (``Store._deadline``).
         synchronous: SQLite ``PRAGMA synchronous`` applied to every connection,
             or None where the connections keep their own.
         pg_read_committed: Postgres: the engine's transactions are not READ
@@ -372,7 +382,7 @@ def create_engine(
     """
     if busy_timeout_ms < 0:
         raise InvalidInput("busy_timeout_ms", "must be >= 0")
-    u = make_url(url)
+    u = check_url(url)
     backend = u.get_backend_name()
     if u.get_driver_name() in ASYNC_DRIVERS:
         raise InvalidInput(
@@ -421,7 +431,7 @@ def create_async_engine(
     _require_async_driver(url)
     if busy_timeout_ms < 0:
         raise InvalidInput("busy_timeout_ms", "must be >= 0")
-    u = make_url(url)
+    u = check_url(url)
     backend, driver = u.get_backend_name(), u.get_driver_name()
     if driver not in ASYNC_DRIVERS or driver not in _DRIVERS.get(backend, ()):
         raise InvalidInput(
@@ -777,7 +787,10 @@ def adopt_engine(
     transaction. ``busy_timeout_ms`` and ``synchronous`` are refused too: set
     ``lock_timeout`` on the engine (``connect_args={"options": "-c
     lock_timeout=30000"}``) to bound agentkeep's lock waits; without it a
-    writer waits as long as the engine's setting says. When the engine's
+    writer waits as long as the engine's setting says. The ``lock_timeout``
+    a connection of the engine has when it is adopted is read (nothing is
+    set) and is the deadline of a one-call operation, retries included, as
+    the busy timeout is for an engine agentkeep creates. When the engine's
     transactions are not READ COMMITTED (a REPEATABLE READ engine or role
     default), agentkeep's write units still run READ COMMITTED (the host's
     connections keep their level); the fences rely on it.
@@ -881,6 +894,7 @@ def _adopt_postgres(
         "it is configured with isolation_level='AUTOCOMMIT'" if is_autocommit(engine) else None
     )
     level = None
+    lock_wait_ms = None
     if autocommit is None:
         try:
             with engine.connect() as conn:
@@ -888,6 +902,7 @@ def _adopt_postgres(
                     autocommit = "its driver connections are in autocommit mode"
                 else:
                     level = conn.get_isolation_level()
+                    lock_wait_ms = _pg_lock_timeout_ms(conn)
         except sa_exc.DBAPIError as exc:
             raise translate_db_error(exc) from exc
     if autocommit is not None:
@@ -896,7 +911,20 @@ def _adopt_postgres(
             f"{autocommit} (AUTOCOMMIT): agentkeep's fenced writes need a transaction; "
             "use an engine without isolation_level='AUTOCOMMIT' (READ COMMITTED or the default)",
         )
-    return EngineSettings(False, None, None, pg_read_committed=level != "READ COMMITTED")
+    return EngineSettings(False, lock_wait_ms, None, pg_read_committed=level != "READ COMMITTED")
+
+
+_PG_LOCK_TIMEOUT: Final = "SELECT setting FROM pg_settings WHERE name = 'lock_timeout'"
+
+
+def _pg_lock_timeout_ms(conn: Connection) -> int | None:
+    """The ``lock_timeout`` a connection of the host's engine runs with (None: 0, no limit)."""
+    value = conn.exec_driver_sql(_PG_LOCK_TIMEOUT).scalar()
+    try:
+        ms = int(str(value))
+    except ValueError:
+        return None
+    return ms if ms > 0 else None
 
 
 def is_autocommit(bind: Engine | Connection) -> bool:
@@ -1533,6 +1561,255 @@ def _is_disconnect(orig: BaseException, raw: Any, target: CompileTarget) -> bool
         return bool(target.dialect.is_disconnect(orig, raw, None))  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - a dialect that cannot tell: not a disconnect
         return False
+
+
+# --------------------------------------------------------------------------
+# Opening a database: URLs and the errors of the open path
+
+
+def check_url(url: object) -> URL:
+    """Parse a database URL; refuse what cannot name a database.
+
+    Raises:
+        InvalidInput: not a string or :class:`~sqlalchemy.engine.URL`; a NUL
+            character or a lone surrogate in it; text SQLAlchemy cannot parse.
+            The message never repeats the URL (it may hold a password).
+    """
+    if isinstance(url, URL):
+        text = url.render_as_string(hide_password=False)
+    elif isinstance(url, str):
+        text = url
+    else:
+        raise InvalidInput(
+            "url", f"expected a URL string or a sqlalchemy Engine, not {type(url).__name__}"
+        )
+    if "\x00" in text:
+        raise InvalidInput("url", "contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput("url", "contains a lone surrogate (not valid UTF-8)") from exc
+    try:
+        return make_url(text)
+    except (sa_exc.ArgumentError, ValueError) as exc:
+        raise InvalidInput(
+            "url",
+            f"not a database URL ({exc}): use sqlite:///path.db or "
+            "postgresql+psycopg://user@host/dbname",
+        ) from exc
+
+
+def mask_url(url: str | URL) -> str:
+    """``url`` with its password replaced by ``***`` (also for a URL SQLAlchemy cannot parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (sa_exc.ArgumentError, ValueError):
+        text = str(url)
+        head, sep, rest = text.partition("://")
+        userinfo, at, hostpart = rest.rpartition("@")
+        if sep and at and ":" in userinfo:
+            user = userinfo.split(":", 1)[0]
+            return f"{head}://{user}:***@{hostpart}"
+        return text
+
+
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file a SQLite URL opens, or ``None`` (in-memory SQLite, or another backend)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or is_memory_sqlite(
+        u.render_as_string(hide_password=False)
+    ):
+        return None
+    database = u.database or ""
+    if database.startswith("file:"):  # a URI filename (?uri=true)
+        database = database[len("file:") :].split("?", 1)[0]
+        if not database or database == ":memory:":
+            return None
+    return Path(database)
+
+
+#: What :func:`opening` is given to name the database: a URL, an engine, a connection.
+OpenTarget = str | URL | Engine | Connection
+
+
+@contextmanager
+def opening(target: OpenTarget | None) -> Iterator[None]:
+    """Raise typed errors for what opening, checking or migrating a database raises.
+
+    Wraps the open path (:meth:`agentkeep.Store.open`,
+    :func:`agentkeep.migrations.upgrade`, ...): a driver error (wrapped by
+    SQLAlchemy or raw) or an ``OSError`` becomes :func:`open_failure`'s
+    typed error, the original chained as ``__cause__``. agentkeep's own
+    errors pass unchanged.
+    """
+    try:
+        yield
+    except AgentkeepError:
+        raise
+    except sa_exc.DBAPIError as exc:
+        orig = exc.orig if exc.orig is not None else exc
+        raise open_failure(orig, target, connecting=exc.statement is None) from exc
+    except (sqlite3.Error, OSError) as exc:
+        raise open_failure(exc, target) from exc
+    except Exception as exc:
+        if _driver_module(exc):
+            raise open_failure(exc, target) from exc
+        raise
+
+
+def _driver_module(exc: BaseException) -> bool:
+    """True for an exception class of a database driver (or SQLAlchemy's async adapters)."""
+    module = type(exc).__module__
+    return module.split(".")[0] in ("psycopg", "asyncpg", "aiosqlite", "sqlite3") or (
+        module.startswith(("sqlalchemy.dialects.", "sqlalchemy.connectors."))
+    )
+
+
+def _target_url(target: OpenTarget | None) -> URL | None:
+    try:
+        if isinstance(target, (Engine, Connection)):
+            return target.engine.url
+        if isinstance(target, (str, URL)):
+            return make_url(target)
+    except (sa_exc.ArgumentError, ValueError):
+        pass
+    return None
+
+
+def _sqlite_cause(exc: BaseException) -> sqlite3.Error | None:
+    """The ``sqlite3.Error`` behind ``exc`` (itself, or an async adapter's cause)."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return None
+        if isinstance(seen, sqlite3.Error):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+#: SQLite result codes (primary) that say the database file itself cannot be used.
+_SQLITE_UNUSABLE: Final = frozenset(
+    {"SQLITE_CANTOPEN", "SQLITE_NOTADB", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_IOERR",
+     "SQLITE_CORRUPT", "SQLITE_FULL", "SQLITE_AUTH"}
+)  # fmt: skip
+#: Postgres SQLSTATEs of a refused connection: class 08 (connection exception),
+#: 28 (authorization), 3D000 (unknown database), 57P03 (cannot connect now).
+_PG_REFUSED: Final = frozenset({"3D000", "57P03"})
+
+
+def open_failure(
+    exc: BaseException, target: OpenTarget | None, *, connecting: bool = False
+) -> DatabaseError:
+    """The typed error for a driver error (or ``OSError``) met while opening a database.
+
+    * :class:`~agentkeep.errors.DatabaseUnavailable`: a SQLite file that
+      cannot be used (a directory, a missing directory, read-only, not a
+      database, corrupt, a full disk) or a Postgres server that refused the
+      connection (unreachable, unknown database, authentication);
+    * :class:`~agentkeep.errors.StoreBusy`: a lock held elsewhere outlasted
+      the busy timeout (a migration running in another process), and
+      :class:`~agentkeep.errors.ConnectionLost` for a connection lost in the
+      middle (both retryable);
+    * :class:`~agentkeep.errors.DatabaseError` otherwise (a statement timeout,
+      a refused statement), naming the database.
+
+    Args:
+        exc: the driver's error (``DBAPIError.orig``), or an ``OSError``.
+        target: the URL, engine or connection being opened.
+        connecting: the error came from connecting (no statement ran).
+    """
+    url = _target_url(target)
+    masked = mask_url(url) if url is not None else "the database"
+    lite = _sqlite_cause(exc)
+    if lite is not None:
+        path = None
+        try:
+            path = sqlite_file(url) if url is not None else None
+        except (sa_exc.ArgumentError, ValueError):
+            path = None
+        reason = _sqlite_unusable(lite, path)
+        if reason is not None:
+            return DatabaseUnavailable(masked, reason, None if path is None else str(path))
+        exc = lite
+    elif isinstance(exc, OSError) and not _driver_module(exc):
+        return DatabaseUnavailable(masked, f"{type(exc).__name__}: {exc}")
+    else:
+        state = getattr(exc, "sqlstate", None)
+        refused = isinstance(state, str) and (
+            state in _PG_REFUSED or state.startswith(("08", "28"))
+        )
+        if refused or (connecting and state is None):
+            return DatabaseUnavailable(masked, _first_line(f"{_prefix(exc)}: {exc}"))
+    message = f"{masked}: opening the database: " + _first_line(f"{_prefix(exc)}: {exc}")
+    if _disconnect_sqlstate(exc):
+        return ConnectionLost(message)
+    return StoreBusy(message) if is_transient(exc) else DatabaseError(message)
+
+
+def _first_line(message: str) -> str:
+    """The first line of a driver's message (psycopg adds the statement's LINE and caret)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[0] if lines else message
+
+
+def _sqlite_unusable(exc: sqlite3.Error, path: Path | None) -> str | None:
+    """Why SQLite cannot use the file at ``path``, in words (None: not a file problem)."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    primary = "_".join(name.split("_")[:2])
+    message = str(exc)
+    if primary not in _SQLITE_UNUSABLE and "unable to open database file" not in message:
+        return None
+    if path is None:
+        return f"sqlite: {message}"
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        if path.is_dir():
+            return f"{path} is a directory, not a database file"
+        if not parent.exists():
+            return f"the directory {parent} does not exist (nothing was created)"
+        if not parent.is_dir():
+            return f"{parent} is not a directory"
+        if primary == "SQLITE_NOTADB":
+            return f"{path} is not a SQLite database (or it is encrypted)"
+        if primary == "SQLITE_CORRUPT":
+            return f"{path} is corrupt: sqlite: {message}"
+        if primary == "SQLITE_FULL":
+            return f"the disk holding {path} is full: sqlite: {message}"
+        writable = os.access(parent, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+        if not writable:
+            return (
+                f"{path} cannot be written (a read-only file system, or no write permission "
+                f"on the file or on its directory {parent}): sqlite: {message}"
+            )
+        if not path.exists():
+            return f"{path} does not exist and SQLite could not create it: sqlite: {message}"
+        if primary == "SQLITE_READONLY":
+            return (
+                f"{path} is open read-only (a read-only URL such as ?mode=ro, or a read-only "
+                f"file system): agentkeep writes to it: sqlite: {message}"
+            )
+    except OSError as err:  # the path itself cannot be examined (too long, ...)
+        return f"{path} cannot be examined ({err}): sqlite: {message}"
+    return f"sqlite cannot open {path}: {message}"
+
+
+def rollback_after(
+    error: BaseException, rollback: Callable[[], object], discard: Callable[[], object]
+) -> None:
+    """Roll a failed unit back while ``error`` propagates; a failing rollback never replaces it.
+
+    The rollback's own failure (a dead connection, a cancelled driver call)
+    is attached to ``error`` as a note naming it, and ``discard`` throws the
+    connection away (its transaction state is unknown, it must not be
+    pooled again). The caller then re-raises ``error``.
+    """
+    try:
+        rollback()
+    except Exception as failure:  # noqa: BLE001 - error is the one to report
+        reason = _first_line(f"{type(failure).__name__}: {failure}")
+        error.add_note(f"rolling back failed too ({reason}); the connection was discarded")
+        discard()
 
 
 def retry_transient(

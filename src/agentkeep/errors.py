@@ -46,6 +46,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseMissing",
     "DecryptionFailed",
+    "DatabaseUnavailable",
     "Duplicate",
     "GenerationOverflow",
     "GuardRejected",
@@ -204,6 +205,31 @@ class DatabaseMissing(DatabaseError):
             f"{url}: database file {path} does not exist (nothing was created; "
             f"create and migrate it with `{command}`)"
         )
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database could not be opened or reached; nothing was changed.
+
+    Raised by :meth:`Store.open <agentkeep.Store.open>`, :meth:`AsyncStore.open
+    <agentkeep.AsyncStore.open>`, :mod:`agentkeep.migrations` and the
+    ``agentkeep`` command instead of the driver's error when a SQLite path is
+    a directory, its directory does not exist, the file or its directory is
+    read-only (a read-only file system, no permission), the file is not a
+    SQLite database; or when the Postgres server refuses the connection (not
+    running, unknown database, authentication). The driver's error is chained
+    as ``__cause__``.
+
+    Attributes:
+        url: the database URL, password masked.
+        path: the SQLite file (None for Postgres).
+        reason: what is wrong, in words (the message repeats it).
+    """
+
+    def __init__(self, url: str, reason: str, path: str | None = None) -> None:
+        self.url = url
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{url}: cannot open the database: {reason}")
 
 
 class StoreBusy(DatabaseError):

@@ -72,6 +72,7 @@ agentkeep's tables (see :mod:`agentkeep.db`), and then touches nothing outside i
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -81,7 +82,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import Any, Final, ParamSpec, TextIO, TypeVar
 
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
@@ -101,8 +102,8 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
 from sqlalchemy.engine.mock import MockConnection
-from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.base import Executable
@@ -178,28 +179,12 @@ def _adopters() -> dict[str, Adopter]:
 
 def mask_url(url: str) -> str:
     """``url`` with its password replaced by ``***`` (also for a URL SQLAlchemy cannot parse)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        head, sep, rest = url.partition("://")
-        userinfo, at, hostpart = rest.rpartition("@")
-        if sep and at and ":" in userinfo:
-            user = userinfo.split(":", 1)[0]
-            return f"{head}://{user}:***@{hostpart}"
-        return url
+    return db.mask_url(url)
 
 
 def sqlite_file(url: str) -> Path | None:
     """The file a SQLite URL opens, or ``None`` (in-memory SQLite, or another backend)."""
-    u = make_url(url)
-    if u.get_backend_name() != "sqlite" or db.is_memory_sqlite(url):
-        return None
-    database = u.database or ""
-    if database.startswith("file:"):  # a URI filename (?uri=true)
-        database = database[len("file:") :].split("?", 1)[0]
-        if not database or database == ":memory:":
-            return None
-    return Path(database)
+    return db.sqlite_file(url)
 
 
 def require_database(url: str, *, command: str = "agentkeep upgrade") -> None:
@@ -212,6 +197,7 @@ def require_database(url: str, *, command: str = "agentkeep upgrade") -> None:
     Raises:
         DatabaseMissing: the file is missing (other URLs pass).
     """
+    db.check_url(url)
     path = sqlite_file(url)
     if path is not None and not path.exists():
         raise DatabaseMissing(mask_url(url), str(path), command)
@@ -222,6 +208,37 @@ def _missing_database(target: Target) -> bool:
         return False
     path = sqlite_file(target)
     return path is not None and not path.exists()
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _typed_errors(command: Callable[P, T]) -> Callable[P, T]:
+    """A public command's errors are agentkeep's: the target is checked, driver errors typed.
+
+    The target (first argument) must be a URL, an engine or a connection
+    (:class:`~agentkeep.errors.InvalidInput` otherwise, also for a URL that
+    does not parse); what the database or the file system raises comes out
+    as :func:`agentkeep.db.open_failure`'s typed error
+    (:class:`~agentkeep.errors.DatabaseUnavailable`, ...), the driver's
+    error chained.
+    """
+
+    @functools.wraps(command)
+    def typed(*args: P.args, **kwargs: P.kwargs) -> T:
+        target = args[0] if args else next(iter(kwargs.values()), None)
+        if isinstance(target, (str, URL)):
+            db.check_url(target)
+        elif not isinstance(target, (Engine, Connection, MockConnection)):
+            raise InvalidInput(
+                "target",
+                f"expected a database URL, an Engine or a Connection, not {type(target).__name__}",
+            )
+        with db.opening(target if not isinstance(target, MockConnection) else None):
+            return command(*args, **kwargs)
+
+    return typed
 
 
 # --------------------------------------------------------------------------
@@ -682,6 +699,7 @@ def _offline(
     return output.getvalue(), tuple(sorted(s.revision for s in stamped if isinstance(s, Script)))
 
 
+@_typed_errors
 def upgrade_sql(
     url: str,
     revision: str = "heads",
@@ -716,7 +734,10 @@ def upgrade_sql(
     import sys
 
     schema_name = db.check_schema_name(schema)
-    dialect = make_url(url).get_dialect()()
+    try:
+        dialect = make_url(url).get_dialect()()
+    except sa_exc.ArgumentError as exc:  # no such dialect or driver
+        raise InvalidInput("url", f"{exc}: use sqlite or postgresql") from exc
     header = ""
     if schema is not None and dialect.name == "sqlite":
         target, schema = _resolve(url, schema)
@@ -920,6 +941,7 @@ def _include(schema: str | None, obj: Any, name: str | None, type_: str) -> bool
 # Public commands
 
 
+@_typed_errors
 def upgrade(
     target: Target | MockConnection, revision: str = "heads", *, schema: str | None = None
 ) -> tuple[str, ...]:
@@ -1017,6 +1039,7 @@ def _writing(target: Target, schema: str | None) -> Iterator[Connection]:
             yield conn
 
 
+@_typed_errors
 def downgrade(target: Target, revision: str, *, schema: str | None = None) -> tuple[str, ...]:
     """Downgrade to ``revision`` (``"base"`` drops every agentkeep table) in one transaction.
 
@@ -1044,6 +1067,7 @@ class _TrialDone(Exception):
     """Raised to roll back the savepoint of a successful trial upgrade."""
 
 
+@_typed_errors
 def stamp(target: Target, revision: str, *, schema: str | None = None) -> tuple[str, ...]:
     """Set the stamped revision to ``revision`` without running revisions, if the tables agree.
 
@@ -1080,6 +1104,7 @@ def stamp(target: Target, revision: str, *, schema: str | None = None) -> tuple[
             ) from exc
 
 
+@_typed_errors
 def current(target: Target, *, schema: str | None = None) -> tuple[str, ...]:
     """The revisions stamped in the database (empty when un-versioned or missing).
 
@@ -1102,6 +1127,7 @@ def current(target: Target, *, schema: str | None = None) -> tuple[str, ...]:
 NOT_MIGRATED: Final = "not migrated: no agentkeep revision is stamped; run `agentkeep upgrade`"
 
 
+@_typed_errors
 def check(target: Target, *, schema: str | None = None) -> list[str]:
     """What stands between the database and the models at head (empty: nothing).
 
@@ -1143,6 +1169,7 @@ def _check(conn: Connection, hint: str) -> list[str]:
     return [f"drift: {line}" for line in _drift(conn)]
 
 
+@_typed_errors
 def ensure_schema(engine: Engine, *, migrate: bool, schema: str | None = None) -> None:
     """Check, when a store opens, that the database (its namespace) is at head.
 

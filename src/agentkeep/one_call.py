@@ -59,14 +59,24 @@ def rerun(facade: Any, again: Callable[[], T], *args: Any, **kwargs: Any) -> T:
 
 
 def named_outcome(
-    exc: CommitOutcomeUnknown, operation: str, signature: inspect.Signature, args: Any, kwargs: Any
+    exc: CommitOutcomeUnknown,
+    operation: str,
+    signature: inspect.Signature,
+    args: Any,
+    kwargs: Any,
+    first: CommitOutcomeUnknown | None = None,
 ) -> CommitOutcomeUnknown:
-    """``exc`` naming ``operation`` and its arguments (bound to ``signature``)."""
+    """``exc`` naming ``operation`` and its arguments (bound to ``signature``).
+
+    ``first``: the unknown outcome a resolver was settling; its detail (the
+    driver's message) is kept when the resolver's own error has none.
+    """
     try:
         arguments = dict(signature.bind(*args, **kwargs).arguments)
     except TypeError:
         arguments = {"args": args, "kwargs": kwargs}
-    named = CommitOutcomeUnknown(operation, arguments, exc.detail)
+    detail = exc.detail or (first.detail if first is not None else "")
+    named = CommitOutcomeUnknown(operation, arguments, detail)
     named.__cause__ = exc
     return named
 
@@ -189,7 +199,9 @@ class _Forwarder(Generic[P, T]):
                     result: T = resolve(obj, once, *args, **kwargs)
                     return result
                 except CommitOutcomeUnknown as again:
-                    raise named_outcome(again, operation, signature, args, kwargs) from unknown
+                    raise named_outcome(
+                        again, operation, signature, args, kwargs, unknown
+                    ) from unknown
 
         else:
             single = bool(self._single)

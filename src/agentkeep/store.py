@@ -85,6 +85,8 @@ class Store:
         InvalidInput: a refused engine or argument.
         SchemaBehind: the schema is behind head.
         SchemaNewer: the database was written by a newer agentkeep.
+        DatabaseUnavailable, StoreBusy, DatabaseError: opening failed, as
+            for :meth:`open`.
     """
 
     def __init__(
@@ -103,14 +105,20 @@ class Store:
         _check_options(retry_attempts, auto_gc_every_commits)
         db.check_schema_name(schema)
         _check_codec(oauth_codec)
+        if not isinstance(engine, Engine):
+            _refuse_async(engine)
+            raise InvalidInput(
+                "engine", f"expected a sqlalchemy Engine, not {type(engine).__name__}"
+            )
         memory = memory or _is_memory(engine)
         if not _checked:  # Store(engine): what Store.open does, without migrate
             _refuse_async(engine)
-            db.adopt_engine(engine)
-            if schema is not None:
-                db.attach_schema(engine, schema)
-            _migrations.ensure_schema(engine, migrate=memory, schema=schema)
-            db.enable_wal(engine, schema)
+            with db.opening(engine if isinstance(engine, Engine) else None):
+                db.adopt_engine(engine)
+                if schema is not None:
+                    db.attach_schema(engine, schema)
+                _migrations.ensure_schema(engine, migrate=memory, schema=schema)
+                db.enable_wal(engine, schema)
         settings = db.engine_settings(engine)
         assert settings is not None  # created or adopted above
         self._settings = settings
@@ -216,7 +224,9 @@ class Store:
                 (default 30 s; for a SQLite Engine applied to its connections).
             synchronous: SQLite ``PRAGMA synchronous`` (NORMAL or FULL;
                 default NORMAL for a URL, the connections' own for an Engine).
-            retry_attempts: attempts of a one-call operation on transient errors.
+            retry_attempts: at most this many attempts of a one-call operation
+                on transient errors, all within one busy timeout (one deadline:
+                docs/architecture.md#one-call-operations).
             auto_gc_every_commits: run blob GC after every N successful
                 ``store.commits.commit_runtime_state`` calls (best effort).
             runtime_domain: the runtime store's domain rules (default
@@ -231,17 +241,62 @@ class Store:
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine` (URL only).
 
         Raises:
-            InvalidInput: a refused argument or engine (the message says what
-                to change); nothing was changed.
+            InvalidInput: a refused argument, URL or engine (the message says
+                what to change); nothing was changed.
             SchemaBehind: the schema is behind head and ``migrate`` is false.
             SchemaNewer: the database was written by a newer agentkeep.
             LegacySchemaMismatch: (``migrate=True``) legacy tables of unknown shape.
+            DatabaseUnavailable: the database cannot be opened: a SQLite path
+                that is a directory, in a directory that does not exist, on a
+                read-only file system (or opened ``?mode=ro``), a file that is
+                not a SQLite database; a Postgres server that refuses the
+                connection. Nothing was created.
+            StoreBusy: a lock held elsewhere (a migration in another process)
+                outlasted the busy timeout; retry.
+            DatabaseError: any other failure of the database while opening
+                (a statement timeout, ...), the driver's error chained.
         """
         _check_options(retry_attempts, auto_gc_every_commits)  # before touching the database
         db.check_schema_name(schema)
         _check_codec(oauth_codec)
+        if isinstance(url, (str, URL)):
+            db.check_url(url)
         _refuse_async(url)
         owned = isinstance(url, (str, URL))
+        with db.opening(url if isinstance(url, (str, URL, Engine)) else None):
+            return cls._open(
+                url,
+                owned=owned,
+                migrate=migrate,
+                clock=clock,
+                busy_timeout_ms=busy_timeout_ms,
+                synchronous=synchronous,
+                retry_attempts=retry_attempts,
+                auto_gc_every_commits=auto_gc_every_commits,
+                runtime_domain=runtime_domain,
+                schema=schema,
+                oauth_codec=oauth_codec,
+                engine_kwargs=engine_kwargs,
+            )
+
+    @classmethod
+    def _open(
+        cls,
+        url: str | URL | Engine,
+        *,
+        owned: bool,
+        migrate: bool,
+        clock: Clock | None,
+        busy_timeout_ms: int | None,
+        synchronous: str | None,
+        retry_attempts: int,
+        auto_gc_every_commits: int | None,
+        runtime_domain: RuntimeDomain[Any] | None,
+        schema: str | None,
+        oauth_codec: PayloadCodec | None,
+        engine_kwargs: dict[str, Any],
+    ) -> Store:
+        """:meth:`open` after its argument checks: build or adopt the engine, then open on it."""
         if isinstance(url, (str, URL)):
             if schema is not None and db.is_memory_sqlite(
                 url.render_as_string(hide_password=False) if isinstance(url, URL) else url
@@ -301,10 +356,11 @@ class Store:
         """
         memory = _is_memory(engine)
         try:
-            if schema is not None:
-                db.attach_schema(engine, schema)
-            _migrations.ensure_schema(engine, migrate=migrate or memory, schema=schema)
-            db.enable_wal(engine, schema)
+            with db.opening(engine):
+                if schema is not None:
+                    db.attach_schema(engine, schema)
+                _migrations.ensure_schema(engine, migrate=migrate or memory, schema=schema)
+                db.enable_wal(engine, schema)
         except BaseException:
             if owned:
                 engine.dispose()
@@ -501,13 +557,14 @@ class Store:
                 nested.commit()
         except sa_exc.DBAPIError as exc:
             uow._discard()
-            if nested.is_active:
-                nested.rollback()
-            raise db.translate_db_error(exc) from exc
-        except BaseException:
+            error = db.translate_db_error(exc)
+            if nested.is_active:  # the host's connection: never discarded by agentkeep
+                db.rollback_after(error, nested.rollback, lambda: None)
+            raise error from exc
+        except BaseException as exc:
             uow._discard()
             if nested.is_active:
-                nested.rollback()
+                db.rollback_after(exc, nested.rollback, lambda: None)
             raise
 
     def _host_transaction(self, join: Any) -> tuple[Session | None, Connection, dict[str, Any]]:
@@ -574,8 +631,18 @@ class Store:
         repositories. Every one-call operation (``store.runs.<op>``) goes
         through here.
 
+        One deadline: the operation ends within the busy timeout (plus the
+        statement running when it passes), retries included, after at most
+        ``retry_attempts`` attempts; a retry waits for a lock only as long as
+        is left.
+
         Raises:
-            StoreBusy: every attempt met a busy/serialisation error.
+            StoreBusy: every attempt met a busy/serialisation error, or the
+                busy timeout passed (``ConnectionLost`` when the last attempt
+                lost its connection before COMMIT).
+            CommitOutcomeUnknown: the connection was lost while COMMIT was
+                in flight (named ``"transaction"``; the one-call forms name
+                the operation).
         """
         deadline = self._deadline()
         return db.retry_transient(
@@ -607,8 +674,10 @@ class Store:
     def _deadline(self) -> float | None:
         """When a one-call operation started now must end: now + the busy timeout.
 
-        None when the store does not know the engine's lock wait (a host's
-        Postgres engine): the attempts alone bound it then.
+        The busy timeout: SQLite's ``busy_timeout``, the ``lock_timeout`` of
+        an owned Postgres engine, or the one a host's Postgres engine had
+        when it was adopted. None when that is 0 (no limit): the attempts
+        alone bound the operation then.
         """
         busy = self._settings.busy_timeout_ms
         return None if busy is None else time.monotonic() + busy / 1000

@@ -60,7 +60,7 @@ from typing import Final
 
 from sqlalchemy import bindparam as p
 
-from agentkeep.db import LockNamespace, retry_transient
+from agentkeep.db import LockNamespace, retry_transient, rollback_after
 from agentkeep.errors import DatabaseError
 from agentkeep.runtime.access import RuntimeAccess
 from agentkeep.runtime.calls import RuntimeCallsBase
@@ -339,14 +339,14 @@ class FinalizationCalls(RuntimeCallsBase):
                 before, final = repo.write_unregister_finalization(
                     runtime_id, lifecycle, inputs, epoch, hook
                 )
-            except BaseException:
-                driver.rollback()
+            except BaseException as exc:
+                rollback_after(exc, driver.rollback, pooled.invalidate)
                 raise
             commit_error: str | None = None
             try:
                 hook(FinalizationPoint.BEFORE_COMMIT)
             except Exception as exc:  # a COMMIT that failed and rolled back
-                driver.rollback()
+                rollback_after(exc, driver.rollback, pooled.invalidate)
                 commit_error = str(exc)
             if commit_error is None:
                 try:
