@@ -848,10 +848,7 @@ def _rollback_or_discard(driver: db.Driver, pooled: Any, error: BaseException) -
     if not isinstance(error, Exception) and driver.postgres:
         pooled.invalidate()
         return
-    try:
-        driver.rollback()
-    except Exception:  # noqa: BLE001 - the unit's error is the one to report
-        pooled.invalidate()
+    db.rollback_after(error, driver.rollback, pooled.invalidate)
 
 
 def _commit_failure(conn: Connection, exc: sa_exc.DBAPIError) -> DatabaseError:
@@ -874,10 +871,7 @@ def _rollback_connection(conn: Connection, error: BaseException) -> None:
     if not isinstance(error, Exception) and db.is_postgres(conn):
         conn.invalidate()
         return
-    try:
-        conn.rollback()
-    except Exception:  # noqa: BLE001 - the unit's error is the one to report
-        conn.invalidate()
+    db.rollback_after(error, conn.rollback, conn.invalidate)
 
 
 def _refuse_async(url: object) -> None:
