@@ -89,7 +89,7 @@ from agentkeep.sessions.facade import (
     SessionCalls,
     TurnInputCalls,
 )
-from agentkeep.store import Store, _check_codec, _check_options
+from agentkeep.store import Store, _check_open_options, _refuse_memory_schema
 from agentkeep.unit_of_work import UnitOfWork
 
 if TYPE_CHECKING:
@@ -695,17 +695,10 @@ class AsyncStore:
                 )
             )
             return cls(store)
-        _check_options(retry_attempts, auto_gc_every_commits)
-        db.check_schema_name(schema)
-        _check_codec(oauth_codec)
+        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec)
         async_engine: AsyncEngine
         if text is not None:
-            if schema is not None and db.is_memory_sqlite(text):
-                raise InvalidInput(
-                    "schema",
-                    "an in-memory SQLite database has no file to keep the namespace in: "
-                    "use a database file (or no schema)",
-                )
+            _refuse_memory_schema(schema, text)
             async_engine = db.create_async_engine(
                 text,
                 busy_timeout_ms=(
@@ -834,6 +827,12 @@ class AsyncStore:
         serial = self._serial
         if serial is not None:
             await serial.acquire()
+        async def leave(exc: BaseException | None) -> None:
+            # Leave the unit (commit when exc is None, else roll back); never interrupted:
+            # a cancellation waits for the outcome.
+            exit_args = (None, None, None) if exc is None else (type(exc), exc, exc.__traceback__)
+            await _outlast(asyncio.ensure_future(spawn(cm.__exit__, *exit_args)), None)
+
         try:
             # Entering: a cancellation interrupts it (the unit cleans up after itself).
             enter = asyncio.ensure_future(spawn(cm.__enter__))
@@ -842,34 +841,21 @@ class AsyncStore:
             except asyncio.CancelledError as cancelled:
                 if not enter.cancelled() and enter.exception() is None:
                     # Cancelled just as the unit was entered: leave it again (roll back).
-                    await _outlast(
-                        asyncio.ensure_future(
-                            spawn(cm.__exit__, asyncio.CancelledError, cancelled, None)
-                        ),
-                        None,
-                    )
+                    await leave(cancelled)
                 raise
             unit = AsyncUnitOfWork(uow, host_session)
             try:
                 yield unit
             except BaseException as exc:
                 # The block raised (or was cancelled): roll back, never interrupted.
-                await _outlast(
-                    asyncio.ensure_future(spawn(cm.__exit__, type(exc), exc, exc.__traceback__)),
-                    None,
-                )
+                await leave(exc)
                 raise
             if unit._interrupted:
                 interrupted = asyncio.CancelledError()
-                await _outlast(
-                    asyncio.ensure_future(
-                        spawn(cm.__exit__, asyncio.CancelledError, interrupted, None)
-                    ),
-                    None,
-                )
+                await leave(interrupted)
                 raise interrupted
             # Committing: never interrupted; a cancellation waits for the outcome.
-            await _outlast(asyncio.ensure_future(spawn(cm.__exit__, None, None, None)), None)
+            await leave(None)
         finally:
             if serial is not None:
                 serial.release()

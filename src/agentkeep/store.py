@@ -102,9 +102,7 @@ class Store:
         oauth_codec: PayloadCodec | None = None,
         _checked: bool = False,
     ) -> None:
-        _check_options(retry_attempts, auto_gc_every_commits)
-        db.check_schema_name(schema)
-        _check_codec(oauth_codec)
+        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec)
         if not isinstance(engine, Engine):
             _refuse_async(engine)
             raise InvalidInput(
@@ -256,9 +254,8 @@ class Store:
             DatabaseError: any other failure of the database while opening
                 (a statement timeout, ...), the driver's error chained.
         """
-        _check_options(retry_attempts, auto_gc_every_commits)  # before touching the database
-        db.check_schema_name(schema)
-        _check_codec(oauth_codec)
+        # before touching the database
+        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec)
         if isinstance(url, (str, URL)):
             db.check_url(url)
         _refuse_async(url)
@@ -298,14 +295,9 @@ class Store:
     ) -> Store:
         """:meth:`open` after its argument checks: build or adopt the engine, then open on it."""
         if isinstance(url, (str, URL)):
-            if schema is not None and db.is_memory_sqlite(
-                url.render_as_string(hide_password=False) if isinstance(url, URL) else url
-            ):
-                raise InvalidInput(
-                    "schema",
-                    "an in-memory SQLite database has no file to keep the namespace in: "
-                    "use a database file (or no schema)",
-                )
+            _refuse_memory_schema(
+                schema, url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+            )
             engine = db.create_engine(
                 url.render_as_string(hide_password=False) if isinstance(url, URL) else url,
                 busy_timeout_ms=(
@@ -891,6 +883,32 @@ def _refuse_async(url: object) -> None:
         raise InvalidInput(
             "url",
             f"{name} is asyncio: open it with agentkeep.AsyncStore.open (Store is synchronous)",
+        )
+
+
+def _check_open_options(
+    retry_attempts: int,
+    auto_gc_every_commits: int | None,
+    schema: str | None,
+    oauth_codec: object,
+) -> None:
+    """The checks of the options :meth:`Store.open` and ``AsyncStore.open`` share.
+
+    Raises:
+        InvalidInput: a refused option; nothing was opened.
+    """
+    _check_options(retry_attempts, auto_gc_every_commits)
+    db.check_schema_name(schema)
+    _check_codec(oauth_codec)
+
+
+def _refuse_memory_schema(schema: str | None, url: str) -> None:
+    """Refuse a namespace on an in-memory SQLite database (it has no file to keep it in)."""
+    if schema is not None and db.is_memory_sqlite(url):
+        raise InvalidInput(
+            "schema",
+            "an in-memory SQLite database has no file to keep the namespace in: "
+            "use a database file (or no schema)",
         )
 
 

@@ -27,6 +27,7 @@ from agentkeep import migrations
 from tests.conftest import PG_ADMIN_URL, create_pg_database, drop_pg_database
 from tests.faults.campaign import CampaignResult, run_campaign
 from tests.faults.checker import check
+from tests.faults.journal import ACK_KINDS
 
 pytestmark = pytest.mark.slow
 
@@ -81,19 +82,7 @@ def _figures(result: CampaignResult, elapsed: float, instances: int) -> list[tup
     return figures
 
 
-_ACKS = (
-    "run_create",
-    "run_trans",
-    "run_step",
-    "run_gen",
-    "lease",
-    "q_enq",
-    "ti_enq",
-    "ti_done",
-    "commit",
-    "replay",
-    "boundary",
-)
+_ACKS = sorted(ACK_KINDS)
 
 
 def test_fault_campaign(backend: str, campaign_url: str, tmp_path: Path) -> None:
