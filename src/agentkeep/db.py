@@ -1218,6 +1218,24 @@ class Driver:
         except self._error as exc:
             raise self.translate(exc) from exc
 
+    def statement_autocommit(self, on: bool) -> None:
+        """Postgres: run the next statements each in a transaction of its own (or not).
+
+        A one-call read of exactly one SELECT needs no transaction around it
+        (one statement sees one snapshot); in the driver's autocommit mode it
+        is one round trip instead of three (``BEGIN``, the SELECT, ``COMMIT``).
+        Switching is a setting of the driver connection (nothing is sent);
+        call it outside a transaction, and switch back before the connection
+        goes back to the pool. No-op on SQLite, whose driver opens no
+        transaction for a SELECT.
+        """
+        if not self.postgres:
+            return
+        try:
+            self.raw.autocommit = on
+        except self._error as exc:
+            raise self.translate(exc) from exc
+
     def commit(self) -> None:
         """Commit the unit's transaction.
 

@@ -696,6 +696,8 @@ class Store:
                     driver.limit_lock_wait(limit)
                 if write or snapshot:
                     driver.begin(write=write)  # may open the driver's transaction
+                else:  # one SELECT: no transaction around it (one round trip on Postgres)
+                    driver.statement_autocommit(True)
                 if limit is not None and driver.postgres:
                     driver.limit_lock_wait(limit)
                 result = fn(self.repositories(driver, write=write))
@@ -718,6 +720,8 @@ class Store:
             finally:
                 if limit is not None and not driver.postgres and pooled.is_valid:
                     driver.restore_lock_wait(busy)  # type: ignore[arg-type]
+                if not (write or snapshot) and driver.postgres and pooled.is_valid:
+                    _leave_autocommit(driver, pooled)
             return result
 
     @contextmanager
@@ -798,6 +802,19 @@ class Store:
 #: A one-call attempt that starts with less than the busy timeout minus this
 #: left before its deadline is a retry: its lock waits are cut to what is left.
 _LOCK_WAIT_SLACK_MS = 50
+
+
+def _leave_autocommit(driver: db.Driver, pooled: Any) -> None:
+    """Switch a single-statement read's connection back to transactions before it is pooled.
+
+    A connection that cannot be switched (it died under the read) is
+    discarded instead: the pool must never hand out one in autocommit mode,
+    whose writes would commit statement by statement.
+    """
+    try:
+        driver.statement_autocommit(False)
+    except Exception:  # noqa: BLE001 - any failure: the connection is not reusable
+        pooled.invalidate()
 
 
 def _end_read(driver: db.Driver, pooled: Any) -> None:

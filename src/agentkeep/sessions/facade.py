@@ -55,8 +55,10 @@ class LeaseCalls(OneCalls):
     reclaim_session_execution_lease = write(_LEASES.reclaim_session_execution_lease)
     renew_session_execution_lease = write(_LEASES.renew_session_execution_lease)
     release_session_execution_lease = write(_LEASES.release_session_execution_lease)
-    ensure_session_execution_lease = read(_LEASES.ensure_session_execution_lease)
-    get_session_execution_lease = read(_LEASES.get_session_execution_lease)
+    ensure_session_execution_lease = read(
+        _LEASES.ensure_session_execution_lease, single_statement=True
+    )
+    get_session_execution_lease = read(_LEASES.get_session_execution_lease, single_statement=True)
 
 
 class QueueCalls(OneCalls):
@@ -141,10 +143,10 @@ class SessionCalls(OneCalls):
     _repository = "commits"
 
     load_session = read(_SESSIONS.load_session)
-    load_node = read(_SESSIONS.load_node)
-    get_head_revision = read(_SESSIONS.get_head_revision)
+    load_node = read(_SESSIONS.load_node, single_statement=True)
+    get_head_revision = read(_SESSIONS.get_head_revision, single_statement=True)
     save_session_meta = write(_SESSIONS.save_session_meta)
-    load_session_meta = read(_SESSIONS.load_session_meta)
+    load_session_meta = read(_SESSIONS.load_session_meta, single_statement=True)
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)

@@ -1,0 +1,285 @@
+"""Postgres round trips per one-call operation, read off the wire.
+
+    .venv/bin/python benchmarks/bench_roundtrips.py [--url URL] [--driver D] [--show]
+
+(``D``: psycopg, asyncpg or psycopg_async; repeat it for several, default all three.)
+
+A relay (``_pgwire.WireTap``) between the store and the server notes one
+entry per round trip: every message after which the client waits for the
+server (a simple ``Query``, or an extended-protocol batch ended by ``Sync``).
+It sees the bytes, so it counts what the driver really sends: its own
+``BEGIN``, a pool pre-ping, prepared-statement batches. Each operation runs
+a few times first (warm pool, prepared statements, caches), then once
+recorded; the count of the recorded call is printed, and with ``--show``
+its round trips one per line.
+
+The operations are those of the speed issue's table: ``runs.get``,
+``runs.try_transition``, ``runs.acquire_assignee``, a lease cycle (claim,
+renew, release: three operations), a small fenced turn commit (one node, a
+checkpoint and a usage row under a lease), ``load_session`` of the active
+path, and ``runtime.atomic_apply`` (a ~10 KiB snapshot, a receipt, 4 inputs).
+No timing: the figure is the same on every run of the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from _pgwire import WireTap
+from bench_runtime import SNAPSHOT_BYTES, boundaries, first_receipt, snapshot_chain
+from sqlalchemy import create_engine, make_url, text
+
+from agentkeep import RunRecord, RunStatus, Store
+from agentkeep import migrations as migrate
+from agentkeep.aio import AsyncStore
+from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity
+from agentkeep.sessions.records import (
+    ActivePathScope,
+    AppendNodes,
+    HydratedSessionCheckpoint,
+    RuntimeCommit,
+    SessionNodeRecord,
+    TokenUsage,
+    UsageDelta,
+)
+
+ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+WARM = 3
+OWNER = LeaseOwnerIdentity(owner_id="bench", incarnation_id="bench-1")
+
+
+class Subject:
+    """The operations, each a callable that runs one one-call operation (sync form)."""
+
+    def __init__(self, call: Callable[[Any], Any]) -> None:
+        # call(fn) runs fn(store_like) and returns its result; fn gets a Store or AsyncStore
+        # and returns a value or an awaitable.
+        self.call = call
+        self.n = 0
+
+    def fresh(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}-{self.n}-{uuid.uuid4().hex[:6]}"
+
+
+def operations(s: Subject) -> list[tuple[str, Callable[[], Any]]]:
+    call = s.call
+    chain = snapshot_chain(WARM + 2, SNAPSHOT_BYTES)
+
+    def new_run() -> str:
+        rid = s.fresh("R")
+        call(lambda st: st.runs.create(RunRecord.new(rid, "T-1", created_at=1_700_000_000)))
+        return rid
+
+    # Each entry: (name, prepare) where prepare() returns the thunk to measure.
+    def prep_get() -> Callable[[], Any]:
+        rid = new_run()
+        return lambda: call(lambda st: st.runs.get(rid))
+
+    def prep_transition() -> Callable[[], Any]:
+        rid = new_run()
+        return lambda: call(
+            lambda st: st.runs.try_transition(rid, RunStatus.PENDING, RunStatus.RUNNING)
+        )
+
+    def prep_acquire() -> Callable[[], Any]:
+        rid = new_run()
+        return lambda: call(lambda st: st.runs.acquire_assignee(rid, "slot", "op", "worker"))
+
+    def prep_lease_cycle() -> Callable[[], Any]:
+        sid = s.fresh("S")
+
+        def cycle() -> None:
+            out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 60_000))
+            assert isinstance(out, Acquired), out
+            call(lambda st: st.leases.renew_session_execution_lease(out.lease, 60_000))
+            call(lambda st: st.leases.release_session_execution_lease(out.lease))
+
+        return cycle
+
+    def prep_commit() -> Callable[[], Any]:
+        sid = s.fresh("S")
+        out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 600_000))
+        assert isinstance(out, Acquired), out
+        state = {"rev": 0, "leaf": None, "turn": 0}
+
+        def commit() -> None:
+            i = state["turn"]
+            node = SessionNodeRecord(
+                node_id=f"{i}-n",
+                parent_node_id=state["leaf"],
+                timestamp=i,
+                payload={"role": "assistant", "content": "ok"},
+            )
+            rc = RuntimeCommit(
+                session_id=sid,
+                expected_head_revision=state["rev"],
+                session_execution_lease=out.lease,
+                graph=AppendNodes(nodes=(node,), leaf_node_id=node.node_id),
+                checkpoint=HydratedSessionCheckpoint(turn_state={"turn": i}),
+                usage_deltas=(
+                    UsageDelta(
+                        source="chat",
+                        model="m-1",
+                        usage=TokenUsage(input_tokens=10, output_tokens=5),
+                    ),
+                ),
+            )
+            result = call(lambda st: st.commits.commit_runtime_state(rc))
+            state.update(rev=result.head_revision, leaf=node.node_id, turn=i + 1)
+
+        return commit
+
+    def prep_load() -> Callable[[], Any]:
+        sid = s.fresh("S")
+        out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 600_000))
+        assert isinstance(out, Acquired), out
+        rev, leaf = 0, None
+        for i in range(3):
+            node = SessionNodeRecord(
+                node_id=f"{i}-n", parent_node_id=leaf, timestamp=i, payload={"i": i}
+            )
+            rc = RuntimeCommit(
+                session_id=sid,
+                expected_head_revision=rev,
+                session_execution_lease=out.lease,
+                graph=AppendNodes(nodes=(node,), leaf_node_id=node.node_id),
+                checkpoint=HydratedSessionCheckpoint(turn_state={"turn": i}),
+            )
+            rev = call(lambda st, rc=rc: st.commits.commit_runtime_state(rc)).head_revision
+            leaf = node.node_id
+        return lambda: call(lambda st: st.commits.load_session(sid, ActivePathScope()))
+
+    def prep_apply() -> Callable[[], Any]:
+        rt, run_id = s.fresh("rt"), str(uuid.uuid4())
+        calls = boundaries(chain, run_id)
+        call(lambda st: st.runtime.atomic_apply(rt, chain[0], first_receipt(run_id)))
+        k = [0]
+
+        def apply() -> None:
+            b = calls[k[0]]
+            k[0] += 1
+            call(lambda st: st.runtime.atomic_apply(rt, b.snapshot, b.receipt, b.records))
+
+        return apply
+
+    return [
+        ("runs.get", prep_get),
+        ("runs.try_transition", prep_transition),
+        ("runs.acquire_assignee", prep_acquire),
+        ("lease cycle (claim, renew, release)", prep_lease_cycle),
+        ("small fenced commit", prep_commit),
+        ("load_session(ActivePathScope)", prep_load),
+        ("runtime.atomic_apply", prep_apply),
+    ]
+
+
+def measure(subject: Subject, tap: WireTap, show: bool) -> list[tuple[str, int, list[str]]]:
+    out = []
+    for name, prepare in operations(subject):
+        # Warm: a fresh subject per repetition for operations that change state
+        # (a transition wins once), so every repetition does the same work.
+        for _ in range(WARM):
+            prepare()()
+        thunk = prepare()
+        with tap.record() as trips:
+            thunk()
+        out.append((name, len(trips), list(trips)))
+    return out
+
+
+def count_driver(
+    driver: str, url: str, tap: WireTap, show: bool
+) -> list[tuple[str, int, list[str]]]:
+    """The operations' round trips through ``driver`` (sync Store or native AsyncStore)."""
+    if driver == "psycopg":
+        store = Store.open(url)
+        try:
+            return measure(Subject(lambda fn: fn(store)), tap, show)
+        finally:
+            store.close()
+    loop = asyncio.new_event_loop()
+    astore = loop.run_until_complete(AsyncStore.open(url))
+    try:
+        return measure(Subject(lambda fn: loop.run_until_complete(_awaited(fn(astore)))), tap, show)
+    finally:
+        loop.run_until_complete(astore.close())
+        loop.close()
+
+
+def fresh_database(admin: str) -> str:
+    name = f"ak_rt_{uuid.uuid4().hex[:8]}"
+    eng = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    eng.dispose()
+    url = make_url(admin).set(database=name)
+    migrate.upgrade(url.render_as_string(hide_password=False))
+    return name
+
+
+def drop_database(admin: str, name: str) -> None:
+    eng = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    eng.dispose()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", default=ADMIN, help="admin URL of the Postgres server")
+    ap.add_argument(
+        "--driver",
+        action="append",
+        choices=["psycopg", "asyncpg", "psycopg_async"],
+        help="drivers to count (default: all three)",
+    )
+    ap.add_argument("--show", action="store_true", help="print each round trip")
+    args = ap.parse_args()
+    drivers = args.driver or ["psycopg", "asyncpg", "psycopg_async"]
+    admin = make_url(args.url)
+    tap = WireTap(admin.host or "127.0.0.1", admin.port or 5432)
+    name = fresh_database(args.url)
+    results: dict[str, list[tuple[str, int, list[str]]]] = {}
+    try:
+        for driver in drivers:
+            url = admin.set(
+                drivername=f"postgresql+{driver}",
+                host="127.0.0.1",
+                port=tap.port,
+                database=name,
+                query={"sslmode": "disable"} if driver != "asyncpg" else {"ssl": "disable"},
+            ).render_as_string(hide_password=False)
+            results[driver] = count_driver(driver, url, tap, args.show)
+    finally:
+        tap.close()
+        drop_database(args.url, name)
+    names = [n for n, _, _ in next(iter(results.values()))]
+    width = max(len(n) for n in names)
+    print(f"Postgres round trips per one-call operation (wire trace), {', '.join(drivers)}")
+    print(f"{'operation':<{width}}  " + "  ".join(f"{d:>13}" for d in drivers))
+    for i, n in enumerate(names):
+        print(f"{n:<{width}}  " + "  ".join(f"{results[d][i][1]:>13}" for d in drivers))
+    if args.show:
+        for d in drivers:
+            print(f"\n{d}:")
+            for n, count, trips in results[d]:
+                print(f"  {n} ({count}):")
+                for t in trips:
+                    print(f"    {t[:110]}")
+    return 0
+
+
+async def _awaited(value: Any) -> Any:
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())
