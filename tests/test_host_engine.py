@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from agentkeep import migrations as migrate
 from agentkeep.clock import SettableClock
+from agentkeep.db import LockNamespace, lock_aggregate
 from agentkeep.errors import InvalidInput, RunNotFound, SchemaBehind
 from agentkeep.runs.domain import RunRecord, RunStatus
 from agentkeep.store import Store
@@ -281,14 +282,48 @@ def test_postgres_host_engine_not_read_committed_write_units_still_are(
         with Store.open(engine, clock=SettableClock(T0)) as store:
             with store.write() as uow:
                 assert uow.connection.exec_driver_sql(show).scalar() == "read committed"
-            lean = store.call_write(lambda r: r.driver.raw.execute(show).fetchone()[0])
-            assert lean == "read committed"
+
+            def lean_level(r: Any) -> str:
+                lock_aggregate(r.driver, LockNamespace.RUN, "R-x")  # the unit's first statement
+                return str(r.driver.raw.execute(show).fetchone()[0])
+
+            assert store.call_write(lean_level) == "read committed"
             with store.read() as uow:
                 assert uow.connection.exec_driver_sql(show).scalar() == "repeatable read"
             with engine.connect() as conn:  # the host's connections keep their level
                 assert conn.exec_driver_sql(show).scalar() == "repeatable read"
             store.runs.create(RunRecord.new("R-1", "T-1", 10))
             assert store.runs.acquire_assignee("R-1", "s", "op", "d")[0] == 1
+    finally:
+        engine.dispose()
+
+
+def test_postgres_host_connections_come_back_from_agentkeep_as_they_went(
+    host_url: str, backend: str
+) -> None:
+    """Postgres only: one-call units run in the driver's autocommit mode until they
+    begin; the host's pooled connection comes back in transaction mode, after reads,
+    writes, refused writes and failures alike."""
+    if backend != "postgres":
+        pytest.skip("Postgres only: the driver's autocommit mode")
+    engine = create_engine(host_url, pool_size=1, max_overflow=0)
+    try:
+        with Store.open(engine, clock=SettableClock(T0)) as store:
+            store.runs.create(RunRecord.new("R-1", "T-1", 10))
+            assert store.runs.get("R-1").status == RunStatus.PENDING
+            assert store.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.RUNNING)
+            assert not store.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.RUNNING)
+            with pytest.raises(RunNotFound):
+                store.runs.get("R-2")
+            with pytest.raises(RunNotFound):
+                store.runs.update_status("R-2", RunStatus.RUNNING)
+            with engine.connect() as conn:
+                raw = conn.connection.dbapi_connection
+                assert raw is not None and raw.autocommit is False
+                # the host's own work is transactional as before
+                conn.execute(insert(HostNote).values(id=1, run_id="R-1", note="not committed"))
+                conn.rollback()
+                assert conn.execute(select(HostNote)).all() == []
     finally:
         engine.dispose()
 

@@ -1024,6 +1024,12 @@ def write_engine(engine: Engine, schema: str | None = None) -> Engine:
 _SAVEPOINTS = itertools.count(1)
 _READ_SNAPSHOT_PG: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _READ_COMMITTED_PG: Final = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+#: The explicit BEGINs of lean units on psycopg (Driver.begin, lean mode).
+_BEGIN_WRITE_PG: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_BEGIN_READ_PG: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+#: Drivers whose lean units begin explicitly: psycopg runs a query without
+#: parameters as one simple query, several statements included.
+_MERGED_BEGIN_DRIVERS: Final = frozenset({"psycopg", "psycopg_async"})
 #: SQLite: a write that changes nothing, to take the database write lock inside
 #: a transaction that has already begun (the UPDATE acquires the RESERVED lock
 #: even though no row matches). On an agentkeep table, so that it locks the
@@ -1084,7 +1090,10 @@ class Driver:
 
     __slots__ = (
         "_error",
+        "_lean",
+        "_merge_begin",
         "_multi_rowcount",
+        "_pending_begin",
         "_pg_read_committed",
         "postgres",
         "raw",
@@ -1099,6 +1108,7 @@ class Driver:
         error: type[BaseException],
         *,
         pg_read_committed: bool = False,
+        lean: bool = False,
     ) -> None:
         self.raw = raw
         self.target = target
@@ -1108,6 +1118,13 @@ class Driver:
         self._error = error
         self._pg_read_committed = pg_read_committed
         self._multi_rowcount: bool = target.dialect.supports_sane_multi_rowcount
+        # Lean units on Postgres run in the driver's autocommit mode until they
+        # begin. On psycopg (sync or async) they begin explicitly: the BEGIN waits
+        # in _pending_begin and goes out with the unit's first statement (merged
+        # into one round trip with an aggregate lock).
+        self._lean = lean and self.postgres
+        self._merge_begin = self._lean and target.dialect.driver in _MERGED_BEGIN_DRIVERS
+        self._pending_begin: str | None = None
 
     @classmethod
     def of(
@@ -1136,6 +1153,8 @@ class Driver:
         # construct) binds the caller's dict as it is.
         bound = params if form.plain else form.bind(params)
         try:
+            if self._pending_begin is not None:
+                self._send_begin()
             cur = self.raw.cursor()
             cur.execute(form.sql, bound)
         except self._error as exc:
@@ -1159,6 +1178,8 @@ class Driver:
         form = stmt.compiled(self.target)
         rows: Any = params if form.plain else [form.bind(p) for p in params]
         try:
+            if self._pending_begin is not None:
+                self._send_begin()
             cur = self.raw.cursor()
         except self._error as exc:
             raise self.translate(exc) from exc
@@ -1187,7 +1208,9 @@ class Driver:
         """
         ms = max(1, int(ms))
         try:
-            if self.postgres:
+            if self.postgres and self._pending_begin is not None:
+                self._pending_begin += f"; SET LOCAL lock_timeout = {ms}"
+            elif self.postgres:
                 self.raw.execute(f"SET LOCAL lock_timeout = {ms}")
             else:
                 self.raw.execute(f"PRAGMA busy_timeout = {ms}")
@@ -1207,6 +1230,11 @@ class Driver:
         READ snapshot, a write on an engine whose default is not READ
         COMMITTED asks for READ COMMITTED.
         """
+        if self._merge_begin:  # sent with the unit's first statement (see send_with_begin)
+            self._pending_begin = _BEGIN_WRITE_PG if write else _BEGIN_READ_PG
+            return
+        if self._lean:  # asyncpg: its adapter begins at the unit's first statement
+            self._autocommit(False)
         try:
             if self.postgres:
                 if not write:  # one consistent snapshot for every SELECT of a read unit
@@ -1218,24 +1246,6 @@ class Driver:
         except self._error as exc:
             raise self.translate(exc) from exc
 
-    def statement_autocommit(self, on: bool) -> None:
-        """Postgres: run the next statements each in a transaction of its own (or not).
-
-        A one-call read of exactly one SELECT needs no transaction around it
-        (one statement sees one snapshot); in the driver's autocommit mode it
-        is one round trip instead of three (``BEGIN``, the SELECT, ``COMMIT``).
-        Switching is a setting of the driver connection (nothing is sent);
-        call it outside a transaction, and switch back before the connection
-        goes back to the pool. No-op on SQLite, whose driver opens no
-        transaction for a SELECT.
-        """
-        if not self.postgres:
-            return
-        try:
-            self.raw.autocommit = on
-        except self._error as exc:
-            raise self.translate(exc) from exc
-
     def commit(self) -> None:
         """Commit the unit's transaction.
 
@@ -1244,6 +1254,9 @@ class Driver:
         async facade lets a cancelled caller's operation finish instead of
         interrupting it, so its outcome is never left unknown.
         """
+        if self._pending_begin is not None:  # the unit sent nothing: nothing to commit
+            self._pending_begin = None
+            return
         watch = _COMMIT_WATCH.get()
         if watch is not None:
             watch.committing = True
@@ -1291,7 +1304,66 @@ class Driver:
 
     def rollback(self) -> None:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
+        self._pending_begin = None
         self.raw.rollback()
+
+    def enter_lean(self) -> None:
+        """A lean unit's connection, just checked out of the pool (see :meth:`leave_lean`).
+
+        On Postgres the connection switches to autocommit mode (a setting of
+        the driver connection: nothing is sent), so that a single-statement
+        read, which calls no :meth:`begin`, is one round trip. On psycopg
+        :meth:`begin` then sends an explicit ``BEGIN`` with the unit's first
+        statement, saving the round trip of the driver's own ``BEGIN``; on
+        asyncpg it switches back and the driver begins as usual. No-op on
+        SQLite, whose driver opens no transaction for a SELECT.
+        """
+        if self._lean:
+            self._autocommit(True)
+
+    def leave_lean(self) -> None:
+        """Switch the connection back (driver transactions) before it goes back to the pool.
+
+        Raises:
+            DatabaseError: the switch failed (a dead connection): the caller
+                must discard the connection, never pool it in autocommit mode.
+        """
+        self._pending_begin = None
+        if self._lean:
+            self._autocommit(False)
+
+    def send_with_begin(self, stmt: Statement, params: Mapping[str, int]) -> bool:
+        """Send a pending ``BEGIN`` and ``stmt`` in one round trip; False if none is pending.
+
+        For statements whose parameters are all integers (the aggregate
+        locks): they are written into the text, so that ``BEGIN`` and the
+        statement go out as one simple query. The caller runs ``stmt`` as
+        usual when this returns False.
+        """
+        pending = self._pending_begin
+        if pending is None:
+            return False
+        form = stmt.compiled(self.target)
+        literal = {k: int(v) for k, v in (params if form.plain else form.bind(params)).items()}
+        sql = f"{pending}; {form.sql % literal}"
+        self._pending_begin = None
+        try:
+            self.raw.execute(sql)
+        except self._error as exc:
+            raise self.translate(exc) from exc
+        return True
+
+    def _send_begin(self) -> None:
+        # Called inside the callers' try blocks: a driver error is translated there.
+        pending, self._pending_begin = self._pending_begin, None
+        assert pending is not None
+        self.raw.execute(pending)
+
+    def _autocommit(self, on: bool) -> None:
+        try:
+            self.raw.autocommit = on
+        except self._error as exc:
+            raise self.translate(exc) from exc
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -1314,6 +1386,8 @@ class Driver:
 
     def _plain(self, sql: str) -> None:
         try:
+            if self._pending_begin is not None:
+                self._send_begin()
             self.raw.execute(sql)
         except self._error as exc:
             raise self.translate(exc) from exc
@@ -1381,7 +1455,9 @@ def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = F
     """
     if driver.postgres:
         stmt = _LOCK_SHARED_SQL if shared else _LOCK_SQL
-        driver.execute(stmt, {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))})
+        params = {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))}
+        if not driver.send_with_begin(stmt, params):
+            driver.execute(stmt, params)
 
 
 def lock_aggregate_and_blobs(driver: Driver, namespace: int, key: str) -> None:
@@ -1392,15 +1468,14 @@ def lock_aggregate_and_blobs(driver: Driver, namespace: int, key: str) -> None:
     """
     if driver.postgres:
         schema = driver.schema
-        driver.execute(
-            _LOCK_WITH_BLOBS_SQL,
-            {
-                "ns": namespace,
-                "key": _key_hash(_namespaced(key, schema)),
-                "gc_ns": LockNamespace.BLOB_GC,
-                "gc_key": _key_hash(_namespaced("blobs", schema)),
-            },
-        )
+        params = {
+            "ns": namespace,
+            "key": _key_hash(_namespaced(key, schema)),
+            "gc_ns": LockNamespace.BLOB_GC,
+            "gc_key": _key_hash(_namespaced("blobs", schema)),
+        }
+        if not driver.send_with_begin(_LOCK_WITH_BLOBS_SQL, params):
+            driver.execute(_LOCK_WITH_BLOBS_SQL, params)
 
 
 def join_write(driver: Driver) -> None:

@@ -607,12 +607,13 @@ class Store:
                 "the host's connection is AUTOCOMMIT: there is no transaction to join",
             )
 
-    def _driver(self, raw: Any) -> db.Driver:
+    def _driver(self, raw: Any, *, lean: bool = False) -> db.Driver:
         return db.Driver(
             raw,
             self.compile_target,
             self._dbapi_error,
             pg_read_committed=self._settings.pg_read_committed,
+            lean=lean,
         )
 
     def call_write(self, fn: Callable[[Repositories], T]) -> T:
@@ -696,8 +697,6 @@ class Store:
                     driver.limit_lock_wait(limit)
                 if write or snapshot:
                     driver.begin(write=write)  # may open the driver's transaction
-                else:  # one SELECT: no transaction around it (one round trip on Postgres)
-                    driver.statement_autocommit(True)
                 if limit is not None and driver.postgres:
                     driver.limit_lock_wait(limit)
                 result = fn(self.repositories(driver, write=write))
@@ -720,8 +719,6 @@ class Store:
             finally:
                 if limit is not None and not driver.postgres and pooled.is_valid:
                     driver.restore_lock_wait(busy)  # type: ignore[arg-type]
-                if not (write or snapshot) and driver.postgres and pooled.is_valid:
-                    _leave_autocommit(driver, pooled)
             return result
 
     @contextmanager
@@ -743,7 +740,16 @@ class Store:
             except sa_exc.DBAPIError as exc:
                 raise db.translate_db_error(exc) from exc
             try:
-                yield self._driver(pooled.dbapi_connection), pooled
+                driver = self._driver(pooled.dbapi_connection, lean=True)
+                driver.enter_lean()
+                try:
+                    yield driver, pooled
+                finally:
+                    if pooled.is_valid:
+                        try:
+                            driver.leave_lean()
+                        except DatabaseError:  # dead: never pooled in autocommit mode
+                            pooled.invalidate()
             finally:
                 pooled.close()
 
@@ -802,19 +808,6 @@ class Store:
 #: A one-call attempt that starts with less than the busy timeout minus this
 #: left before its deadline is a retry: its lock waits are cut to what is left.
 _LOCK_WAIT_SLACK_MS = 50
-
-
-def _leave_autocommit(driver: db.Driver, pooled: Any) -> None:
-    """Switch a single-statement read's connection back to transactions before it is pooled.
-
-    A connection that cannot be switched (it died under the read) is
-    discarded instead: the pool must never hand out one in autocommit mode,
-    whose writes would commit statement by statement.
-    """
-    try:
-        driver.statement_autocommit(False)
-    except Exception:  # noqa: BLE001 - any failure: the connection is not reusable
-        pooled.invalidate()
 
 
 def _end_read(driver: db.Driver, pooled: Any) -> None:
