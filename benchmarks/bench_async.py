@@ -364,7 +364,15 @@ def driver_calls() -> Iterator[list[str]]:
     D = akdb.Driver
     real = {
         n: getattr(D, n)
-        for n in ("execute", "executemany", "begin", "commit", "rollback", "_plain")
+        for n in (
+            "execute",
+            "executemany",
+            "begin",
+            "commit",
+            "rollback",
+            "_plain",
+            "send_with_begin",
+        )
     }
 
     def execute(self: Any, stmt: Any, params: Any) -> Any:
@@ -391,6 +399,13 @@ def driver_calls() -> Iterator[list[str]]:
         seen.append(_mask_savepoint(sql))
         real["_plain"](self, sql)
 
+    def send_with_begin(self: Any, stmt: Any, params: Any) -> bool:
+        # psycopg sends a lock with the unit's BEGIN: the same call as an execute of it
+        sent: bool = real["send_with_begin"](self, stmt, params)
+        if sent:
+            seen.append(f"execute {_driver_label(stmt)}")
+        return sent
+
     for name, fn in (
         ("execute", execute),
         ("executemany", executemany),
@@ -398,6 +413,7 @@ def driver_calls() -> Iterator[list[str]]:
         ("commit", commit),
         ("rollback", rollback),
         ("_plain", plain),
+        ("send_with_begin", send_with_begin),
     ):
         setattr(D, name, fn)
     try:
