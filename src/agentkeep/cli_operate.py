@@ -1,0 +1,370 @@
+"""The operator commands of ``agentkeep``: inspection (sessions, runs, runtime) and maintenance.
+
+Registered by :mod:`agentkeep.cli`; described in docs/operations.md.
+
+* ``sessions list|show``, ``runs list|show``, ``runtime list|show`` read
+  through :class:`agentkeep.inspection.Inspector`: read-only (a missing
+  SQLite file is exit 2, never a new database; no write lock is taken).
+* ``gc`` and ``vacuum [--session ID]`` run the maintenance jobs of
+  :mod:`agentkeep.sessions.maintenance` through a store and print what they
+  removed, with a progress bar on a terminal (none when piped or ``--json``).
+
+Every command prints an aligned table for people, or with ``--json`` one JSON
+document on stdout. An id that names nothing exits :data:`EXIT_NOT_FOUND`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+from agentkeep.console import format_ms, print_table
+from agentkeep.errors import NotFound
+
+__all__ = ["EXIT_NOT_FOUND", "add_commands"]
+
+#: Exit code of ``show`` for an id that names nothing.
+EXIT_NOT_FOUND: Final = 3
+
+AddUrl = Callable[[argparse.ArgumentParser], None]
+
+
+def _dump(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def _inspector(args: argparse.Namespace) -> Any:
+    from agentkeep.inspection import Inspector
+
+    return Inspector.open(args.url)
+
+
+def _not_found(args: argparse.Namespace, exc: NotFound) -> int:
+    print(f"agentkeep {args.command}: {exc}", file=sys.stderr)
+    return EXIT_NOT_FOUND
+
+
+# --------------------------------------------------------------------------
+# sessions
+
+
+def _sessions_list(args: argparse.Namespace) -> int:
+    with _inspector(args) as inspector:
+        rows = inspector.sessions(limit=args.limit, after=args.after)
+    if args.json:
+        _dump([r.to_json() for r in rows])
+        return 0
+    print_table(
+        ["SESSION", "HEAD", "LEASE HOLDER", "LEASE EXPIRES", "QUEUED", "PENDING", "UPDATED"],
+        [
+            (
+                r.session_id,
+                r.head_revision,
+                r.lease_holder,
+                format_ms(r.lease_expires_at_ms),
+                r.queued_batches,
+                r.pending_inputs,
+                format_ms(r.last_update_ms),
+            )
+            for r in rows
+        ],
+    )
+    return 0
+
+
+def _claim_text(claim: Any) -> str:
+    if claim is None:
+        return "unclaimed"
+    return (
+        f"claimed by {claim.owner_id or '-'} (fencing {claim.fencing_token}, "
+        f"lease generation {claim.session_lease_generation})"
+    )
+
+
+def _sessions_show(args: argparse.Namespace) -> int:
+    from agentkeep.inspection import graph_dot, graph_mermaid
+
+    try:
+        with _inspector(args) as inspector:
+            detail = inspector.session(args.session_id)
+    except NotFound as exc:
+        return _not_found(args, exc)
+    if args.graph:
+        print(graph_mermaid(detail) if args.graph == "mermaid" else graph_dot(detail), end="")
+        return 0
+    if args.json:
+        _dump(detail.to_json())
+        return 0
+    print(f"session {detail.session_id}")
+    print(
+        f"head: revision {_dash(detail.head_revision)}, leaf {_dash(detail.leaf_node_id)}, "
+        f"{_dash(detail.graph_node_count)} nodes, checkpoint {_dash(detail.checkpoint_ref)}"
+    )
+    if detail.meta:
+        print("meta: " + ", ".join(f"{k}={v}" for k, v in sorted(detail.meta.items())))
+    lease = detail.lease
+    if lease is None or not lease.held:
+        fencing = f" (fencing token {lease.fencing_token})" if lease is not None else ""
+        print(f"lease: none{fencing}")
+    else:
+        state = "expired" if lease.expired else "live"
+        print(
+            f"lease: held by {lease.owner_id} (incarnation {lease.incarnation_id}), "
+            f"fencing token {lease.fencing_token}, claimed {format_ms(lease.claimed_at_ms)}, "
+            f"expires {format_ms(lease.expires_at_ms)} ({state}), holder {lease.liveness}"
+        )
+    print()
+    print_table(
+        ["INPUT", "STATE", "SEQ", "ENQUEUED", "CLAIM"],
+        [
+            (i.input_id, i.state, i.enqueue_seq, format_ms(i.enqueued_at_ms), _claim_text(i.claim))
+            for i in detail.pending_inputs
+        ],
+        title=f"pending inputs: {len(detail.pending_inputs)}",
+    )
+    print()
+    print_table(
+        ["BATCH", "SEQ", "ITEMS", "DELIVERY", "SLOT", "AVAILABLE", "CLAIM"],
+        [
+            (
+                b.batch_id,
+                b.enqueue_seq,
+                b.items,
+                b.delivery_policy,
+                b.slot_policy,
+                format_ms(b.available_at_ms),
+                _claim_text(b.claim),
+            )
+            for b in detail.queued_work
+        ],
+        title=f"queued work: {len(detail.queued_work)}",
+    )
+    print()
+    print_table(
+        ["SOURCE", "MODEL", "INPUT", "OUTPUT", "CACHE READ", "CACHE WRITE", "REASONING"],
+        [
+            (
+                u.source,
+                u.model,
+                u.input_tokens,
+                u.output_tokens,
+                u.cache_read_input_tokens,
+                u.cache_write_input_tokens,
+                u.reasoning_output_tokens,
+            )
+            for u in detail.usage
+        ],
+        title="usage",
+    )
+    print()
+    print(f"active path: {len(detail.active_path)} nodes")
+    for depth, node in enumerate(detail.active_path):
+        prefix = "" if depth == 0 else "   " * (depth - 1) + "└─ "
+        extra = detail.branches.get(node, 0)
+        branches = f"  (+{extra} other branch{'es' if extra > 1 else ''})" if extra else ""
+        print(f"{prefix}{node}{branches}")
+    return 0
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+# --------------------------------------------------------------------------
+# runs
+
+
+def _runs_list(args: argparse.Namespace) -> int:
+    with _inspector(args) as inspector:
+        rows = inspector.runs(limit=args.limit, after=args.after)
+    if args.json:
+        _dump([r.to_json() for r in rows])
+        return 0
+    print_table(
+        ["RUN", "TASK", "STATUS", "CREATED", "UPDATED"],
+        [
+            (
+                r.run_id,
+                r.task_id,
+                r.status,
+                format_ms(r.created_at * 1000),
+                format_ms(r.updated_at * 1000),
+            )
+            for r in rows
+        ],
+    )
+    return 0
+
+
+def _runs_show(args: argparse.Namespace) -> int:
+    try:
+        with _inspector(args) as inspector:
+            detail = inspector.run(args.run_id)
+    except NotFound as exc:
+        return _not_found(args, exc)
+    if args.json:
+        _dump(detail.to_json())
+        return 0
+    data = detail.to_json()
+    steps = data.pop("step_entries")
+    print_table(["FIELD", "VALUE"], [(k, _compact(v)) for k, v in data.items()])
+    print()
+    print_table(
+        ["STEP", "REF", "STATUS", "AT"],
+        [
+            (s.get("step_id"), s.get("step_ref"), s.get("status"), s.get("at"))
+            if isinstance(s, dict)
+            else (_compact(s), "", "", "")
+            for s in steps
+        ],
+        title=f"step entries: {len(steps)}",
+    )
+    return 0
+
+
+def _compact(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str | int):
+        return str(value)
+    return json.dumps(value, sort_keys=True)
+
+
+# --------------------------------------------------------------------------
+# runtime
+
+
+_RUNTIME_HEADERS: Final = ["RUNTIME", "LIFECYCLE", "SNAPSHOT REVISION", "OUTBOX", "OPS EPOCH"]
+
+
+def _runtime_row(r: Any) -> tuple[object, ...]:
+    revision = r.snapshot_revision
+    if revision is not None and r.quarantined:
+        revision += " (quarantined)"
+    return (r.runtime_id, r.lifecycle, revision, r.pending_outbox, r.ops_epoch)
+
+
+def _runtime_list(args: argparse.Namespace) -> int:
+    with _inspector(args) as inspector:
+        rows = inspector.runtimes(limit=args.limit, after=args.after)
+    if args.json:
+        _dump([r.to_json() for r in rows])
+        return 0
+    print_table(_RUNTIME_HEADERS, [_runtime_row(r) for r in rows])
+    return 0
+
+
+def _runtime_show(args: argparse.Namespace) -> int:
+    try:
+        with _inspector(args) as inspector:
+            detail = inspector.runtime(args.runtime_id)
+    except NotFound as exc:
+        return _not_found(args, exc)
+    if args.json:
+        _dump(detail.to_json())
+        return 0
+    print_table(_RUNTIME_HEADERS, [_runtime_row(detail.summary)])
+    print()
+    print(f"snapshot session: {_dash(detail.snapshot_session_id)}")
+    binding = detail.binding
+    print(
+        "binding: "
+        + (", ".join(f"{k}={_dash(v)}" for k, v in sorted(binding.items())) if binding else "-")
+    )
+    print(f"input states: {len(detail.input_ids)}")
+    for input_id in detail.input_ids:
+        print(f"  {input_id}")
+    print(f"retired ops epochs: {', '.join(detail.retired_epochs) or '-'}")
+    print()
+    print_table(
+        ["SESSION", "PARENT REVISION", "REVISION", "FINGERPRINT"],
+        [
+            (p["session_id"], p["parent_revision"], p["revision"], p["commit_fingerprint"])
+            for p in detail.pending_projections
+        ],
+        title=f"pending outbox: {len(detail.pending_projections)}",
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Parser
+
+
+def _page_options(p: argparse.ArgumentParser) -> None:
+    from agentkeep.inspection import DEFAULT_LIMIT
+
+    p.add_argument(
+        "--limit", type=int, default=DEFAULT_LIMIT, help=f"rows per page (default {DEFAULT_LIMIT})"
+    )
+    p.add_argument("--after", metavar="ID", help="start after this id (the last id of a page)")
+
+
+def add_commands(
+    sub: Any,
+    add_url: AddUrl,
+    *,
+    url_rule: str,
+    epilog: str,
+    formatter: type[argparse.HelpFormatter],
+) -> None:
+    """Add ``sessions``, ``runs`` and ``runtime`` (and their subcommands) to ``sub``."""
+
+    def group(name: str, help_: str) -> Any:
+        p = sub.add_parser(name, help=help_, description=help_ + ".\n\n" + url_rule)
+        return p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+
+    def leaf(
+        parent: Any, name: str, help_: str, fn: Callable[[argparse.Namespace], int]
+    ) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(
+            name,
+            help=help_,
+            description=help_[:1].upper() + help_[1:] + " (read-only).\n\n" + url_rule,
+            epilog=epilog,
+            formatter_class=formatter,
+        )
+        p.add_argument("--url", dest="url_option", metavar="URL", help="database URL")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.set_defaults(fn=fn, url=None, url_option_only=True)
+        return p
+
+    sessions = group("sessions", "inspect sessions (read-only)")
+    _page_options(
+        leaf(
+            sessions,
+            "list",
+            "sessions with head revision, lease, queued batches, pending inputs, last update",
+            _sessions_list,
+        )
+    )
+    show = leaf(
+        sessions,
+        "show",
+        "a session's head, lease, pending inputs, queued work, usage and active path",
+        _sessions_show,
+    )
+    show.add_argument("session_id", metavar="ID")
+    show.add_argument(
+        "--graph", choices=("mermaid", "dot"), help="print the session graph in this format"
+    )
+
+    runs = group("runs", "inspect runs (read-only)")
+    _page_options(leaf(runs, "list", "runs with task, status and times", _runs_list))
+    leaf(runs, "show", "one run with its steps", _runs_show).add_argument("run_id", metavar="ID")
+
+    runtime = group("runtime", "inspect runtimes (read-only)")
+    _page_options(
+        leaf(
+            runtime,
+            "list",
+            "runtimes with lifecycle, snapshot revision, pending outbox and ops epoch",
+            _runtime_list,
+        )
+    )
+    leaf(
+        runtime, "show", "one runtime with binding, inputs and outbox", _runtime_show
+    ).add_argument("runtime_id", metavar="ID")
