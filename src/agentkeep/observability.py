@@ -124,6 +124,9 @@ class _Instruments:
         from opentelemetry import metrics, trace
 
         self.tracer = trace.get_tracer("agentkeep", tracer_provider=tracer_provider)
+        self._trace = trace
+        self._own_tracer = tracer_provider is not None
+        self._noop_providers = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
         meter = (
             meter_provider.get_meter("agentkeep")
             if meter_provider is not None
@@ -143,8 +146,35 @@ class _Instruments:
         )
 
     def run(self, operation: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-        with self.operation(operation):
+        """``fn(*args, **kwargs)`` as the public operation ``operation`` (the hot path)."""
+        token = _current.set(operation)
+        start = time.perf_counter()
+        attributes = {"operation": operation}
+        try:
+            if self._tracing():
+                with self.tracer.start_as_current_span(operation):
+                    return fn(*args, **kwargs)
             return fn(*args, **kwargs)
+        except BaseException as exc:
+            attributes = {"operation": operation, "error.type": type(exc).__name__}
+            raise
+        finally:
+            self.duration.record(time.perf_counter() - start, attributes)
+            _current.reset(token)
+
+    def _tracing(self) -> bool:
+        """False while the global tracer provider is OpenTelemetry's no-op default.
+
+        A span from the no-op API costs several microseconds and records
+        nothing; skipping it keeps an application that installed the API
+        without an SDK at the cost of the metrics alone.
+        """
+        if self._own_tracer:
+            return True
+        # The API's global (None until an application sets one): reading it is
+        # cheaper than get_tracer_provider(), which consults the environment.
+        provider = getattr(self._trace, "_TRACER_PROVIDER", self)
+        return provider is not None and not isinstance(provider, self._noop_providers)
 
     @contextmanager
     def operation(self, operation: str) -> Iterator[None]:
@@ -152,7 +182,10 @@ class _Instruments:
         start = time.perf_counter()
         attributes: dict[str, str] = {"operation": operation}
         try:
-            with self.tracer.start_as_current_span(operation):
+            if self._tracing():
+                with self.tracer.start_as_current_span(operation):
+                    yield
+            else:
                 yield
         except BaseException as exc:
             attributes["error.type"] = type(exc).__name__
