@@ -552,3 +552,136 @@ def test_cli_output_is_the_same_without_rich(
     url, _ = seeded
     code, out, _ = run_cli(capsys, "runtime", "list", "--url", url)
     assert code == 0 and out.splitlines()[0].startswith("RUNTIME")
+
+
+# --------------------------------------------------------------------------
+# gc and vacuum
+
+
+def _orphan_blob(url: str, digest: str = "f" * 64) -> None:
+    """A blob no root reaches (what the GC deletes)."""
+    with Store.open(url) as store, store.write() as uow:
+        uow.connection.execute(
+            text(
+                "INSERT INTO blobs (hash, kind, compression, content) VALUES (:h, 'x', 'none', :c)"
+            ),
+            {"h": digest, "c": b"orphan"},
+        )
+
+
+def _blob_count(url: str) -> int:
+    with Store.open(url) as store, store.read() as uow:
+        return int(uow.connection.execute(text("SELECT COUNT(*) FROM blobs")).scalar_one())
+
+
+def test_vacuum_prints_what_it_removed(
+    seeded: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = seeded
+    with Store.open(url) as store:
+        store.maintenance.tombstone_nodes(SID, ["side"])
+    code, out, err = run_cli(capsys, "vacuum", "--session", SID2, "--url", url)
+    assert (code, out, err) == (0, f"removed 0 tombstoned nodes and 0 terminal turn inputs "
+                                   f"(session {SID2})\n", "")  # fmt: skip
+    got = run_json(capsys, "vacuum", "--session", SID, "--url", url)
+    assert got == {
+        "removed_node_count": 1,
+        "removed_pending_turn_input_tombstone_count": 0,
+        "session_id": SID,
+    }
+    code, out, _ = run_cli(capsys, "vacuum", "--url", url)
+    assert code == 0 and out.startswith("removed 0 tombstoned nodes") and "every session" in out
+
+
+def test_gc_prints_what_it_removed(
+    seeded: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = seeded
+    run_json(capsys, "gc", "--url", url)  # the seed's own superseded checkpoint
+    _orphan_blob(url)
+    before = _blob_count(url)
+    got = run_json(capsys, "gc", "--url", url)
+    assert got["deleted_blob_count"] == 1
+    assert got["deleted_blob_count"] + got["retained_blob_count"] == before
+    assert _blob_count(url) == got["retained_blob_count"] and got["root_count"] >= 1
+    code, out, err = run_cli(capsys, "gc", "--url", url)
+    assert code == 0 and err == ""
+    assert out == (
+        f"removed 0 unreachable blobs (kept {got['retained_blob_count']}, "
+        f"reached from {got['root_count']} roots)\n"
+    )
+
+
+def test_maintenance_progress_callbacks(seeded: tuple[str, dict[str, Any]]) -> None:
+    url, _ = seeded
+    calls: list[tuple[str, int, int | None]] = []
+
+    def progress(phase: str, done: int, total: int | None) -> None:
+        calls.append((phase, done, total))
+
+    with Store.open(url) as store:
+        blobs = _blob_count(url)
+        report = store.maintenance.gc_unreachable_strict(progress=progress)
+        sweep = [c for c in calls if c[0] == "sweep"]
+        assert sweep[0] == ("sweep", 0, blobs) and sweep[-1] == ("sweep", blobs, blobs)
+        marks = [c for c in calls if c[0] == "mark"]
+        assert marks[0][1] == 0 and marks[-1][1] == marks[-1][2]
+        assert report.retained_blob_count + report.deleted_blob_count == blobs
+        calls.clear()
+        store.maintenance.vacuum(SID, progress=progress)
+        assert calls == [("vacuum", 0, 2), ("vacuum", 1, 2), ("vacuum", 2, 2)]
+        calls.clear()
+        store.maintenance.vacuum_all_sessions(progress=progress)
+        assert calls == [("vacuum", 0, 2), ("vacuum", 1, 2), ("vacuum", 2, 2)]
+
+
+def test_a_failing_progress_callback_aborts_the_gc_and_deletes_nothing(
+    seeded: tuple[str, dict[str, Any]],
+) -> None:
+    url, _ = seeded
+    _orphan_blob(url)
+    with Store.open(url) as store:
+        before = _blob_count(url)
+
+        def fail(phase: str, done: int, total: int | None) -> None:
+            if phase == "sweep" and done > 0:
+                raise RuntimeError("progress display crashed")
+
+        with pytest.raises(RuntimeError):
+            store.maintenance.gc_unreachable_strict(progress=fail)
+        assert _blob_count(url) == before  # the orphan is still there
+        report = store.maintenance.gc_unreachable_strict()
+        assert report.deleted_blob_count >= 1  # the orphan (and the seed's old checkpoint)
+        assert _blob_count(url) == before - report.deleted_blob_count
+
+
+def test_gc_progress_on_a_terminal_only(
+    seeded: tuple[str, dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    without_rich: None,
+) -> None:
+    url, _ = seeded
+    terminal = _Tty()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main(["gc", "--url", url]) == 0
+    assert "sweep [" in terminal.getvalue()  # the plain bar (rich hidden)
+    quiet = _Tty()
+    monkeypatch.setattr("sys.stderr", quiet)
+    assert main(["gc", "--url", url, "--json"]) == 0
+    assert quiet.getvalue() == ""
+    piped = io.StringIO()
+    monkeypatch.setattr("sys.stderr", piped)
+    assert main(["vacuum", "--url", url]) == 0
+    assert piped.getvalue() == ""
+
+
+def test_maintenance_refuses_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SQLite only: gc and vacuum never create a database."""
+    url = f"sqlite:///{tmp_path / 'missing.db'}"
+    for argv in (("gc",), ("vacuum",), ("vacuum", "--session", "s")):
+        code, out, err = run_cli(capsys, *argv, "--url", url)
+        assert code == 2 and out == "" and "does not exist" in err
+    assert list(tmp_path.iterdir()) == []

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final
 
-from agentkeep.console import format_ms, print_table
+from agentkeep.console import Progress, format_ms, print_table
 from agentkeep.errors import NotFound
 
 __all__ = ["EXIT_NOT_FOUND", "add_commands"]
@@ -291,6 +291,50 @@ def _runtime_show(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------
+# Maintenance
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from agentkeep import migrations
+    from agentkeep.store import Store
+
+    migrations.require_database(args.url)  # a missing SQLite file: exit 2, nothing created
+    return Store.open(args.url)
+
+
+def _gc(args: argparse.Namespace) -> int:
+    with _store(args) as store, Progress(enabled=not args.json) as progress:
+        report = store.maintenance.gc_unreachable_strict(progress=progress.update)
+    if args.json:
+        _dump(report.model_dump(mode="json"))
+        return 0
+    print(
+        f"removed {report.deleted_blob_count} unreachable blobs "
+        f"(kept {report.retained_blob_count}, reached from {report.root_count} roots)"
+    )
+    return 0
+
+
+def _vacuum(args: argparse.Namespace) -> int:
+    with _store(args) as store, Progress(enabled=not args.json) as progress:
+        if args.session is not None:
+            report = store.maintenance.vacuum(args.session, progress=progress.update)
+        else:
+            report = store.maintenance.vacuum_all_sessions(progress=progress.update)
+    if args.json:
+        out = report.model_dump(mode="json")
+        out["session_id"] = args.session
+        _dump(out)
+        return 0
+    scope = f"session {args.session}" if args.session is not None else "every session"
+    print(
+        f"removed {report.removed_node_count} tombstoned nodes and "
+        f"{report.removed_pending_turn_input_tombstone_count} terminal turn inputs ({scope})"
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------
 # Parser
 
 
@@ -368,3 +412,35 @@ def add_commands(
     leaf(
         runtime, "show", "one runtime with binding, inputs and outbox", _runtime_show
     ).add_argument("runtime_id", metavar="ID")
+
+    def maintenance(name: str, help_: str, description: str, fn: Any) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(
+            name,
+            help=help_,
+            description=description + "\n\n" + url_rule,
+            epilog=epilog,
+            formatter_class=formatter,
+        )
+        p.add_argument("--url", dest="url_option", metavar="URL", help="database URL")
+        p.add_argument("--json", action="store_true", help="print the report as JSON")
+        p.set_defaults(fn=fn, url=None, url_option_only=True)
+        return p
+
+    maintenance(
+        "gc",
+        "delete every blob no root reaches and print what was removed",
+        "Blob GC (gc_unreachable_strict): one transaction holding the blob-GC lock; deletes "
+        "every blob no session head, turn commit or artifact ref reaches. A progress bar on a "
+        "terminal (none when piped or with --json). A corrupt root manifest aborts it (exit 2, "
+        "nothing deleted).",
+        _gc,
+    )
+    vacuum = maintenance(
+        "vacuum",
+        "delete tombstoned nodes and terminal turn inputs and print what was removed",
+        "Vacuum one session (--session) or every session: deletes tombstoned graph nodes "
+        "and cancelled/completed turn inputs, in one transaction. A progress bar on a "
+        "terminal (none when piped or with --json).",
+        _vacuum,
+    )
+    vacuum.add_argument("--session", metavar="ID", help="vacuum only this session")
