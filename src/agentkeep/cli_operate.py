@@ -47,16 +47,51 @@ def _not_found(args: argparse.Namespace, exc: NotFound) -> int:
     return EXIT_NOT_FOUND
 
 
+def _listing(args: argparse.Namespace, method: str, table: Callable[[list[Any]], None]) -> int:
+    """``list``: a page of ``inspector.<method>`` as JSON or a table."""
+    with _inspector(args) as inspector:
+        rows = getattr(inspector, method)(limit=args.limit, after=args.after)
+    if args.json:
+        _dump([r.to_json() for r in rows])
+    else:
+        table(rows)
+    return 0
+
+
+def _detail(
+    args: argparse.Namespace,
+    method: str,
+    render: Callable[[Any], None],
+    export: Callable[[Any], str | None] = lambda detail: None,
+) -> int:
+    """``show ID``: ``inspector.<method>(ID)`` exported, as JSON or rendered; exit 3 if unknown."""
+    try:
+        with _inspector(args) as inspector:
+            detail = getattr(inspector, method)(args.id)
+    except NotFound as exc:
+        return _not_found(args, exc)
+    exported = export(detail)
+    if exported is not None:
+        print(exported, end="")
+    elif args.json:
+        _dump(detail.to_json())
+    else:
+        render(detail)
+    return 0
+
+
+def _graph(args: argparse.Namespace) -> Callable[[Any], str | None]:
+    from agentkeep.inspection import graph_dot, graph_mermaid
+
+    exporters = {"mermaid": graph_mermaid, "dot": graph_dot}
+    return lambda detail: exporters[args.graph](detail) if args.graph else None
+
+
 # --------------------------------------------------------------------------
 # sessions
 
 
-def _sessions_list(args: argparse.Namespace) -> int:
-    with _inspector(args) as inspector:
-        rows = inspector.sessions(limit=args.limit, after=args.after)
-    if args.json:
-        _dump([r.to_json() for r in rows])
-        return 0
+def _sessions_table(rows: list[Any]) -> None:
     print_table(
         ["SESSION", "HEAD", "LEASE HOLDER", "LEASE EXPIRES", "QUEUED", "PENDING", "UPDATED"],
         [
@@ -72,7 +107,6 @@ def _sessions_list(args: argparse.Namespace) -> int:
             for r in rows
         ],
     )
-    return 0
 
 
 def _claim_text(claim: Any) -> str:
@@ -84,20 +118,7 @@ def _claim_text(claim: Any) -> str:
     )
 
 
-def _sessions_show(args: argparse.Namespace) -> int:
-    from agentkeep.inspection import graph_dot, graph_mermaid
-
-    try:
-        with _inspector(args) as inspector:
-            detail = inspector.session(args.session_id)
-    except NotFound as exc:
-        return _not_found(args, exc)
-    if args.graph:
-        print(graph_mermaid(detail) if args.graph == "mermaid" else graph_dot(detail), end="")
-        return 0
-    if args.json:
-        _dump(detail.to_json())
-        return 0
+def _sessions_render(detail: Any) -> None:
     print(f"session {detail.session_id}")
     print(
         f"head: revision {_dash(detail.head_revision)}, leaf {_dash(detail.leaf_node_id)}, "
@@ -166,7 +187,6 @@ def _sessions_show(args: argparse.Namespace) -> int:
         extra = detail.branches.get(node, 0)
         branches = f"  (+{extra} other branch{'es' if extra > 1 else ''})" if extra else ""
         print(f"{prefix}{node}{branches}")
-    return 0
 
 
 def _dash(value: object) -> str:
@@ -177,12 +197,7 @@ def _dash(value: object) -> str:
 # runs
 
 
-def _runs_list(args: argparse.Namespace) -> int:
-    with _inspector(args) as inspector:
-        rows = inspector.runs(limit=args.limit, after=args.after)
-    if args.json:
-        _dump([r.to_json() for r in rows])
-        return 0
+def _runs_table(rows: list[Any]) -> None:
     print_table(
         ["RUN", "TASK", "STATUS", "CREATED", "UPDATED"],
         [
@@ -196,18 +211,9 @@ def _runs_list(args: argparse.Namespace) -> int:
             for r in rows
         ],
     )
-    return 0
 
 
-def _runs_show(args: argparse.Namespace) -> int:
-    try:
-        with _inspector(args) as inspector:
-            detail = inspector.run(args.run_id)
-    except NotFound as exc:
-        return _not_found(args, exc)
-    if args.json:
-        _dump(detail.to_json())
-        return 0
+def _runs_render(detail: Any) -> None:
     data = detail.to_json()
     steps = data.pop("step_entries")
     print_table(["FIELD", "VALUE"], [(k, _compact(v)) for k, v in data.items()])
@@ -222,7 +228,6 @@ def _runs_show(args: argparse.Namespace) -> int:
         ],
         title=f"step entries: {len(steps)}",
     )
-    return 0
 
 
 def _compact(value: object) -> str:
@@ -247,25 +252,11 @@ def _runtime_row(r: Any) -> tuple[object, ...]:
     return (r.runtime_id, r.lifecycle, revision, r.pending_outbox, r.ops_epoch)
 
 
-def _runtime_list(args: argparse.Namespace) -> int:
-    with _inspector(args) as inspector:
-        rows = inspector.runtimes(limit=args.limit, after=args.after)
-    if args.json:
-        _dump([r.to_json() for r in rows])
-        return 0
+def _runtime_table(rows: list[Any]) -> None:
     print_table(_RUNTIME_HEADERS, [_runtime_row(r) for r in rows])
-    return 0
 
 
-def _runtime_show(args: argparse.Namespace) -> int:
-    try:
-        with _inspector(args) as inspector:
-            detail = inspector.runtime(args.runtime_id)
-    except NotFound as exc:
-        return _not_found(args, exc)
-    if args.json:
-        _dump(detail.to_json())
-        return 0
+def _runtime_render(detail: Any) -> None:
     print_table(_RUNTIME_HEADERS, [_runtime_row(detail.summary)])
     print()
     print(f"snapshot session: {_dash(detail.snapshot_session_id)}")
@@ -287,7 +278,6 @@ def _runtime_show(args: argparse.Namespace) -> int:
         ],
         title=f"pending outbox: {len(detail.pending_projections)}",
     )
-    return 0
 
 
 # --------------------------------------------------------------------------
@@ -382,23 +372,32 @@ def add_commands(
             sessions,
             "list",
             "sessions with head revision, lease, queued batches, pending inputs, last update",
-            _sessions_list,
+            lambda args: _listing(args, "sessions", _sessions_table),
         )
     )
     show = leaf(
         sessions,
         "show",
         "a session's head, lease, pending inputs, queued work, usage and active path",
-        _sessions_show,
+        lambda args: _detail(args, "session", _sessions_render, _graph(args)),
     )
-    show.add_argument("session_id", metavar="ID")
+    show.add_argument("id", metavar="ID")
     show.add_argument(
         "--graph", choices=("mermaid", "dot"), help="print the session graph in this format"
     )
 
     runs = group("runs", "inspect runs (read-only)")
-    _page_options(leaf(runs, "list", "runs with task, status and times", _runs_list))
-    leaf(runs, "show", "one run with its steps", _runs_show).add_argument("run_id", metavar="ID")
+    _page_options(
+        leaf(
+            runs,
+            "list",
+            "runs with task, status and times",
+            lambda args: _listing(args, "runs", _runs_table),
+        )
+    )
+    leaf(
+        runs, "show", "one run with its steps", lambda args: _detail(args, "run", _runs_render)
+    ).add_argument("id", metavar="ID")
 
     runtime = group("runtime", "inspect runtimes (read-only)")
     _page_options(
@@ -406,12 +405,15 @@ def add_commands(
             runtime,
             "list",
             "runtimes with lifecycle, snapshot revision, pending outbox and ops epoch",
-            _runtime_list,
+            lambda args: _listing(args, "runtimes", _runtime_table),
         )
     )
     leaf(
-        runtime, "show", "one runtime with binding, inputs and outbox", _runtime_show
-    ).add_argument("runtime_id", metavar="ID")
+        runtime,
+        "show",
+        "one runtime with binding, inputs and outbox",
+        lambda args: _detail(args, "runtime", _runtime_render),
+    ).add_argument("id", metavar="ID")
 
     def maintenance(name: str, help_: str, description: str, fn: Any) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(

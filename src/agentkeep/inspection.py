@@ -106,6 +106,16 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return asdict(value)
 
 
+class _Json:
+    """``to_json()``: the dataclass as a JSON object (its fields, nested values as dicts)."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """This value as a JSON object."""
+        return _as_dict(self)
+
+
 # --------------------------------------------------------------------------
 # Results
 
@@ -147,7 +157,7 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionSummary:
+class SessionSummary(_Json):
     """One line of ``sessions list``.
 
     ``last_update_ms`` is the latest of the lease claim, the turn commits'
@@ -162,10 +172,6 @@ class SessionSummary:
     queued_batches: int
     pending_inputs: int
     last_update_ms: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        """The summary as a JSON object."""
-        return _as_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +255,7 @@ class SessionDetail:
 
 
 @dataclass(frozen=True, slots=True)
-class RunSummary:
+class RunSummary(_Json):
     """One line of ``runs list`` (``created_at``/``updated_at`` in Unix seconds, as stored)."""
 
     run_id: str
@@ -258,13 +264,9 @@ class RunSummary:
     created_at: int
     updated_at: int
 
-    def to_json(self) -> dict[str, Any]:
-        """The summary as a JSON object."""
-        return _as_dict(self)
-
 
 @dataclass(frozen=True, slots=True)
-class RunDetail:
+class RunDetail(_Json):
     """``runs show``: the run's columns, its JSON values decoded."""
 
     run_id: str
@@ -281,13 +283,9 @@ class RunDetail:
     step_entries: list[Any]
     degradations: list[Any]
 
-    def to_json(self) -> dict[str, Any]:
-        """The detail as a JSON object."""
-        return _as_dict(self)
-
 
 @dataclass(frozen=True, slots=True)
-class RuntimeSummary:
+class RuntimeSummary(_Json):
     """One line of ``runtime list``.
 
     Attributes:
@@ -305,10 +303,6 @@ class RuntimeSummary:
     pending_outbox: int
     ops_epoch: str | None
     quarantined: bool
-
-    def to_json(self) -> dict[str, Any]:
-        """The summary as a JSON object."""
-        return _as_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +358,14 @@ def read_only_engine(url: str) -> Engine:
 
 # --------------------------------------------------------------------------
 # The inspector
+
+
+def _id_page(limit: int, after: str | None, *columns: Any) -> Any:
+    """The ids found in any of ``columns``, in order: ``limit`` of them after ``after``."""
+    _check_limit(limit)
+    ids = union(*(select(c.label("id")) for c in columns)).subquery()
+    page = select(ids.c.id).order_by(ids.c.id).limit(limit)
+    return page if after is None else page.where(ids.c.id > after)
 
 
 def _check_limit(limit: int) -> int:
@@ -470,16 +472,14 @@ class Inspector:
 
         A session is listed when it has a head, a lease, queued work or turn inputs.
         """
-        _check_limit(limit)
-        ids_union = union(
-            select(SessionHeadRow.session_id.label("sid")),
-            select(SessionLeaseRow.session_id),
-            select(QueuedWorkBatchRow.session_id),
-            select(PendingTurnInputRow.session_id),
-        ).subquery()
-        page = select(ids_union.c.sid).order_by(ids_union.c.sid).limit(limit)
-        if after is not None:
-            page = page.where(ids_union.c.sid > after)
+        page = _id_page(
+            limit,
+            after,
+            SessionHeadRow.session_id,
+            SessionLeaseRow.session_id,
+            QueuedWorkBatchRow.session_id,
+            PendingTurnInputRow.session_id,
+        )
         with self._read() as conn:
             ids = [str(r[0]) for r in conn.execute(page)]
             if not ids:
@@ -736,17 +736,15 @@ class Inspector:
         A runtime is listed when it has a lifecycle record, a snapshot, an ops
         snapshot, input states or outbox rows.
         """
-        _check_limit(limit)
-        ids_union = union(
-            select(RuntimeStateRow.runtime_id.label("rid")),
-            select(SessionSnapshotRow.runtime_id),
-            select(OpsLifecycleRow.runtime_id),
-            select(InputStateRow.runtime_id),
-            select(CompactionProjectionOutboxRow.runtime_id),
-        ).subquery()
-        page = select(ids_union.c.rid).order_by(ids_union.c.rid).limit(limit)
-        if after is not None:
-            page = page.where(ids_union.c.rid > after)
+        page = _id_page(
+            limit,
+            after,
+            RuntimeStateRow.runtime_id,
+            SessionSnapshotRow.runtime_id,
+            OpsLifecycleRow.runtime_id,
+            InputStateRow.runtime_id,
+            CompactionProjectionOutboxRow.runtime_id,
+        )
         with self._read() as conn:
             ids = [str(r[0]) for r in conn.execute(page)]
             return [self._runtime_summary(conn, rid) for rid in ids]
