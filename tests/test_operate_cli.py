@@ -33,6 +33,7 @@ from sqlalchemy import text
 
 from agentkeep import console
 from agentkeep.cli import main
+from agentkeep.db import LockNamespace, lock_aggregate
 from agentkeep.inspection import Inspector
 from agentkeep.runs.domain import RunRecord
 from agentkeep.runtime.records import (
@@ -445,34 +446,48 @@ def test_sqlite_inspection_never_writes_the_file(
     assert after == before
 
 
-def test_sqlite_a_held_write_lock_does_not_block_inspection(
+def test_a_held_write_lock_does_not_block_inspection(
     seeded: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str], backend: str
 ) -> None:
-    """SQLite only: a writer holding BEGIN IMMEDIATE (with an uncommitted change) does not
-    block ``sessions list``, which sees the last committed state."""
-    if backend != "sqlite":
-        pytest.skip("a SQLite lock property")
+    """A writer holding the write lock with an uncommitted change (SQLite: BEGIN IMMEDIATE;
+    Postgres: a store write unit holding the session's advisory lock and the head row)
+    does not block ``sessions list``, which sees the last committed state."""
     url, _ = seeded
-    writer = sqlite3.connect(_sqlite_file(url), isolation_level=None, timeout=0)
-    try:
-        writer.execute("BEGIN IMMEDIATE")
-        writer.execute("UPDATE session_head SET head_revision = 99")
-        result: dict[str, Any] = {}
+    result: dict[str, Any] = {}
 
-        def inspect() -> None:
-            with Inspector.open(url) as inspector:
-                result["rows"] = inspector.sessions()
+    def inspect() -> None:
+        with Inspector.open(url) as inspector:
+            result["rows"] = inspector.sessions()
 
+    def check_while_held() -> None:
         reader = threading.Thread(target=inspect)
         reader.start()
         reader.join(timeout=60)
-        assert not reader.is_alive()
+        assert not reader.is_alive(), "the inspection waited for the writer"
         assert result["rows"][0].head_revision == 2  # the committed state
         code, out, _ = run_cli(capsys, "sessions", "list", "--url", url, "--json")
         assert code == 0 and json.loads(out)[0]["head_revision"] == 2
-    finally:
-        writer.execute("ROLLBACK")
-        writer.close()
+
+    if backend == "sqlite":
+        writer = sqlite3.connect(_sqlite_file(url), isolation_level=None, timeout=0)
+        try:
+            writer.execute("BEGIN IMMEDIATE")
+            writer.execute("UPDATE session_head SET head_revision = 99")
+            check_while_held()
+        finally:
+            writer.execute("ROLLBACK")
+            writer.close()
+        return
+    with Store.open(url) as store, pytest.raises(_RollBack):
+        with store.write() as uow:
+            lock_aggregate(uow.driver, LockNamespace.SESSION, SID)
+            uow.connection.execute(text("UPDATE session_head SET head_revision = 99"))
+            check_while_held()
+            raise _RollBack  # nothing of the writer is committed
+
+
+class _RollBack(Exception):
+    """Leaves a write unit by an error: it is rolled back."""
 
 
 def test_postgres_inspection_runs_in_read_only_transactions(
@@ -546,12 +561,33 @@ def test_progress_is_silent_when_piped_or_disabled() -> None:
     assert piped.getvalue() == "" and disabled.getvalue() == ""
 
 
-def test_cli_output_is_the_same_without_rich(
-    seeded: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str], without_rich: None
+def test_cli_tables_on_a_terminal_with_and_without_rich(
+    seeded: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On a terminal: rich's boxed table when installed, the plain table when it is hidden."""
+    pytest.importorskip("rich")
     url, _ = seeded
-    code, out, _ = run_cli(capsys, "runtime", "list", "--url", url)
-    assert code == 0 and out.splitlines()[0].startswith("RUNTIME")
+
+    def on_terminal() -> str:
+        out = _Tty()
+        monkeypatch.setattr("sys.stdout", out)
+        assert main(["runtime", "list", "--url", url]) == 0
+        return out.getvalue()
+
+    boxed = on_terminal()
+    assert "┃" in boxed and RT in boxed
+    with monkeypatch.context() as hidden:
+        real_import = console.importlib.import_module
+
+        def no_rich(name: str) -> Any:
+            if name == "rich":
+                raise ImportError("hidden")
+            return real_import(name)
+
+        hidden.setattr(console.importlib, "import_module", no_rich)
+        plain = on_terminal()
+    assert plain.splitlines()[0].split()[:2] == ["RUNTIME", "LIFECYCLE"]
+    assert "┃" not in plain and RT in plain
 
 
 # --------------------------------------------------------------------------
