@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, inspect, text
 
 from agentkeep import console
 from agentkeep.cli import main
@@ -411,6 +411,23 @@ def test_sqlite_missing_file_is_exit_2_and_nothing_is_created(
         assert code == 2, argv
         assert out == "" and "does not exist" in err and "nothing was created" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unmigrated_database_is_exit_2_and_stays_empty(
+    fresh_url: str, backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = fresh_url
+    if backend == "sqlite":
+        sqlite3.connect(_sqlite_file(url)).close()  # an empty database file
+    for argv in (("sessions", "list"), ("runs", "show", "R-1"), ("runtime", "list")):
+        code, out, err = run_cli(capsys, *argv, "--url", url)
+        assert code == 2 and out == "", argv
+        assert "is not migrated" in err and "agentkeep upgrade" in err
+    engine = create_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == []  # nothing was created
+    finally:
+        engine.dispose()
 
 
 def test_unreachable_postgres_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -74,6 +74,10 @@ URL_RULE: Final = (
     f"The database URL is the positional argument or --url; without one, ${ENV_URL}; "
     f"without that, {DEFAULT_URL}."
 )
+#: The same rule for the operator commands, which take the URL only as ``--url``.
+OPTION_URL_RULE: Final = (
+    f"The database URL is --url; without it, ${ENV_URL}; without that, {DEFAULT_URL}."
+)
 EXIT_CODES: Final = """\
 exit codes:
   0  success
@@ -424,7 +428,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"progress lines on stderr (automatic from {PROGRESS_THRESHOLD} runtimes)",
     )
     runtime.set_defaults(fn=_cmd_migrate_legacy_runtime)
-    add_commands(sub, _add_url, url_rule=URL_RULE, epilog=EXIT_CODES, formatter=_Formatter)
+    add_commands(sub, url_rule=OPTION_URL_RULE, epilog=EXIT_CODES, formatter=_Formatter)
     return parser
 
 

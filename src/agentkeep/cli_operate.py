@@ -29,8 +29,6 @@ __all__ = ["EXIT_NOT_FOUND", "add_commands"]
 #: Exit code of ``show`` for an id that names nothing.
 EXIT_NOT_FOUND: Final = 3
 
-AddUrl = Callable[[argparse.ArgumentParser], None]
-
 
 def _dump(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
@@ -39,7 +37,7 @@ def _dump(value: Any) -> None:
 def _inspector(args: argparse.Namespace) -> Any:
     from agentkeep.inspection import Inspector
 
-    return Inspector.open(args.url)
+    return Inspector.open(args.url)  # errors name args.url (cli._describe)
 
 
 def _not_found(args: argparse.Namespace, exc: NotFound) -> int:
@@ -339,7 +337,6 @@ def _page_options(p: argparse.ArgumentParser) -> None:
 
 def add_commands(
     sub: Any,
-    add_url: AddUrl,
     *,
     url_rule: str,
     epilog: str,

@@ -46,7 +46,14 @@ from sqlalchemy import Connection, Engine, func, select, union
 from sqlalchemy.pool import NullPool
 
 from agentkeep import db
-from agentkeep.errors import CorruptData, DatabaseMissing, InvalidInput, NotFound
+from agentkeep.errors import (
+    CorruptData,
+    DatabaseError,
+    DatabaseMissing,
+    InvalidInput,
+    NotFound,
+    SchemaError,
+)
 from agentkeep.runs.codec import CodecError, decode_status
 from agentkeep.runs.models import Run
 from agentkeep.runtime.access import payload_bytes
@@ -423,6 +430,8 @@ class Inspector:
             :meth:`open` builds it from a URL.
         domain: decodes runtime rows (the store's :class:`RuntimeDomain`).
         now_ms: the clock that decides whether a lease has expired.
+        probe: decides whether a lease holder's local process is gone.
+        url: the URL errors name (default: the engine's).
     """
 
     def __init__(
@@ -432,8 +441,10 @@ class Inspector:
         domain: RuntimeDomain[Any] | None = None,
         now_ms: Any = None,
         probe: ProcessProbe = procfs_probe,
+        url: str | None = None,
     ) -> None:
         self._engine = engine
+        self._url: str | Engine = url if url is not None else engine
         self._domain: RuntimeDomain[Any] = domain or ReferenceDomain()
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._probe = probe
@@ -446,7 +457,7 @@ class Inspector:
             DatabaseMissing: a SQLite file that does not exist.
             InvalidInput: an in-memory or unsupported URL.
         """
-        return cls(read_only_engine(url), domain=domain)
+        return cls(read_only_engine(url), domain=domain, url=url)
 
     def close(self) -> None:
         """Dispose of the engine."""
@@ -460,8 +471,23 @@ class Inspector:
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        with db.opening(self._engine), self._engine.connect() as conn, conn.begin():
-            yield conn
+        """One read-only transaction (a consistent snapshot).
+
+        Raises:
+            SchemaError: agentkeep's tables are missing (the database is not migrated).
+            DatabaseUnavailable: the database cannot be opened or reached.
+        """
+        try:
+            with db.opening(self._url), self._engine.connect() as conn, conn.begin():
+                yield conn
+        except DatabaseError as exc:
+            missing = _missing_table(exc)
+            if missing is not None:
+                where = db.mask_url(self._url) if isinstance(self._url, str) else "the database"
+                raise SchemaError(
+                    f"{where} is not migrated ({missing}): run `agentkeep upgrade` first"
+                ) from exc
+            raise
 
     # ---------------------------------------------------------------- sessions
 
@@ -869,6 +895,16 @@ class Inspector:
             ),
             retired_epochs=tuple(str(e) for e in retired),
         )
+
+
+def _missing_table(exc: BaseException) -> str | None:
+    """The driver's message when it says a table does not exist (SQLite; Postgres 42P01)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) == "42P01" or str(seen).startswith("no such table"):
+            return str(seen).splitlines()[0]
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return None
 
 
 def _revision(session: Any) -> str | None:
