@@ -72,11 +72,11 @@ class Telemetry:
     def __init__(self) -> None:
         self.reader = InMemoryMetricReader()
         self.exporter = InMemorySpanExporter()
-        tracer_provider = TracerProvider()
-        tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         observability.configure(
             meter_provider=MeterProvider(metric_readers=[self.reader]),
-            tracer_provider=tracer_provider,
+            tracer_provider=self.tracer_provider,
         )
 
     def points(self, name: str) -> list[Any]:
@@ -347,3 +347,45 @@ def test_an_unknown_outcome_resolved_by_replay_is_logged(
     assert batch.source_key == "k-1"
     (record,) = caplog.records
     assert record.getMessage() == "commit outcome of queue.enqueue_queued_work resolved: replayed"
+
+
+def test_async_spans_are_children_of_the_callers_span(
+    backend: str, db_url: str, telemetry: Telemetry
+) -> None:
+    """The caller's current span is the parent, in the native and the thread mode."""
+    from opentelemetry.trace import get_tracer
+
+    native = as_async_url(db_url, "aiosqlite" if backend == "sqlite" else "asyncpg")
+    tracer = get_tracer("host", tracer_provider=telemetry.tracer_provider)
+
+    async def main(url: str, run_id: str) -> None:
+        astore = await AsyncStore.open(url)
+        try:
+            with tracer.start_as_current_span(f"request {run_id}"):
+                await astore.runs.create(RunRecord.new(run_id, "T-1", 1))
+        finally:
+            await astore.close()
+
+    asyncio.run(main(native, "R-native"))
+    asyncio.run(main(db_url, "R-thread"))
+    spans = {s.name: s for s in telemetry.exporter.get_finished_spans()}
+    creates = [s for s in telemetry.exporter.get_finished_spans() if s.name == "runs.create"]
+    assert len(creates) == 2
+    parents = {spans["request R-native"].context.span_id, spans["request R-thread"].context.span_id}
+    assert {s.parent.span_id for s in creates if s.parent is not None} == parents
+
+
+def test_without_a_tracer_provider_only_metrics_are_recorded(store: Store) -> None:
+    """The global tracer provider is the API's no-op default here: no span is started."""
+    reader = InMemoryMetricReader()
+    observability.configure(meter_provider=MeterProvider(metric_readers=[reader]))
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 100))
+        assert not observability._state.instruments._tracing()  # type: ignore[union-attr]
+        data = reader.get_metrics_data()
+        names = [
+            m.name for r in data.resource_metrics for sc in r.scope_metrics for m in sc.metrics
+        ]
+        assert names == [DURATION]
+    finally:
+        observability.configure()
