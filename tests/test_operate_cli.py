@@ -551,6 +551,9 @@ def test_plain_fallback_without_rich(without_rich: None) -> None:
     out = _Tty()
     console.print_table(["A", "LONGER"], [("x", 1), ("yyyy", None)], title="t", stream=out)
     assert out.getvalue().splitlines() == ["t", "A     LONGER", "x     1", "yyyy  -"]
+    empty = _Tty()
+    console.print_table(["A"], [], title="nothing: 0", stream=empty)
+    assert empty.getvalue() == "nothing: 0\n"  # a titled table without rows: its title alone
     err = _Tty()
     with console.Progress(stream=err) as progress:
         progress.update("sweep", 5, 10)

@@ -176,7 +176,7 @@ def _sessions_render(detail: Any) -> None:
             )
             for u in detail.usage
         ],
-        title="usage",
+        title=f"usage by source and model: {len(detail.usage)}",
     )
     print()
     print(f"active path: {len(detail.active_path)} nodes")

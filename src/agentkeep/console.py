@@ -73,8 +73,14 @@ def print_table(
     title: str | None = None,
     stream: TextIO | None = None,
 ) -> None:
-    """Print an aligned table (rich's on a terminal when installed, else plain)."""
+    """Print an aligned table (rich's on a terminal when installed, else plain).
+
+    A titled table without rows prints its title alone.
+    """
     out = stream if stream is not None else sys.stdout
+    if title and not rows:
+        print(title, file=out)
+        return
     rich = _rich()
     if rich is not None and _is_tty(out):
         from rich.console import Console
