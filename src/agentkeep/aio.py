@@ -65,6 +65,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -75,7 +76,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session
 
-from agentkeep import db
+from agentkeep import db, observability
 from agentkeep.clock import Clock
 from agentkeep.crypto import PayloadCodec
 from agentkeep.errors import InvalidInput
@@ -138,7 +139,9 @@ async def run_to_completion(fn: Callable[[], T], *, shield: bool = True) -> T:
             finished, whatever its outcome).
         Exception: whatever ``fn`` raised, when the caller was not cancelled.
     """
-    future = asyncio.get_running_loop().run_in_executor(None, fn)
+    # The caller's context goes with it (the current span, the running operation).
+    context = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(None, context.run, fn)
     cancelled = False
     while not future.done():
         try:
@@ -225,12 +228,34 @@ class _Async(Generic[S, P, T]):
         method = self._method
         shield = self._shield
 
-        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await run(functools.partial(method, sync, *args, **kwargs), shield=shield)
+        if not observability.INSTALLED:
+
+            async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+                return await run(functools.partial(method, sync, *args, **kwargs), shield=shield)
+
+        else:
+            # One public operation, measured here on the caller's context (the
+            # synchronous layer it runs sees it and records nothing itself).
+            operation = _operation_name(method)
+
+            async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+                with observability.operation(operation):
+                    return await run(
+                        functools.partial(method, sync, *args, **kwargs), shield=shield
+                    )
 
         call.__doc__ = method.__doc__
         call.__name__ = getattr(method, "__name__", "call")
         return call
+
+
+def _operation_name(method: Any) -> str:
+    """The operation name of a synchronous facade method (a forwarder or a traced method)."""
+    return str(
+        getattr(method, "_operation", None)
+        or getattr(method, "__agentkeep_operation__", None)
+        or getattr(method, "__name__", "operation")
+    )
 
 
 class _AsyncCalls(Generic[S]):

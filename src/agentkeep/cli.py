@@ -1,5 +1,7 @@
 """The ``agentkeep`` command: migrations (upgrade, downgrade, stamp, current, check, history,
-heads), the demo, and the explicit legacy-row migration.
+heads), the demo, the explicit legacy-row migration, and the operator commands of
+:mod:`agentkeep.cli_operate` (``sessions``, ``runs``, ``runtime``, ``gc``, ``vacuum``;
+docs/operations.md).
 
 Which database: every command takes the URL as its positional argument or
 ``--url`` (not both); without one, ``AGENTKEEP_DATABASE_URL``; without that,
@@ -29,7 +31,8 @@ unknown shape, a stamp its tables do not match, an unknown revision argument, a
 lock held elsewhere, a statement timeout, an unreachable database or one that
 cannot be opened (a directory, a missing directory, a read-only file system, a
 file that is not a database: :class:`~agentkeep.errors.DatabaseUnavailable`),
-a missing SQLite file, or a usage error. A refusal prints one line on stderr,
+a missing SQLite file, or a usage error; 3 ``sessions|runs|runtime show`` was given
+an id that names nothing. A refusal prints one line on stderr,
 ``agentkeep <command>: <reason>`` (the typed error's message), and no traceback.
 
 ``agentkeep migrate-legacy runtime [URL] [--apply] [--json] [--progress]``
@@ -56,6 +59,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from agentkeep import migrations as migrate
+from agentkeep.cli_operate import add_commands
 from agentkeep.errors import AgentkeepError
 
 __all__ = ["DEFAULT_URL", "ENV_URL", "EXIT_CODES", "PROGRESS_THRESHOLD", "main"]
@@ -70,6 +74,10 @@ URL_RULE: Final = (
     f"The database URL is the positional argument or --url; without one, ${ENV_URL}; "
     f"without that, {DEFAULT_URL}."
 )
+#: The same rule for the operator commands, which take the URL only as ``--url``.
+OPTION_URL_RULE: Final = (
+    f"The database URL is --url; without it, ${ENV_URL}; without that, {DEFAULT_URL}."
+)
 EXIT_CODES: Final = """\
 exit codes:
   0  success
@@ -81,7 +89,8 @@ exit codes:
      statement timeout, an unreachable database or one that cannot be opened
      (a directory, a missing directory, a read-only file system, not a
      database), a missing SQLite file for a command that never creates one,
-     or a usage error"""
+     or a usage error
+  3  sessions/runs/runtime show: no such id"""
 
 
 def _version() -> str:
@@ -419,6 +428,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"progress lines on stderr (automatic from {PROGRESS_THRESHOLD} runtimes)",
     )
     runtime.set_defaults(fn=_cmd_migrate_legacy_runtime)
+    add_commands(sub, url_rule=OPTION_URL_RULE, epilog=EXIT_CODES, formatter=_Formatter)
     return parser
 
 
@@ -459,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         and not extra[0].startswith("-")
         and getattr(args, "url", False) is None
         and hasattr(args, "url_option")
+        and not getattr(args, "url_option_only", False)
     ):
         # argparse fills the optional URL with the positionals before an option
         # (`downgrade base --schema s URL`): the URL after it is left over.

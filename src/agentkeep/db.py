@@ -66,6 +66,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
+from agentkeep import observability
 from agentkeep.errors import (
     AgentkeepError,
     CommitOutcomeUnknown,
@@ -77,6 +78,7 @@ from agentkeep.errors import (
     MissingDependency,
     StoreBusy,
 )
+from agentkeep.observability import current_operation
 from agentkeep.runs.models import Run
 from agentkeep.statements import CompileTarget, Statement
 
@@ -1300,6 +1302,7 @@ class Driver:
                 still_open = False
             if still_open:
                 return _translate_driver_error(exc)
+        observability.commit_outcome_unknown(current_operation() or "transaction", str(exc))
         return CommitOutcomeUnknown("transaction", detail=f"{_prefix(exc)}: {exc}")
 
     def rollback(self) -> None:
@@ -1937,8 +1940,12 @@ def retry_transient(
             delay = random.uniform(0, min(max_delay_s, base_delay_s * (2 ** (attempt - 1))))
             late = deadline is not None and time.monotonic() + delay >= deadline
             if attempt == attempts or late or not is_transient(exc):
+                if attempt > 1 or late:
+                    if is_transient(exc):
+                        observability.retries_exhausted(exc, attempt, attempts, late)
                 if isinstance(exc, sa_exc.DBAPIError):
                     raise translate_db_error(exc) from exc
                 raise
+            observability.retrying(exc, attempt, attempts, delay)
             sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from agentkeep import observability
+
 if TYPE_CHECKING:
     from agentkeep.legacy.report import LegacyV0634MigrationReport
 
@@ -94,6 +96,15 @@ __all__ = [
 
 class AgentkeepError(Exception):
     """Base class of every error raised by agentkeep."""
+
+
+def _refused(kind: str, error: AgentkeepError) -> None:
+    """Log and count a fence or compare-and-set refusal where its error is created.
+
+    Each refusal error is constructed once, at the fence that refused
+    (docs/operations.md#logging): this is the one place each kind is recorded.
+    """
+    observability.refused(kind, "%s", error)
 
 
 # --------------------------------------------------------------------------
@@ -306,6 +317,10 @@ class ConcurrentModification(DatabaseError):
     outcome; it is not retried.
     """
 
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        _refused("concurrent_modification", self)
+
 
 class MissingDependency(AgentkeepError, ImportError):
     """An optional feature's package is not installed (the message names the extra).
@@ -498,6 +513,7 @@ class SessionExecutionLeaseExpired(SessionStoreError):
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         super().__init__(f"session execution lease expired or superseded: {session_id}")
+        _refused("lease_fence", self)
 
 
 class ClaimSuperseded(SessionStoreError):
@@ -518,6 +534,7 @@ class ClaimSuperseded(SessionStoreError):
         self.session_id = session_id
         self.claim_id = claim_id
         super().__init__(f"{self._what} superseded: {session_id} {claim_id}")
+        _refused("claim_superseded", self)
 
 
 class QueuedWorkClaimSuperseded(ClaimSuperseded):
@@ -611,6 +628,7 @@ class RuntimeTurnCommitConflict(SessionStoreError):
         self.session_id = session_id
         self.turn_id = turn_id
         super().__init__(f"turn {turn_id} of session {session_id} was committed differently")
+        _refused("turn_commit", self)
 
 
 class NodeAlreadyExists(Duplicate, SessionStoreError):
@@ -647,6 +665,7 @@ class HeadRevisionConflict(SessionStoreError):
         super().__init__(
             f"head revision conflict on {session_id}: expected {expected}, found {actual}"
         )
+        _refused("head_revision", self)
 
 
 # --------------------------------------------------------------------------
@@ -772,6 +791,7 @@ class SessionSnapshotSuperseded(RuntimeStoreError):
         super().__init__(
             f"Session snapshot for runtime '{runtime_id}' was superseded by the durable head"
         )
+        _refused("snapshot_superseded", self)
 
 
 class TranscriptRevisionConflict(RuntimeStoreError):
@@ -789,6 +809,7 @@ class TranscriptRevisionConflict(RuntimeStoreError):
         self.expected = expected
         self.actual = actual
         super().__init__(f"Transcript revision conflict: expected {expected}, actual {actual}")
+        _refused("transcript_revision", self)
 
 
 class OpsLifecycleEpochRetired(RuntimeStoreError):
@@ -805,6 +826,7 @@ class OpsLifecycleEpochRetired(RuntimeStoreError):
         self.runtime_id = runtime_id
         self.epoch_id = epoch_id
         super().__init__(f"Ops lifecycle epoch {epoch_id} for runtime {runtime_id} is retired")
+        _refused("ops_epoch_retired", self)
 
 
 class UnregisterFinalizationOutcomeUnknown(RuntimeStoreError):

@@ -39,6 +39,7 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from agentkeep import observability
 from agentkeep.errors import CommitOutcomeUnknown
 
 if TYPE_CHECKING:
@@ -98,6 +99,21 @@ class OneCalls:
     _repository: str = ""
     #: Default of :func:`read`'s ``single_statement`` for this facade's reads.
     _single_statement_reads: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Trace the public methods a facade class defines itself (not the forwarders).
+
+        Each becomes one public operation named ``<repository>.<method>``
+        (:func:`agentkeep.observability.traced`; unchanged without OpenTelemetry).
+        """
+        super().__init_subclass__(**kwargs)
+        if not observability.INSTALLED:
+            return
+        root = (cls.__dict__.get("_repository") or cls._repository).split(".")[0] or cls.__name__
+        for name, value in list(cls.__dict__.items()):
+            if name.startswith("_") or not inspect.isfunction(value):
+                continue
+            setattr(cls, name, observability.traced(f"{root}.{name}", value))
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -197,6 +213,7 @@ class _Forwarder(Generic[P, T]):
                     unknown = exc
                 try:
                     result: T = resolve(obj, once, *args, **kwargs)
+                    observability.commit_outcome_resolved(operation, "replayed")
                     return result
                 except CommitOutcomeUnknown as again:
                     raise named_outcome(
@@ -212,7 +229,7 @@ class _Forwarder(Generic[P, T]):
 
         functools.update_wrapper(call, method)
         call.__signature__ = signature  # type: ignore[attr-defined]
-        return call
+        return observability.traced(self._operation, call)
 
 
 def write(

@@ -31,7 +31,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, scoped_session
 
-from agentkeep import db
+from agentkeep import db, observability
 from agentkeep import migrations as _migrations
 from agentkeep.clock import Clock, SystemClock
 from agentkeep.crypto import PayloadCodec
@@ -856,13 +856,15 @@ def _rollback_or_discard(driver: db.Driver, pooled: Any, error: BaseException) -
 def _commit_failure(conn: Connection, exc: sa_exc.DBAPIError) -> DatabaseError:
     """:meth:`agentkeep.db.Driver.commit_failure` for a unit on a SQLAlchemy Connection."""
     if exc.connection_invalidated:
+        observability.commit_outcome_unknown("unit of work", str(exc.orig))
         return CommitOutcomeUnknown("unit of work", detail=str(exc.orig))
     try:
         raw = conn.connection.dbapi_connection
     except sa_exc.SQLAlchemyError:
+        observability.commit_outcome_unknown("unit of work", str(exc.orig))
         return CommitOutcomeUnknown("unit of work", detail=str(exc.orig))
     driver = db.Driver(raw, CompileTarget.of(conn.dialect), conn.dialect.loaded_dbapi.Error)
-    failure = driver.commit_failure(exc.orig if exc.orig is not None else exc)
+    failure = driver.commit_failure(exc.orig if exc.orig is not None else exc)  # logs it
     if isinstance(failure, CommitOutcomeUnknown):
         return CommitOutcomeUnknown("unit of work", detail=failure.detail)
     return failure

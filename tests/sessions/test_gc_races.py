@@ -222,10 +222,12 @@ def test_a_commit_cannot_finish_while_gc_is_between_mark_and_sweep(
     order: list[str] = []
     original = MaintenanceRepository._sweep
 
-    def paused_sweep(self: MaintenanceRepository, marks: set[str]) -> tuple[int, int]:
+    def paused_sweep(
+        self: MaintenanceRepository, marks: set[str], progress: Any = None
+    ) -> tuple[int, int]:
         marked.set()
         assert go.wait(WAIT_S)
-        result = original(self, marks)
+        result = original(self, marks, progress)
         order.append("sweep")
         return result
 

@@ -34,6 +34,7 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import bindparam as p
 from sqlalchemy import delete, select, update
 
+from agentkeep import observability
 from agentkeep.bounds import I64_MAX, check_u64
 from agentkeep.clock import Clock
 from agentkeep.db import Driver, LockNamespace, lock_aggregate
@@ -460,7 +461,10 @@ class RunRepository:
         to_json = _encode_status(to, "to")
         now = self._begin_write(run_id)
         params = {"id": run_id, "from_": from_json, "to": to_json, "now": now}
-        return bool(self._db.execute(_TRANSITION, params).rowcount == 1)
+        if self._db.execute(_TRANSITION, params).rowcount == 1:
+            return True
+        observability.refused("run_transition", "run %s: not %s (to %s)", run_id, from_, to)
+        return False
 
     # ------------------------------------------------------------------ assignment slots
 

@@ -19,7 +19,7 @@ from agentkeep.one_call import OneCalls, read, write
 from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
 from agentkeep.sessions.leases import SessionLeaseRepository as _LEASES
 from agentkeep.sessions.maintenance import MaintenanceRepository as _MAINTENANCE
-from agentkeep.sessions.maintenance import log_gc_failure
+from agentkeep.sessions.maintenance import Progress, log_gc_failure
 from agentkeep.sessions.queue import QueuedWorkRepository as _QUEUE
 from agentkeep.sessions.records import (
     BlobProfile,
@@ -110,7 +110,7 @@ class MaintenanceCalls(OneCalls):
     vacuum_all_sessions = write(_MAINTENANCE.vacuum_all_sessions)
     gc_unreachable_strict = write(_MAINTENANCE.gc_unreachable_strict)
 
-    def gc_unreachable(self) -> GcReport:
+    def gc_unreachable(self, *, progress: Progress | None = None) -> GcReport:
         """See :meth:`MaintenanceRepository.gc_unreachable` (never raises for a failed GC).
 
         Unlike the repository method, a transient lock timeout is first retried
@@ -118,7 +118,7 @@ class MaintenanceCalls(OneCalls):
         failure logged and an all-zero report returned.
         """
         try:
-            return self.gc_unreachable_strict()
+            return self.gc_unreachable_strict(progress=progress)
         except (SessionCorrupt, DatabaseError) as exc:
             log_gc_failure(exc)
             return GcReport()

@@ -40,6 +40,7 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import func, null, select, update
 from sqlalchemy.engine import Dialect
 
+from agentkeep import observability
 from agentkeep.clock import Clock
 from agentkeep.db import Driver, LockNamespace, lock_aggregate, lock_aggregate_and_blobs
 from agentkeep.errors import (
@@ -275,6 +276,21 @@ def _fenced_row(db: Driver, session_id: str, fence: LeaseFence, now: int) -> _Ro
 # The repository
 
 
+def _note_expired_takeover(
+    row: _Row | None, session_id: str, owner: LeaseOwnerIdentity, fencing: int
+) -> None:
+    """Log and count an acquisition that took an unreleased, expired lease from another owner."""
+    if (
+        row is not None
+        and row.token is not None
+        and row.owner is not None
+        and not same_incarnation(row.owner, owner)
+    ):
+        observability.lease_takeover(
+            "expired", session_id, row.owner.owner_id, owner.owner_id, fencing
+        )
+
+
 class SessionLeaseRepository:
     """Session execution lease operations inside one unit of work (``uow.leases``)."""
 
@@ -358,7 +374,9 @@ class SessionLeaseRepository:
                 lease=holder.model_copy(update={"owner": owner, "expires_at_epoch_ms": expires})
             )
         previous = None if row is None else row.fencing
-        return Acquired(lease=self._acquire(session_id, owner, previous, now, ttl_ms))
+        lease = self._acquire(session_id, owner, previous, now, ttl_ms)
+        _note_expired_takeover(row, session_id, owner, lease.fencing_token)
+        return Acquired(lease=lease)
 
     def reclaim_session_execution_lease(
         self,
@@ -396,7 +414,9 @@ class SessionLeaseRepository:
         row = _load(self._db, session_id)
         if row is None or not row.live(now):
             previous = None if row is None else row.fencing
-            return Acquired(lease=self._acquire(session_id, owner, previous, now, ttl_ms))
+            lease = self._acquire(session_id, owner, previous, now, ttl_ms)
+            _note_expired_takeover(row, session_id, owner, lease.fencing_token)
+            return Acquired(lease=lease)
         holder = row.holder(session_id)
         if not (
             observed_holder.session_id == session_id
@@ -425,6 +445,9 @@ class SessionLeaseRepository:
         }
         if self._db.execute(_TAKEOVER, params).rowcount != 1:
             raise ConcurrentModification(f"session {session_id}: lease changed under the lock")
+        observability.lease_takeover(
+            "reclaimed", session_id, holder.owner.owner_id, owner.owner_id, fencing
+        )
         return Acquired(
             lease=SessionExecutionLease.model_construct(
                 session_id=session_id,

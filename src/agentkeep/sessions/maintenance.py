@@ -108,11 +108,11 @@ non-blank string, node ids a sequence (not a bare string) of non-blank strings
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, literal, select, union, update
+from sqlalchemy import delete, func, literal, select, union, update
 from sqlalchemy.sql.elements import BindParameter
 
 from agentkeep.clock import Clock
@@ -132,7 +132,13 @@ from agentkeep.sessions.models import (
 from agentkeep.sessions.records import GcReport, VacuumReport
 from agentkeep.statements import Statement
 
-__all__ = ["BLOB_GC_KEY", "SWEEP_BATCH", "MaintenanceRepository", "log_gc_failure"]
+__all__ = [
+    "BLOB_GC_KEY",
+    "SWEEP_BATCH",
+    "MaintenanceRepository",
+    "Progress",
+    "log_gc_failure",
+]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +147,16 @@ BLOB_GC_KEY: Final = "blobs"
 #: Hashes per sweep page and per ``IN (...)`` list (well under both drivers'
 #: parameter limits).
 SWEEP_BATCH: Final = 256
+
+#: A progress callback of the maintenance jobs: ``progress(phase, done, total)``.
+#:
+#: Phases: the GC reports ``"mark"`` (root manifests read, of ``total``) and
+#: ``"sweep"`` (blobs examined, of ``total`` blobs stored); vacuum reports
+#: ``"vacuum"`` (steps done of 2: tombstoned nodes, then terminal turn
+#: inputs). It is called inside the job's transaction, first with ``done = 0``:
+#: keep it fast and never touch the database from it. An exception it raises
+#: aborts the job, which then deletes nothing (its savepoint is rolled back).
+Progress = Callable[[str, int, int | None], None]
 
 
 def _in_list() -> list[BindParameter[Any]]:
@@ -208,6 +224,9 @@ _NEXT_PAGE: Final = Statement(
 _SWEEP: Final = Statement(
     delete(BlobRow).where(BlobRow.hash.in_(_in_list())), name="maintenance.sweep"
 )
+_BLOB_COUNT: Final = Statement(
+    select(func.count()).select_from(BlobRow), name="maintenance.blob_count"
+)
 
 
 def _in_params(values: Sequence[str]) -> dict[str, str]:
@@ -221,6 +240,11 @@ def _in_params(values: Sequence[str]) -> dict[str, str]:
 def _batches(values: Sequence[str]) -> Iterable[Sequence[str]]:
     for start in range(0, len(values), SWEEP_BATCH):
         yield values[start : start + SWEEP_BATCH]
+
+
+def _report(progress: Progress | None, phase: str, done: int, total: int | None) -> None:
+    if progress is not None:
+        progress(phase, done, total)
 
 
 def _check_node_ids(node_ids: object) -> list[str]:
@@ -287,7 +311,7 @@ class MaintenanceRepository:
 
     # ---------------------------------------------------------------- vacuum
 
-    def vacuum(self, session_id: str) -> VacuumReport:
+    def vacuum(self, session_id: str, *, progress: Progress | None = None) -> VacuumReport:
         """Delete one session's tombstoned nodes and terminal turn inputs.
 
         See docs/sessions.md#vacuum.
@@ -298,6 +322,7 @@ class MaintenanceRepository:
 
         Args:
             session_id: the session to vacuum.
+            progress: called as each step ends (:data:`Progress`).
 
         Returns:
             The counts of deleted nodes and deleted turn inputs.
@@ -311,19 +336,25 @@ class MaintenanceRepository:
         lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY, shared=True)
         params = {"sid": session_id}
         with self._db.savepoint():
+            _report(progress, "vacuum", 0, 2)
             nodes = self._db.execute(_VACUUM_NODES, params).rowcount
+            _report(progress, "vacuum", 1, 2)
             inputs = self._db.execute(_VACUUM_INPUTS, params).rowcount
+            _report(progress, "vacuum", 2, 2)
         return VacuumReport(
             removed_node_count=nodes, removed_pending_turn_input_tombstone_count=inputs
         )
 
-    def vacuum_all_sessions(self) -> VacuumReport:
+    def vacuum_all_sessions(self, *, progress: Progress | None = None) -> VacuumReport:
         """:meth:`vacuum` every session at once (the explicit global maintenance job).
 
         Deletes every tombstoned node and every ``cancelled``/``completed``
         turn input of every session. Takes the blob-GC lock exclusive and no
         session lock (why this is safe: module docstring); run it in its own
         unit of work.
+
+        Args:
+            progress: called as each step ends (:data:`Progress`).
 
         Returns:
             The counts of deleted nodes and deleted turn inputs, all sessions.
@@ -334,15 +365,18 @@ class MaintenanceRepository:
         self._require_writable()
         lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY)
         with self._db.savepoint():
+            _report(progress, "vacuum", 0, 2)
             nodes = self._db.execute(_VACUUM_ALL_NODES, {}).rowcount
+            _report(progress, "vacuum", 1, 2)
             inputs = self._db.execute(_VACUUM_ALL_INPUTS, {}).rowcount
+            _report(progress, "vacuum", 2, 2)
         return VacuumReport(
             removed_node_count=nodes, removed_pending_turn_input_tombstone_count=inputs
         )
 
     # ---------------------------------------------------------------- blob GC
 
-    def gc_unreachable(self) -> GcReport:
+    def gc_unreachable(self, *, progress: Progress | None = None) -> GcReport:
         """Delete every blob no root reaches; never fails on corrupt data.
 
         See docs/sessions.md#gc_unreachable and docs/sessions.md#blob-gc.
@@ -361,17 +395,20 @@ class MaintenanceRepository:
         """
         self._require_writable()
         try:
-            return self.gc_unreachable_strict()
+            return self.gc_unreachable_strict(progress=progress)
         except (SessionCorrupt, DatabaseError) as exc:
             log_gc_failure(exc)
             return GcReport()
 
-    def gc_unreachable_strict(self) -> GcReport:
+    def gc_unreachable_strict(self, *, progress: Progress | None = None) -> GcReport:
         """Delete every blob no root reaches; raise when the GC cannot be trusted.
 
         Takes the blob-GC lock exclusive, marks the roots and the components
         of their checkpoint manifests, and deletes every unmarked blob (module
         docstring). Runs in a savepoint: when it raises, nothing was deleted.
+
+        Args:
+            progress: called as the mark and the sweep advance (:data:`Progress`).
 
         Returns:
             ``GcReport(root_count, retained_blob_count, deleted_blob_count)``.
@@ -387,11 +424,11 @@ class MaintenanceRepository:
         self._require_writable()
         with self._db.savepoint():
             lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY)
-            roots, marked = self._mark()
-            retained, deleted = self._sweep(marked)
+            roots, marked = self._mark(progress)
+            retained, deleted = self._sweep(marked, progress)
         return GcReport(root_count=roots, retained_blob_count=retained, deleted_blob_count=deleted)
 
-    def _mark(self) -> tuple[int, set[str]]:
+    def _mark(self, progress: Progress | None = None) -> tuple[int, set[str]]:
         """``(distinct root count, marked hashes)``; raises before any delete."""
         rows = self._db.execute(_ROOTS, {}).fetchall()
         roots = {str(ref) for ref, _ in rows}
@@ -402,15 +439,22 @@ class MaintenanceRepository:
             found = self._db.execute(_MANIFESTS_AMONG, params).fetchall()
             manifests.update(str(h) for (h,) in found)
         marked = set(roots)
-        for ref in sorted(manifests):
+        total = len(manifests)
+        _report(progress, "mark", 0, total)
+        for done, ref in enumerate(sorted(manifests), 1):
             manifest = read_manifest(self._db, ref)  # SessionCorrupt aborts the GC
             if manifest is not None:
                 marked.update(manifest_refs(manifest))
+            _report(progress, "mark", done, total)
         return len(roots), marked
 
-    def _sweep(self, marked: set[str]) -> tuple[int, int]:
+    def _sweep(self, marked: set[str], progress: Progress | None = None) -> tuple[int, int]:
         """Delete unmarked blobs page by page; ``(retained, deleted)``."""
         present = deleted = 0
+        total = None
+        if progress is not None:
+            total = int(self._db.execute(_BLOB_COUNT, {}).fetchone()[0])
+            progress("sweep", 0, total)
         page = self._db.execute(_FIRST_PAGE, {"limit": SWEEP_BATCH}).fetchall()
         while page:
             hashes = [str(h) for (h,) in page]
@@ -418,6 +462,7 @@ class MaintenanceRepository:
             garbage = [h for h in hashes if h not in marked]
             if garbage:
                 deleted += self._db.execute(_SWEEP, _in_params(garbage)).rowcount
+            _report(progress, "sweep", present, total)
             if len(hashes) < SWEEP_BATCH:
                 break
             params = {"after": hashes[-1], "limit": SWEEP_BATCH}
