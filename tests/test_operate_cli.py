@@ -251,7 +251,7 @@ def test_sessions_show_text(
         ["tool", "m2", "0", "3", "0", "0", "0"],
     ]
     tree = out.split("active path: 3 nodes\n", 1)[1].splitlines()
-    assert tree == ["n1  (+1 other branch)", "└─ n2", "   └─ n3"]
+    assert tree == ["n1  ├─ +1 other branch", "└─ n2", "└─ n3"]
 
 
 def test_sessions_show_json(

@@ -180,10 +180,12 @@ def _sessions_render(detail: Any) -> None:
     )
     print()
     print(f"active path: {len(detail.active_path)} nodes")
+    # Root first, one node a line at one indentation (a path of 10,000 nodes stays
+    # readable); a node with children off the path shows them as a side branch.
     for depth, node in enumerate(detail.active_path):
-        prefix = "" if depth == 0 else "   " * (depth - 1) + "└─ "
+        prefix = "" if depth == 0 else "└─ "
         extra = detail.branches.get(node, 0)
-        branches = f"  (+{extra} other branch{'es' if extra > 1 else ''})" if extra else ""
+        branches = f"  ├─ +{extra} other branch{'es' if extra > 1 else ''}" if extra else ""
         print(f"{prefix}{node}{branches}")
 
 
