@@ -274,6 +274,8 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
             head = json.loads(node.node_json)
             checkpoint: Checkpoint = self.serde.loads_typed((head["type"], node.body))
             metadata: CheckpointMetadata = head["metadata"]
+            if not isinstance(checkpoint, dict) or not isinstance(metadata, dict):
+                raise TypeError("a checkpoint and its metadata are mappings")
             writes = [
                 (w.task_id, w.channel, self.serde.loads_typed((w.value_type, w.value)))
                 for w in node.writes

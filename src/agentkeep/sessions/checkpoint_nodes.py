@@ -31,8 +31,9 @@ Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
 NOTHING``), one node upsert; a pending-write put: the lease read and one
 batched insert. Nothing written is read back.
 
-Corrupt data fails loudly: a node whose blob is missing, or stored with a
-compression other than ``none``, is :class:`~agentkeep.errors.SessionCorrupt`.
+Corrupt data fails loudly: a node whose blob is missing, stored with a
+compression other than ``none``, or whose bytes do not match its hash, is
+:class:`~agentkeep.errors.SessionCorrupt`.
 """
 
 from __future__ import annotations
@@ -256,7 +257,10 @@ def _node(session_id: str, row: Sequence[Any], writes: list[StoredWrite]) -> Che
         raise SessionCorrupt("graph_nodes", f"{session_id}/{node_id}", "blob_ref", "blob missing")
     if compression != "none":
         raise SessionCorrupt("blobs", str(ref), "compression", f"{compression!r} for a body")
-    return CheckpointNode(str(node_id), parent, str(node_json), run_id, bytes(content), writes)
+    body = bytes(content)
+    if hashlib.sha256(body).hexdigest() != ref:
+        raise SessionCorrupt("blobs", str(ref), "content", "content does not match its hash")
+    return CheckpointNode(str(node_id), parent, str(node_json), run_id, body, writes)
 
 
 def _write(row: Sequence[Any]) -> StoredWrite:
