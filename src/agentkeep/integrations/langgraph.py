@@ -38,6 +38,7 @@ import asyncio
 import contextvars
 import functools
 import json
+import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -492,7 +493,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
             current_v = current
         else:
             current_v = int(current.split(".")[0])
-        return f"{current_v + 1:032}.{uuid.uuid4().int % 10**16:016}"
+        return f"{current_v + 1:032}.{random.random():016}"
 
     # ------------------------------------------------------------------ async API
 
