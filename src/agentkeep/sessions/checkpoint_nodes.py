@@ -50,6 +50,7 @@ from sqlalchemy.orm import aliased
 from agentkeep.clock import Clock
 from agentkeep.db import Driver
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
+from agentkeep.sessions.checkpoints import put_opaque_blob
 from agentkeep.sessions.domain import LeaseFence, check_fence, check_id
 from agentkeep.sessions.leases import begin_session_write, guard_session_write
 from agentkeep.sessions.maintenance import _batches, _in_list, _in_params
@@ -70,16 +71,6 @@ KIND_OPAQUE: Final = "opaque"
 _N = GraphNodeRow
 _W = PendingWriteRow
 _LIVE = _N.tombstoned == p("live")
-
-_PUT_BLOB: Final = Statement(
-    lambda d: (
-        upsert(d, BlobRow)
-        .values(hash=p("hash"), kind=p("kind"), compression=p("compression"), content=p("content"))
-        .on_conflict_do_nothing(index_elements=[BlobRow.hash])
-    ),
-    name="checkpoint_nodes.put_blob",
-)
-
 
 def _put_node(dialect: Any) -> Any:
     stmt = upsert(dialect, _N).values(
@@ -361,9 +352,7 @@ class CheckpointNodeRepository:
         if fence is not None:
             fence = check_fence(fence, "fence")
         self._guard(session_id, lease_session_id, fence, renew_ms)
-        digest = hashlib.sha256(raw).hexdigest()
-        blob = {"hash": digest, "kind": KIND_OPAQUE, "compression": "none", "content": raw}
-        self._db.execute(_PUT_BLOB, blob)
+        digest = put_opaque_blob(self._db, KIND_OPAQUE, raw)
         node = {
             "sid": session_id,
             "nid": node_id,
