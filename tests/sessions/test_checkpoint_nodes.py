@@ -199,7 +199,7 @@ def test_a_fault_between_blob_and_node_leaves_nothing(
         ),
         name="test.broken_put_node",
     )
-    monkeypatch.setattr(cn_module, "_PUT_NODE", broken)
+    monkeypatch.setattr(cn_module, "_PUT_NODE_AND_BLOB", broken)
     with pytest.raises((DatabaseError, KeyError)):
         store.checkpoint_nodes.put_checkpoint_node(SID, "c1", b"never")
     assert _blob_count(store) == 0

@@ -11,8 +11,10 @@ checkpoint it follows and ``run_id`` the run that wrote it. A node's
 recorded against a node per ``(task_id, write_idx)``
 (docs/sessions.md#checkpoint-nodes).
 
-Fences. Every write takes the ``session:<id>`` lock and the blob-GC lock
-shared (a no-op on SQLite, whose ``BEGIN IMMEDIATE`` serialises writers), then
+Fences. Every write takes the ``session:<id>`` lock (and a node put the
+blob-GC lock shared: a GC never sweeps a deduplicated blob between the put's
+insert and its node; both no-ops on SQLite, whose ``BEGIN IMMEDIATE``
+serialises writers), then
 LEASE_GUARD (:func:`~agentkeep.sessions.leases.guard_session_write`) on the
 ``lease_session_id`` it is given (default: the session itself): without a
 fence the write is refused with :class:`~agentkeep.errors.SessionLeaseHeld`
@@ -72,6 +74,7 @@ _N = GraphNodeRow
 _W = PendingWriteRow
 _LIVE = _N.tombstoned == p("live")
 
+
 def _put_node(dialect: Any) -> Any:
     stmt = upsert(dialect, _N).values(
         session_id=p("sid"),
@@ -90,6 +93,28 @@ def _put_node(dialect: Any) -> Any:
 
 
 _PUT_NODE: Final = Statement(_put_node, name="checkpoint_nodes.put_node")
+
+
+def _put_node_and_blob(dialect: Any) -> Any:
+    """The node upsert; on Postgres with the blob insert as a data-modifying CTE.
+
+    One round trip for both rows on Postgres. SQLite has no such CTE: there it
+    is the node upsert alone, and ``put_checkpoint_node`` inserts the blob
+    first with its own statement.
+    """
+    node = _put_node(dialect)
+    if dialect.name != "postgresql":
+        return node
+    blob = (
+        upsert(dialect, BlobRow)
+        .values(hash=p("ref"), kind=p("kind"), compression=p("compression"), content=p("content"))
+        .on_conflict_do_nothing(index_elements=[BlobRow.hash])
+        .cte("put_blob")
+    )
+    return node.add_cte(blob)
+
+
+_PUT_NODE_AND_BLOB: Final = Statement(_put_node_and_blob, name="checkpoint_nodes.put_node_and_blob")
 
 #: The columns a :class:`CheckpointNode` is decoded from, in its order.
 _NODE_COLUMNS: Final = (
@@ -293,9 +318,12 @@ class CheckpointNodeRepository:
         lease_session_id: str | None,
         fence: LeaseFence | None,
         renew_ms: int | None,
+        *,
+        blobs: bool,
     ) -> None:
-        """Lock the session (and blobs shared), then LEASE_GUARD on the lease's session."""
-        now = begin_session_write(self._db, self._clock, self._writable, session_id, blobs=True)
+        """Lock the session (and, for a write that stores blobs, the blob-GC lock shared),
+        then LEASE_GUARD on the lease's session."""
+        now = begin_session_write(self._db, self._clock, self._writable, session_id, blobs=blobs)
         guard_session_write(self._db, lease_session_id or session_id, fence, now, renew_ms)
 
     # ---------------------------------------------------------------- writes
@@ -351,8 +379,11 @@ class CheckpointNodeRepository:
             check_id(run_id, "run_id")
         if fence is not None:
             fence = check_fence(fence, "fence")
-        self._guard(session_id, lease_session_id, fence, renew_ms)
-        digest = put_opaque_blob(self._db, KIND_OPAQUE, raw)
+        self._guard(session_id, lease_session_id, fence, renew_ms, blobs=True)
+        if self._db.postgres:
+            digest = hashlib.sha256(raw).hexdigest()
+        else:
+            digest = put_opaque_blob(self._db, KIND_OPAQUE, raw)
         node = {
             "sid": session_id,
             "nid": node_id,
@@ -361,8 +392,11 @@ class CheckpointNodeRepository:
             "live": 0,
             "ref": digest,
             "run": run_id,
+            "kind": KIND_OPAQUE,
+            "compression": "none",
+            "content": raw,
         }
-        self._db.execute(_PUT_NODE, node)
+        self._db.execute(_PUT_NODE_AND_BLOB, node)
         return digest
 
     def put_pending_writes(
@@ -414,7 +448,7 @@ class CheckpointNodeRepository:
             fence = check_fence(fence, "fence")
         if not add and not replace:
             return
-        self._guard(session_id, lease_session_id, fence, renew_ms)
+        self._guard(session_id, lease_session_id, fence, renew_ms, blobs=False)
         self._db.executemany(_ADD_WRITE, add)
         self._db.executemany(_REPLACE_WRITE, replace)
 
