@@ -30,8 +30,9 @@ write with ``write_idx >= 0`` is stored once (a repeat of the same
 channels: errors, interrupts, resumes) is replaced.
 
 Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
-NOTHING``), one node upsert; a pending-write put: the lease read and one
-batched insert. Nothing written is read back.
+NOTHING``) and one node upsert (on Postgres one statement: the blob insert is
+a data-modifying CTE of the upsert); a pending-write put: the lease read and
+one batched insert. Nothing written is read back.
 
 Corrupt data fails loudly: a node whose blob is missing, stored with a
 compression other than ``none``, or whose bytes do not match its hash, is
