@@ -28,7 +28,7 @@ from sqlalchemy import delete, func, select, union
 from agentkeep.clock import Clock
 from agentkeep.db import Driver
 from agentkeep.errors import InvalidInput
-from agentkeep.sessions.domain import check_id
+from agentkeep.sessions.checkpoint_nodes import _check_str, check_text_id
 from agentkeep.sessions.leases import begin_session_write
 from agentkeep.sessions.models import (
     AttachmentManifestRow,
@@ -120,13 +120,12 @@ class SessionCatalogRepository:
             The page; ``next_after`` is None when no id can follow it.
 
         Raises:
-            InvalidInput: ``prefix`` or ``after`` is not a string (``after``
-                blank), or ``limit`` is not an int in range.
+            InvalidInput: ``prefix`` or ``after`` is not UTF-8 text without NUL
+                (``after`` blank), or ``limit`` is not an int in range.
         """
-        if not isinstance(prefix, str) or "\x00" in prefix:
-            raise InvalidInput("prefix", "expected a string without NUL")
+        _check_str(prefix, "prefix")
         if after is not None:
-            check_id(after, "after")
+            check_text_id(after, "after")
         if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
             raise InvalidInput("limit", f"expected an int in 1..{MAX_PAGE}")
         params = {"after": after or "", "plen": len(prefix), "prefix": prefix, "limit": limit}
@@ -154,7 +153,7 @@ class SessionCatalogRepository:
             InvalidInput: a blank or non-string session id; nothing is written.
             ReadOnlyUnitOfWork: inside ``store.read()``.
         """
-        check_id(session_id, "session_id")
+        check_text_id(session_id, "session_id")
         begin_session_write(self._db, self._clock, self._writable, session_id)
         params = {"sid": session_id}
         with self._db.savepoint():

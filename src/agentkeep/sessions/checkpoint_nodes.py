@@ -54,7 +54,7 @@ from agentkeep.clock import Clock
 from agentkeep.db import Driver
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
 from agentkeep.sessions.checkpoints import put_opaque_blob
-from agentkeep.sessions.domain import LeaseFence, check_fence, check_id
+from agentkeep.sessions.domain import MAX_I64, LeaseFence, check_fence, check_id
 from agentkeep.sessions.leases import begin_session_write, guard_session_write
 from agentkeep.sessions.maintenance import _batches, _in_list, _in_params
 from agentkeep.sessions.models import BlobRow, GraphNodeRow, PendingWriteRow
@@ -66,6 +66,7 @@ __all__ = [
     "CheckpointNodeRepository",
     "PendingWrite",
     "StoredWrite",
+    "check_text_id",
 ]
 
 #: ``blobs.kind`` of an opaque body (never decoded by agentkeep).
@@ -293,16 +294,39 @@ def _check_bytes(value: object, field: str) -> bytes:
     return bytes(value)
 
 
+def _encodable(value: str, field: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(field, "contains a lone surrogate (not UTF-8 text)") from None
+    return value
+
+
 def _check_str(value: object, field: str) -> str:
     if not isinstance(value, str) or "\x00" in value:
         raise InvalidInput(field, "expected a string without NUL")
+    return _encodable(value, field)
+
+
+def check_text_id(value: object, field: str) -> str:
+    """:func:`~agentkeep.sessions.domain.check_id`, and UTF-8 text (no lone surrogate).
+
+    Raises:
+        InvalidInput: otherwise; nothing is written.
+    """
+    return _encodable(check_id(value, field), field)
+
+
+def _check_ttl(value: object, field: str) -> int | None:
+    if value is not None and (type(value) is not int or not 1 <= value <= MAX_I64):
+        raise InvalidInput(field, "expected None or an int in 1..2**63-1")
     return value
 
 
 def _check_ids(values: object, field: str) -> list[str]:
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise InvalidInput(field, "expected a sequence of ids")
-    return list(dict.fromkeys(check_id(v, f"{field}[{i}]") for i, v in enumerate(values)))
+    return list(dict.fromkeys(check_text_id(v, f"{field}[{i}]") for i, v in enumerate(values)))
 
 
 class CheckpointNodeRepository:
@@ -326,6 +350,12 @@ class CheckpointNodeRepository:
         then LEASE_GUARD on the lease's session."""
         now = begin_session_write(self._db, self._clock, self._writable, session_id, blobs=blobs)
         guard_session_write(self._db, lease_session_id or session_id, fence, now, renew_ms)
+
+    @staticmethod
+    def _check_guard(lease_session_id: object, renew_ms: object) -> None:
+        if lease_session_id is not None:
+            check_text_id(lease_session_id, "lease_session_id")
+        _check_ttl(renew_ms, "renew_ms")
 
     # ---------------------------------------------------------------- writes
 
@@ -370,14 +400,15 @@ class CheckpointNodeRepository:
             SessionExecutionLeaseExpired: ``fence`` is not the live lease.
             ReadOnlyUnitOfWork: inside ``store.read()``.
         """
-        check_id(session_id, "session_id")
-        check_id(node_id, "node_id")
+        check_text_id(session_id, "session_id")
+        check_text_id(node_id, "node_id")
         raw = _check_bytes(body, "body")
         _check_str(node_json, "node_json")
         if parent_node_id is not None:
-            check_id(parent_node_id, "parent_node_id")
+            check_text_id(parent_node_id, "parent_node_id")
         if run_id is not None:
-            check_id(run_id, "run_id")
+            check_text_id(run_id, "run_id")
+        self._check_guard(lease_session_id, renew_ms)
         if fence is not None:
             fence = check_fence(fence, "fence")
         self._guard(session_id, lease_session_id, fence, renew_ms, blobs=True)
@@ -425,10 +456,13 @@ class CheckpointNodeRepository:
             SessionLeaseHeld, SessionExecutionLeaseExpired, ReadOnlyUnitOfWork:
                 as :meth:`put_checkpoint_node`.
         """
-        check_id(session_id, "session_id")
-        check_id(node_id, "node_id")
-        check_id(task_id, "task_id")
+        check_text_id(session_id, "session_id")
+        check_text_id(node_id, "node_id")
+        check_text_id(task_id, "task_id")
         _check_str(task_path, "task_path")
+        self._check_guard(lease_session_id, renew_ms)
+        if isinstance(writes, str | bytes) or not isinstance(writes, Sequence):
+            raise InvalidInput("writes", "expected a sequence of PendingWrite")
         add: list[dict[str, Any]] = []
         replace: list[dict[str, Any]] = []
         for i, w in enumerate(writes):
@@ -486,7 +520,9 @@ class CheckpointNodeRepository:
             InvalidInput: a blank session id.
             ReadOnlyUnitOfWork: inside ``store.read()``.
         """
-        check_id(session_id, "session_id")
+        check_text_id(session_id, "session_id")
+        if not isinstance(keep_latest, bool):
+            raise InvalidInput("keep_latest", "expected a bool")
         begin_session_write(self._db, self._clock, self._writable, session_id)
         ids = [str(n) for (n,) in self._db.execute(_ALL_IDS, {"sid": session_id}).fetchall()]
         doomed = ids[1:] if keep_latest else ids
@@ -509,8 +545,8 @@ class CheckpointNodeRepository:
             InvalidInput: a blank id, or the same session twice.
             ReadOnlyUnitOfWork: inside ``store.read()``.
         """
-        check_id(source_session_id, "source_session_id")
-        check_id(target_session_id, "target_session_id")
+        check_text_id(source_session_id, "source_session_id")
+        check_text_id(target_session_id, "target_session_id")
         if source_session_id == target_session_id:
             raise InvalidInput("target_session_id", "is the source session")
         begin_session_write(self._db, self._clock, self._writable, target_session_id, blobs=True)
@@ -559,11 +595,11 @@ class CheckpointNodeRepository:
             InvalidInput: a blank id.
             SessionCorrupt: the node's blob is missing or not an opaque body.
         """
-        check_id(session_id, "session_id")
+        check_text_id(session_id, "session_id")
         if node_id is None:
             row = self._db.execute(_LATEST, {"sid": session_id, "live": 0}).fetchone()
         else:
-            check_id(node_id, "node_id")
+            check_text_id(node_id, "node_id")
             row = self._db.execute(_GET, {"sid": session_id, "nid": node_id, "live": 0}).fetchone()
         if row is None:
             return None
@@ -580,14 +616,14 @@ class CheckpointNodeRepository:
             limit: at most this many (None: all).
 
         Raises:
-            InvalidInput: a blank id, a negative limit.
+            InvalidInput: a blank id, a limit outside 0..2**63-1.
             SessionCorrupt: a node's blob is missing or not an opaque body.
         """
-        check_id(session_id, "session_id")
+        check_text_id(session_id, "session_id")
         if before is not None:
-            check_id(before, "before")
-        if limit is not None and (type(limit) is not int or limit < 0):
-            raise InvalidInput("limit", "expected None or an int >= 0")
+            check_text_id(before, "before")
+        if limit is not None and (type(limit) is not int or not 0 <= limit <= MAX_I64):
+            raise InvalidInput("limit", "expected None or an int in 0..2**63-1")
         return self._list(session_id, before, limit, writes=True)
 
     def list_pending_writes(self, session_id: str, node_id: str) -> list[StoredWrite]:
@@ -596,8 +632,8 @@ class CheckpointNodeRepository:
         Raises:
             InvalidInput: a blank id.
         """
-        check_id(session_id, "session_id")
-        check_id(node_id, "node_id")
+        check_text_id(session_id, "session_id")
+        check_text_id(node_id, "node_id")
         rows = self._db.execute(_WRITES_OF_ONE, {"sid": session_id, "nid": node_id}).fetchall()
         return [_write(r) for r in rows]
 
