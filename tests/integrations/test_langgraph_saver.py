@@ -30,6 +30,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 
 from agentkeep import (  # noqa: E402
     AsyncStore,
+    CommitOutcomeUnknown,
     SessionCorrupt,
     SessionExecutionLeaseExpired,
     SessionLeaseHeld,
@@ -226,3 +227,32 @@ def test_sync_calls_on_a_native_async_store_from_the_loop_are_refused(
             await astore.close()
 
     assert asyncio.run(main()) is None
+
+
+def test_a_lost_commit_answer_is_settled_by_running_the_write_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT went through but its answer was lost: the saver runs the write once
+    more (its writes are idempotent), so the graph run goes on with one chain."""
+    real = store.call_write
+    lost: list[Any] = []
+    guard = threading.Lock()
+
+    def flaky(fn: Any) -> Any:
+        result = real(fn)
+        with guard:  # the saver writes from LangGraph's background threads too
+            first = len(lost) < 2 and fn not in lost
+            if first:
+                lost.append(fn)
+        if first:  # applied, answer lost; the saver's retry of this write gets through
+            raise CommitOutcomeUnknown("transaction", {}, "connection lost during COMMIT")
+        return result
+
+    monkeypatch.setattr(store, "call_write", flaky)
+    saver = AgentkeepSaver(store)
+    build_graph(saver).invoke({"messages": [("user", "hi")]}, config(TID))
+    assert len(lost) == 2
+    assert chain_shape(saver, TID) == (1, 0)
+    assert len(list(saver.list(config(TID)))) == 5
+    tup = saver.get_tuple(config(TID))
+    assert tup is not None and len(tup.checkpoint["channel_values"]["messages"]) == 4

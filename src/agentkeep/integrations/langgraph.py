@@ -47,6 +47,7 @@ from urllib.parse import quote, unquote
 
 from agentkeep.aio import AsyncStore, run_to_completion
 from agentkeep.errors import (
+    CommitOutcomeUnknown,
     InvalidInput,
     MissingDependency,
     SessionCorrupt,
@@ -186,9 +187,26 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         return await run_to_completion(functools.partial(fn, store))
 
     def _write_unit(self, fn: Callable[[Repositories], T]) -> T:
-        return self._sync(lambda: self.store.call_write(fn), lambda: self._awrite_unit(fn))
+        """Run a write in one unit. Every write of the saver is idempotent (a put
+        replaces the same node, a pending write is stored once per task and index,
+        deletes and prunes delete what is left), so a lost COMMIT answer
+        (``CommitOutcomeUnknown``) is settled by running it once more."""
+
+        def once() -> T:
+            return self._sync(lambda: self.store.call_write(fn), lambda: self._awrite_once(fn))
+
+        try:
+            return once()
+        except CommitOutcomeUnknown:
+            return once()
 
     async def _awrite_unit(self, fn: Callable[[Repositories], T]) -> T:
+        try:
+            return await self._awrite_once(fn)
+        except CommitOutcomeUnknown:
+            return await self._awrite_once(fn)
+
+    async def _awrite_once(self, fn: Callable[[Repositories], T]) -> T:
         return await self._async(lambda s: s.call_write(fn), lambda a: a.call_write(fn))
 
     def _read_unit(self, fn: Callable[[Repositories], T]) -> T:
