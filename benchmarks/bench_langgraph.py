@@ -147,47 +147,22 @@ def main() -> None:
     args = ap.parse_args()
     steps, rounds = args.steps, args.rounds
     results: list[tuple[str, str, float]] = []
+
+    def agentkeep_both(backend: str, url: str) -> None:
+        for owning in (False, True):
+            name = "AgentkeepSaver + owning" if owning else "AgentkeepSaver"
+            results.append(
+                (backend, name, best(lambda: agentkeep_saver(url), steps, rounds, owning))
+            )
+
     with tempfile.TemporaryDirectory() as tmp:
-        ak_url = f"sqlite:///{Path(tmp) / 'agentkeep.db'}"
-        results.append(
-            (
-                "sqlite",
-                "AgentkeepSaver",
-                best(lambda: agentkeep_saver(ak_url), steps, rounds, False),
-            )
-        )
-        results.append(
-            (
-                "sqlite",
-                "AgentkeepSaver + owning",
-                best(lambda: agentkeep_saver(ak_url), steps, rounds, True),
-            )
-        )
+        agentkeep_both("sqlite", f"sqlite:///{Path(tmp) / 'agentkeep.db'}")
         stock = Path(tmp) / "stock.db"
-        results.append(
-            (
-                "sqlite",
-                "SqliteSaver (stock)",
-                best(lambda: stock_sqlite(stock, args.stock_normal), steps, rounds, False),
-            )
-        )
+        stock_time = best(lambda: stock_sqlite(stock, args.stock_normal), steps, rounds, False)
+        results.append(("sqlite", "SqliteSaver (stock)", stock_time))
     if not args.no_postgres:
         with pg_database() as url:
-            ak = url.replace("postgresql://", "postgresql+psycopg://")
-            results.append(
-                (
-                    "postgres",
-                    "AgentkeepSaver",
-                    best(lambda: agentkeep_saver(ak), steps, rounds, False),
-                )
-            )
-            results.append(
-                (
-                    "postgres",
-                    "AgentkeepSaver + owning",
-                    best(lambda: agentkeep_saver(ak), steps, rounds, True),
-                )
-            )
+            agentkeep_both("postgres", url.replace("postgresql://", "postgresql+psycopg://"))
         with pg_database() as url:
 
             @contextmanager
