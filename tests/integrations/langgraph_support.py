@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
@@ -13,29 +13,45 @@ class State(TypedDict):
     messages: Annotated[list[Any], add_messages]
 
 
-def build_graph(checkpointer: Any, hook: Callable[[], None] | None = None) -> Any:
-    """plan -> act -> review; ``hook`` runs inside ``act`` (a race's rendezvous)."""
+def _plan(state: State) -> dict[str, Any]:
+    return {"messages": [("ai", f"plan {len(state['messages'])}")]}
 
-    def plan(state: State) -> dict[str, Any]:
-        return {"messages": [("ai", f"plan {len(state['messages'])}")]}
+
+def _review(state: State) -> dict[str, Any]:
+    return {"messages": [("ai", "review")]}
+
+
+def _compile(checkpointer: Any, act: Callable[[State], Any]) -> Any:
+    graph = StateGraph(State)
+    graph.add_node("plan", _plan)
+    graph.add_node("act", act)
+    graph.add_node("review", _review)
+    graph.add_edge(START, "plan")
+    graph.add_edge("plan", "act")
+    graph.add_edge("act", "review")
+    graph.add_edge("review", END)
+    return graph.compile(checkpointer=checkpointer)
+
+
+def build_graph(checkpointer: Any, hook: Callable[[], object] | None = None) -> Any:
+    """plan -> act -> review; ``hook`` runs inside ``act`` (a race's rendezvous)."""
 
     def act(state: State) -> dict[str, Any]:
         if hook is not None:
             hook()
         return {"messages": [("ai", "act")]}
 
-    def review(state: State) -> dict[str, Any]:
-        return {"messages": [("ai", "review")]}
+    return _compile(checkpointer, act)
 
-    graph = StateGraph(State)
-    graph.add_node("plan", plan)
-    graph.add_node("act", act)
-    graph.add_node("review", review)
-    graph.add_edge(START, "plan")
-    graph.add_edge("plan", "act")
-    graph.add_edge("act", "review")
-    graph.add_edge("review", END)
-    return graph.compile(checkpointer=checkpointer)
+
+def build_async_graph(checkpointer: Any, hook: Callable[[], Awaitable[None]]) -> Any:
+    """The same graph with an async ``act`` node that awaits ``hook`` (for ``ainvoke``)."""
+
+    async def act(state: State) -> dict[str, Any]:
+        await hook()
+        return {"messages": [("ai", "act")]}
+
+    return _compile(checkpointer, act)
 
 
 def config(thread_id: str) -> dict[str, Any]:

@@ -5,13 +5,16 @@
 * ``owning``: two concurrent ``graph.invoke`` calls on one thread, each with
   its own Store and saver and each under ``owning``: exactly one completes,
   the other gets ``SessionLeaseHeld``, and the thread's history is one chain;
-  the same race on the stock ``SqliteSaver`` forks the thread;
+  the same race on the stock ``SqliteSaver`` forks the thread; the same with
+  ``ainvoke`` under ``aowning`` on two native AsyncStores;
 * a writer that does not own the thread is refused while another owns it,
   and writes nothing;
 * a crashed owner's lease is reclaimed after its TTL; the old owner's next
   put is ``SessionExecutionLeaseExpired`` and leaves nothing;
 * values are stored as the serializer's bytes; a corrupt checkpoint body
-  fails loudly on read.
+  fails loudly on read;
+* a lost COMMIT answer is settled by running the idempotent write again;
+* sync calls on a native AsyncStore from its own loop are refused.
 """
 
 from __future__ import annotations
@@ -39,7 +42,12 @@ from agentkeep import (  # noqa: E402
 from agentkeep.clock import SettableClock  # noqa: E402
 from agentkeep.integrations.langgraph import AgentkeepSaver  # noqa: E402
 from tests.conftest import as_async_url  # noqa: E402
-from tests.integrations.langgraph_support import build_graph, chain_shape, config  # noqa: E402
+from tests.integrations.langgraph_support import (  # noqa: E402
+    build_async_graph,
+    build_graph,
+    chain_shape,
+    config,
+)
 from tests.racing import run_threads, wait_ready  # noqa: E402
 from tests.support import query  # noqa: E402
 
@@ -256,3 +264,42 @@ def test_a_lost_commit_answer_is_settled_by_running_the_write_again(
     assert len(list(saver.list(config(TID)))) == 5
     tup = saver.get_tuple(config(TID))
     assert tup is not None and len(tup.checkpoint["channel_values"]["messages"]) == 4
+
+
+def test_aowning_race_one_run_completes_and_the_thread_does_not_fork(
+    db_url: str, backend: str
+) -> None:
+    """The owning race with ``ainvoke`` under ``aowning``: two tasks, each with its own
+    native AsyncStore and saver; the winner's ``act`` node waits until the loser tried."""
+    url = as_async_url(db_url, "aiosqlite" if backend == "sqlite" else "asyncpg")
+
+    async def main() -> list[str]:
+        tried = asyncio.Event()
+        stores = [await AsyncStore.open(url) for _ in range(2)]
+        ready = asyncio.Barrier(2)
+
+        async def racer(astore: AsyncStore) -> str:
+            saver = AgentkeepSaver(astore)
+
+            async def act_hook() -> None:
+                await asyncio.wait_for(tried.wait(), RENDEZVOUS_S)
+
+            graph = build_async_graph(saver, act_hook)
+            await ready.wait()
+            try:
+                async with saver.aowning(TID):
+                    await graph.ainvoke({"messages": [("user", "go")]}, config(TID))
+            except SessionLeaseHeld:
+                tried.set()
+                return "refused"
+            return "completed"
+
+        try:
+            return list(await asyncio.gather(*(racer(s) for s in stores)))
+        finally:
+            for s in stores:
+                await s.close()
+
+    assert sorted(asyncio.run(main())) == ["completed", "refused"]
+    with Store.open(db_url) as store:
+        assert chain_shape(AgentkeepSaver(store), TID) == (1, 0)
