@@ -2,7 +2,8 @@
 
 A property suite over every public operation of ``store.runs``,
 ``store.leases``, ``store.queue``, ``store.turn_inputs``, ``store.commits``,
-``store.maintenance`` and ``store.runtime``, enumerated from the facade
+``store.maintenance``, ``store.runtime``, ``store.catalog`` and
+``store.checkpoint_nodes``, enumerated from the facade
 objects (a new operation is covered without editing this file; one whose
 parameter type has no plausible values here fails
 :func:`test_every_parameter_has_plausible_values`).
@@ -70,6 +71,7 @@ from agentkeep.runtime import (
     UnregisterFinalizationCommit,
     issue_delete_ops_finalization_authority,
 )
+from agentkeep.sessions.checkpoint_nodes import PendingWrite
 from agentkeep.sessions.domain import (
     Acquired,
     CheckpointKind,
@@ -115,7 +117,17 @@ B: Final = LeaseOwnerIdentity(owner_id="owner-B", incarnation_id="inc-B")
 TTL: Final = 3_600_000
 
 #: The facades whose public callables are the one-call operations.
-FACADES: Final = ("runs", "leases", "queue", "turn_inputs", "commits", "maintenance", "runtime")
+FACADES: Final = (
+    "runs",
+    "leases",
+    "queue",
+    "turn_inputs",
+    "commits",
+    "maintenance",
+    "runtime",
+    "catalog",
+    "checkpoint_nodes",
+)
 #: Keyword-only test hooks (documented as such): left at their defaults.
 HOOKS: Final = frozenset({"probe", "fault_hook"})
 CATEGORIES: Final = ("valid", "numbers", "text", "types")
@@ -312,6 +324,20 @@ def _by_name(seed: Seed) -> dict[str, list[Any]]:
         "record": mob_records,
         "receipt": [b"revocation-1"],
         "snapshot": [b"flow-2"],
+        # the session catalog and checkpoint nodes
+        "prefix": ["sess-", ""],
+        "after": ["sess-"],
+        "limit": [1, 100],
+        "body": [b"checkpoint", b"\x00\xff"],
+        "node_json": ['{"type": "msgpack"}'],
+        "parent_node_id": ["n1"],
+        "lease_session_id": [seed.sid],
+        "renew_ms": [TTL],
+        "task_path": ["", "p"],
+        "run_ids": [seed.run, "R-missing"],
+        "before": ["n2"],
+        "source_session_id": [seed.sid, "sess-missing"],
+        "target_session_id": [f"{seed.sid}-copy"],
     }
 
 
@@ -388,6 +414,11 @@ def _by_type(seed: Seed) -> dict[str, list[Any]]:
         "OpsSnapshot": [OpsSnapshot(epoch_id="epoch-1"), OpsSnapshot(epoch_id="epoch-2")],
         "ProjectionId": [unbacked_intent(seed.session.id).projection],
         "OAuthFlowUpdate": [lambda current: (current or b"") + b"+"],
+        "PendingWrite": [
+            PendingWrite(0, "messages", "msgpack", b"v"),
+            PendingWrite(-1, "__error__", "msgpack", b"e"),
+        ],
+        "bool": [True, False],
         "object": [{"ok": True}, [1, "two"], "text", 3, None],
         "None": [None],
     }

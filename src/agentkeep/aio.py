@@ -84,6 +84,8 @@ from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.domain import RuntimeDomain
 from agentkeep.runtime.facade import RuntimeCalls
 from agentkeep.sessions.facade import (
+    CatalogCalls,
+    CheckpointNodeCalls,
     LeaseCalls,
     MaintenanceCalls,
     QueueCalls,
@@ -98,6 +100,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncLeaseCalls",
+    "AsyncCatalogCalls",
+    "AsyncCheckpointNodeCalls",
     "AsyncMaintenanceCalls",
     "AsyncQueueCalls",
     "AsyncRepository",
@@ -416,6 +420,30 @@ class AsyncSessionCalls(_AsyncCalls[SessionCalls]):
     load_session_meta = _Async(SessionCalls.load_session_meta)
 
 
+class AsyncCatalogCalls(_AsyncCalls[CatalogCalls]):
+    """``astore.catalog``: enumerate sessions and delete a session as coroutines."""
+
+    __slots__ = ()
+
+    list_sessions = _Async(CatalogCalls.list_sessions)
+    delete_session = _Async(CatalogCalls.delete_session)
+
+
+class AsyncCheckpointNodeCalls(_AsyncCalls[CheckpointNodeCalls]):
+    """``astore.checkpoint_nodes``: checkpoint nodes and pending writes as coroutines."""
+
+    __slots__ = ()
+
+    put_checkpoint_node = _Async(CheckpointNodeCalls.put_checkpoint_node)
+    put_pending_writes = _Async(CheckpointNodeCalls.put_pending_writes)
+    delete_nodes_for_runs = _Async(CheckpointNodeCalls.delete_nodes_for_runs)
+    prune_checkpoint_nodes = _Async(CheckpointNodeCalls.prune_checkpoint_nodes)
+    copy_checkpoint_nodes = _Async(CheckpointNodeCalls.copy_checkpoint_nodes)
+    get_checkpoint_node = _Async(CheckpointNodeCalls.get_checkpoint_node)
+    list_checkpoint_nodes = _Async(CheckpointNodeCalls.list_checkpoint_nodes)
+    list_pending_writes = _Async(CheckpointNodeCalls.list_pending_writes)
+
+
 class AsyncMaintenanceCalls(_AsyncCalls[MaintenanceCalls]):
     """``astore.maintenance``: tombstones, vacuum and blob GC as coroutines."""
 
@@ -479,8 +507,8 @@ class AsyncUnitOfWork:
     rolled back when it raises (or was cancelled).
 
     Attributes:
-        runs, leases, queue, turn_inputs, commits, maintenance, runtime:
-            the repositories (:class:`AsyncRepository`).
+        runs, leases, queue, turn_inputs, commits, maintenance, catalog,
+        checkpoint_nodes, runtime: the repositories (:class:`AsyncRepository`).
         writable: False in a read unit (write operations raise
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`).
     """
@@ -498,6 +526,8 @@ class AsyncUnitOfWork:
         self.turn_inputs = AsyncRepository(uow.turn_inputs, self)
         self.commits = AsyncRepository(uow.commits, self)
         self.maintenance = AsyncRepository(uow.maintenance, self)
+        self.catalog = AsyncRepository(uow.catalog, self)
+        self.checkpoint_nodes = AsyncRepository(uow.checkpoint_nodes, self)
         self.runtime = AsyncRepository(uow.runtime, self)
 
     @property
@@ -604,14 +634,16 @@ class AsyncStore:
             the synchronous Engine (thread mode).
         native: True when the operations run on the event loop.
         runtime: the runtime store's operations as coroutines.
-        runs, leases, queue, turn_inputs, commits, maintenance: the other
-            stores' one-call operations as coroutines.
+        runs, leases, queue, turn_inputs, commits, maintenance, catalog,
+            checkpoint_nodes: the other stores' one-call operations as coroutines.
     """
 
     __slots__ = (
         "_owns_engine",
         "_run",
         "_serial",
+        "catalog",
+        "checkpoint_nodes",
         "commits",
         "engine",
         "leases",
@@ -653,6 +685,8 @@ class AsyncStore:
         self.turn_inputs = AsyncTurnInputCalls(store.turn_inputs, run)
         self.commits = AsyncSessionCalls(store.commits, run)
         self.maintenance = AsyncMaintenanceCalls(store.maintenance, run)
+        self.catalog = AsyncCatalogCalls(store.catalog, run)
+        self.checkpoint_nodes = AsyncCheckpointNodeCalls(store.checkpoint_nodes, run)
 
     @classmethod
     async def open(

@@ -516,6 +516,32 @@ class SessionExecutionLeaseExpired(SessionStoreError):
         _refused("lease_fence", self)
 
 
+class SessionLeaseHeld(SessionStoreError):
+    """Another owner holds the live execution lease of the session; nothing was written.
+
+    Raised by writes guarded by a session's lease
+    (:func:`agentkeep.sessions.leases.guard_session_write`, the checkpoint
+    node and pending-write operations) when the caller presents no fence while
+    a live lease is held, and by ``AgentkeepSaver.owning`` when the thread is
+    owned by someone else. The holder's lease ends by release or by expiry
+    (docs/sessions.md#execution-leases); retry after that.
+
+    Attributes:
+        session_id: the session whose lease is held.
+        owner_id: the holder's owner id.
+        expires_at_epoch_ms: when the holder's lease expires unless renewed.
+    """
+
+    def __init__(self, session_id: str, owner_id: str, expires_at_epoch_ms: int) -> None:
+        self.session_id = session_id
+        self.owner_id = owner_id
+        self.expires_at_epoch_ms = expires_at_epoch_ms
+        super().__init__(
+            f"session {session_id} is owned by {owner_id!r} "
+            f"(lease expires at {expires_at_epoch_ms} ms)"
+        )
+
+
 class ClaimSuperseded(SessionStoreError):
     """A completion does not name exactly the rows its claim still owns.
 

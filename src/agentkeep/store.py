@@ -46,6 +46,8 @@ from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.facade import RuntimeCalls
 from agentkeep.sessions.facade import (
+    CatalogCalls,
+    CheckpointNodeCalls,
     LeaseCalls,
     MaintenanceCalls,
     QueueCalls,
@@ -146,6 +148,8 @@ class Store:
         self.turn_inputs = TurnInputCalls(self)
         self.commits = SessionCalls(self)
         self.maintenance = MaintenanceCalls(self)
+        self.catalog = CatalogCalls(self)
+        self.checkpoint_nodes = CheckpointNodeCalls(self)
         #: The runtime store's domain rules (session codec, guards, codecs).
         self.runtime_domain: RuntimeDomain[Any] = (
             runtime_domain if runtime_domain is not None else ReferenceDomain()

@@ -36,6 +36,8 @@ from agentkeep.db import Driver
 from agentkeep.runs.repository import RunRepository
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.repository import RuntimeRepository
+from agentkeep.sessions.catalog import SessionCatalogRepository
+from agentkeep.sessions.checkpoint_nodes import CheckpointNodeRepository
 from agentkeep.sessions.commits import SessionCommitRepository
 from agentkeep.sessions.leases import SessionLeaseRepository
 from agentkeep.sessions.maintenance import MaintenanceRepository
@@ -61,6 +63,8 @@ class Repositories:
     """
 
     __slots__ = (
+        "_catalog",
+        "_checkpoint_nodes",
         "_leases",
         "_maintenance",
         "_queue",
@@ -101,6 +105,8 @@ class Repositories:
         self._turn_inputs: TurnInputRepository | None = None
         self._commits: SessionCommitRepository | None = None
         self._maintenance: MaintenanceRepository | None = None
+        self._catalog: SessionCatalogRepository | None = None
+        self._checkpoint_nodes: CheckpointNodeRepository | None = None
 
     @property
     def runs(self) -> RunRepository:
@@ -140,6 +146,24 @@ class Repositories:
                 self.driver, self.clock, writable=self.writable
             )
         return self._maintenance
+
+    @property
+    def catalog(self) -> SessionCatalogRepository:
+        """Session enumeration and whole-session deletion in this unit."""
+        if self._catalog is None:
+            self._catalog = SessionCatalogRepository(
+                self.driver, self.clock, writable=self.writable
+            )
+        return self._catalog
+
+    @property
+    def checkpoint_nodes(self) -> CheckpointNodeRepository:
+        """Checkpoint nodes (opaque bodies on the session graph) and pending writes in this unit."""
+        if self._checkpoint_nodes is None:
+            self._checkpoint_nodes = CheckpointNodeRepository(
+                self.driver, self.clock, writable=self.writable
+            )
+        return self._checkpoint_nodes
 
     @property
     def runtime(self) -> RuntimeRepository:

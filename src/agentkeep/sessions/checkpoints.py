@@ -56,6 +56,7 @@ __all__ = [
     "manifest_refs",
     "put_blob",
     "put_checkpoint",
+    "put_opaque_blob",
     "read_manifest",
 ]
 
@@ -101,6 +102,18 @@ def put_blob(db: Driver, kind: str, value: Any, profile: BlobProfile) -> str:
     else:
         content, compression = raw, "none"
     db.execute(_PUT, {"hash": digest, "kind": kind, "compression": compression, "content": content})
+    return digest
+
+
+def put_opaque_blob(db: Driver, kind: str, raw: bytes) -> str:
+    """Store ``raw`` as it is (idempotent, uncompressed); return its hash.
+
+    For bodies agentkeep never decodes (a checkpoint node's serialized
+    checkpoint, :mod:`agentkeep.sessions.checkpoint_nodes`): the hash is the
+    sha256 of the bytes, so equal bodies are stored once.
+    """
+    digest = hashlib.sha256(raw).hexdigest()
+    db.execute(_PUT, {"hash": digest, "kind": kind, "compression": "none", "content": raw})
     return digest
 
 

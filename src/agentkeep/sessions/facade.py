@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentkeep.errors import CommitOutcomeUnknown, DatabaseError, SessionCorrupt
-from agentkeep.one_call import OneCalls, read, write
+from agentkeep.one_call import OneCalls, read, rerun, write
 from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
 from agentkeep.sessions.leases import SessionLeaseRepository as _LEASES
 from agentkeep.sessions.maintenance import MaintenanceRepository as _MAINTENANCE
@@ -32,7 +32,15 @@ from agentkeep.sessions.turn_inputs import TurnInputRepository as _TURN_INPUTS
 if TYPE_CHECKING:
     from agentkeep.store import Store
 
-__all__ = ["LeaseCalls", "MaintenanceCalls", "QueueCalls", "SessionCalls", "TurnInputCalls"]
+__all__ = [
+    "CatalogCalls",
+    "CheckpointNodeCalls",
+    "LeaseCalls",
+    "MaintenanceCalls",
+    "QueueCalls",
+    "SessionCalls",
+    "TurnInputCalls",
+]
 
 T = TypeVar("T")
 
@@ -195,3 +203,41 @@ class SessionCalls(OneCalls):
             self._store.call_write(lambda r: r.maintenance.gc_unreachable())
         except Exception as exc:  # noqa: BLE001 - best effort, never fails the commit
             _session_log.warning("auto-GC after a session commit failed: %s", exc)
+
+
+# --------------------------------------------------------------------------
+# The session catalog and checkpoint nodes (appended; imports kept with them)
+
+from agentkeep.sessions.catalog import SessionCatalogRepository as _CATALOG  # noqa: E402
+from agentkeep.sessions.checkpoint_nodes import (  # noqa: E402
+    CheckpointNodeRepository as _CHECKPOINT_NODES,
+)
+
+
+class CatalogCalls(OneCalls):
+    """``store.catalog``: enumerate sessions and delete a session, each call in its own unit."""
+
+    _repository = "catalog"
+
+    list_sessions = read(_CATALOG.list_sessions, single_statement=True)
+    delete_session = write(_CATALOG.delete_session)
+
+
+class CheckpointNodeCalls(OneCalls):
+    """``store.checkpoint_nodes``: checkpoint nodes and pending writes, one unit per call.
+
+    Puts are idempotent (a node put again is replaced with the same values, a
+    pending write is stored once per task and index), so a lost COMMIT answer
+    is settled by running the put again.
+    """
+
+    _repository = "checkpoint_nodes"
+
+    put_checkpoint_node = write(_CHECKPOINT_NODES.put_checkpoint_node, resolve=rerun)
+    put_pending_writes = write(_CHECKPOINT_NODES.put_pending_writes, resolve=rerun)
+    delete_nodes_for_runs = write(_CHECKPOINT_NODES.delete_nodes_for_runs, resolve=rerun)
+    prune_checkpoint_nodes = write(_CHECKPOINT_NODES.prune_checkpoint_nodes, resolve=rerun)
+    copy_checkpoint_nodes = write(_CHECKPOINT_NODES.copy_checkpoint_nodes, resolve=rerun)
+    get_checkpoint_node = read(_CHECKPOINT_NODES.get_checkpoint_node)
+    list_checkpoint_nodes = read(_CHECKPOINT_NODES.list_checkpoint_nodes)
+    list_pending_writes = read(_CHECKPOINT_NODES.list_pending_writes, single_statement=True)

@@ -48,6 +48,7 @@ from agentkeep.errors import (
     ReadOnlyUnitOfWork,
     SessionCorrupt,
     SessionExecutionLeaseExpired,
+    SessionLeaseHeld,
 )
 from agentkeep.sessions.codec import decode_owner, encode_liveness
 from agentkeep.sessions.domain import (
@@ -72,7 +73,12 @@ from agentkeep.sessions.liveness import (
 from agentkeep.sessions.models import SessionLeaseRow
 from agentkeep.statements import Statement, upsert
 
-__all__ = ["SessionLeaseRepository", "begin_session_write", "ensure_session_execution_lease"]
+__all__ = [
+    "SessionLeaseRepository",
+    "begin_session_write",
+    "ensure_session_execution_lease",
+    "guard_session_write",
+]
 
 _L = SessionLeaseRow
 _BY_SESSION = _L.session_id == p("sid")
@@ -270,6 +276,50 @@ def _fenced_row(db: Driver, session_id: str, fence: LeaseFence, now: int) -> _Ro
     ):
         raise SessionExecutionLeaseExpired(session_id)
     return row
+
+
+def guard_session_write(
+    db: Driver, session_id: str, fence: LeaseFence | None, now: int, renew_ms: int | None = None
+) -> None:
+    """LEASE_GUARD: a write guarded by ``session_id``'s lease may go ahead at ``now``.
+
+    The one check of writes that are allowed without a lease but must not
+    interleave with an owner's (checkpoint nodes and pending writes,
+    docs/sessions.md#checkpoint-nodes):
+
+    * ``fence`` None: allowed unless another owner holds a **live** lease
+      (LEASE_LIVE: a token set and ``expires > now``); a released or
+      expired lease does not block (expiry is how a crashed owner's lease is
+      reclaimed).
+    * ``fence`` given: FENCE_OK (:func:`ensure_session_execution_lease`);
+      with ``renew_ms``, a lease with less than half of ``renew_ms`` left is
+      extended to ``now + renew_ms`` in the same transaction (fenced on the
+      token and generation just checked), so an owner that keeps writing
+      keeps its lease.
+
+    Call it inside the write unit, after :func:`begin_session_write`.
+
+    Raises:
+        SessionLeaseHeld: no fence, and another owner holds a live lease.
+        SessionExecutionLeaseExpired: the fence is not the live lease (lost,
+            taken over, expired or released).
+    """
+    if fence is None:
+        row = _load(db, session_id)
+        if row is not None and row.live(now):
+            holder = row.holder(session_id)
+            raise SessionLeaseHeld(session_id, holder.owner.owner_id, row.expires)
+        return
+    row = _fenced_row(db, session_id, fence, now)
+    if renew_ms is not None and row.expires - now < renew_ms // 2:
+        params = {
+            "sid": session_id,
+            "token": row.token,
+            "fencing": row.fencing,
+            "expires": saturating_add(now, renew_ms),
+        }
+        if db.execute(_EXTEND, params).rowcount != 1:
+            raise ConcurrentModification(f"session {session_id}: lease changed under the lock")
 
 
 # --------------------------------------------------------------------------

@@ -61,7 +61,9 @@ Blob GC (docs/sessions.md#blob-gc, docs/decisions.md#blob-gc-roots-and-locks):
   ``session_head.checkpoint_ref`` (every session, not one head), every
   ``runtime_turn_commits.checkpoint_ref`` (the checkpoint a stored turn-commit
   result names, so an idempotent replay never returns a collected
-  checkpoint), and every ``artifact_refs.blob_ref``.
+  checkpoint), every ``artifact_refs.blob_ref``, and every
+  ``graph_nodes.blob_ref`` (the opaque body of a checkpoint node,
+  :mod:`agentkeep.sessions.checkpoint_nodes`; never a manifest, never read).
 * **Mark**: every root is marked. Head and turn-commit roots are checkpoint
   manifests; an artifact root is one when its stored ``kind`` is
   ``checkpoint_manifest``. Each present manifest is decoded
@@ -200,12 +202,15 @@ _VACUUM_ALL_NODES: Final = Statement(
 _VACUUM_ALL_INPUTS: Final = Statement(
     delete(PendingTurnInputRow).where(_TERMINAL_INPUT), name="maintenance.vacuum_all_inputs"
 )
-# The roots, tagged 1 when the ref names a checkpoint manifest.
+# The roots, tagged 1 when the ref names a checkpoint manifest, 0 when it may
+# (an artifact: its kind decides), 2 when it never does (a checkpoint node's
+# opaque body).
 _ROOTS: Final = Statement(
     union(
         select(SessionHeadRow.checkpoint_ref, literal(1)),
         select(RuntimeTurnCommitRow.checkpoint_ref, literal(1)),
         select(ArtifactRefRow.blob_ref, literal(0)),
+        select(GraphNodeRow.blob_ref, literal(2)).where(GraphNodeRow.blob_ref.is_not(None)),
     ),
     name="maintenance.roots",
 )
@@ -432,8 +437,8 @@ class MaintenanceRepository:
         """``(distinct root count, marked hashes)``; raises before any delete."""
         rows = self._db.execute(_ROOTS, {}).fetchall()
         roots = {str(ref) for ref, _ in rows}
-        manifests = {str(ref) for ref, is_manifest in rows if is_manifest}
-        others = sorted(roots - manifests)
+        manifests = {str(ref) for ref, tag in rows if tag == 1}
+        others = sorted({str(ref) for ref, tag in rows if tag == 0} - manifests)
         for batch in _batches(others):  # artifact roots that name a checkpoint
             params = {"kind": KIND_MANIFEST, **_in_params(batch)}
             found = self._db.execute(_MANIFESTS_AMONG, params).fetchall()

@@ -4,7 +4,9 @@ The coordination half (``session_execution_leases``, ``queued_work_batches``,
 ``queued_work_items``, ``pending_turn_inputs``) is built by
 ``alembic/versions/sessions_0001_*.py``, the commit half (head, graph, usage,
 turn commits, attachments, blobs, artifact refs, metadata) by
-``sessions_0002_*.py``; the drift check keeps models and migrations equal.
+``sessions_0002_*.py``, the checkpoint additions (``graph_nodes.blob_ref``,
+``graph_nodes.run_id``, ``session_pending_writes``) by ``sessions_0003_*.py``;
+the drift check keeps models and migrations equal.
 Every table but the content-addressed ``blobs`` and ``artifact_refs`` is keyed
 by ``session_id``, so one database (and one Postgres server) holds many
 sessions (docs/decisions.md#many-sessions-per-database). The columns are
@@ -34,6 +36,7 @@ __all__ = [
     "BlobRow",
     "GraphNodeRow",
     "PendingTurnInputRow",
+    "PendingWriteRow",
     "QueuedWorkBatchRow",
     "QueuedWorkItemRow",
     "RuntimeTurnCommitRow",
@@ -182,12 +185,19 @@ class GraphNodeRow(Base):
     parent_node_id: Mapped[str | None] = mapped_column(Text)
     node_json: Mapped[str] = mapped_column(Text, nullable=False)
     tombstoned: Mapped[int] = mapped_column(BIGINT, nullable=False, server_default=_ZERO)
+    #: The content-addressed blob holding the node's body as opaque bytes (a
+    #: checkpoint node, sessions_0003); a GC root while the node row exists.
+    blob_ref: Mapped[str | None] = mapped_column(Text)
+    #: The run that wrote the node (checkpoint nodes; ``delete_nodes_for_runs``).
+    run_id: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         # Unique per session; also the lookup of the active-path walk.
         UniqueConstraint("session_id", "node_id"),
         # Full-graph loads and node counts: WHERE session_id = ? AND tombstoned = 0 ORDER BY seq.
         Index("ix_graph_nodes_session_tombstoned_seq", "session_id", "tombstoned", "seq"),
+        # delete_nodes_for_runs: WHERE run_id IN (...).
+        Index("ix_graph_nodes_run_id", "run_id"),
         {"sqlite_autoincrement": True},
     )
 
@@ -282,3 +292,23 @@ class SessionMetaRow(Base):
     model: Mapped[str] = mapped_column(Text, nullable=False)
     cwd: Mapped[str | None] = mapped_column(Text)
     relation_json: Mapped[str | None] = mapped_column(Text)
+
+
+class PendingWriteRow(Base):
+    """A pending write recorded against one graph node (checkpoint) of a session.
+
+    Keyed by ``(session_id, node_id, task_id, write_idx)``: a write is stored
+    once per task and index (sessions_0003; docs/sessions.md#pending-writes).
+    ``value`` is the writer's serialized bytes, stored as they are.
+    """
+
+    __tablename__ = "session_pending_writes"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    node_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    task_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    write_idx: Mapped[int] = mapped_column(BIGINT, primary_key=True, autoincrement=False)
+    channel: Mapped[str] = mapped_column(Text, nullable=False)
+    value_type: Mapped[str] = mapped_column(Text, nullable=False)
+    value: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    task_path: Mapped[str] = mapped_column(Text, nullable=False, server_default=text("''"))

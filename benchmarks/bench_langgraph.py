@@ -1,0 +1,191 @@
+"""LangGraph checkpointer benchmark: AgentkeepSaver vs the stock SqliteSaver and PostgresSaver.
+
+    .venv/bin/python benchmarks/bench_langgraph.py [--steps 200] [--rounds 3] [--no-postgres]
+
+One real ``StateGraph`` (three nodes, ``plan -> act -> review -> plan ...``,
+a ``messages`` state that grows by one message per step) runs ``--steps``
+super-steps in one ``invoke`` on a fresh thread, once per saver and round;
+the best round is reported. Every step is one checkpoint ``put`` and one
+``put_writes`` (plus the input checkpoint), so the figure is the saver's cost
+per step under a real graph, LangGraph's own work included.
+
+Savers, side by side in one run:
+
+* SQLite: ``AgentkeepSaver(Store)`` (WAL, ``synchronous=NORMAL``: the store's
+  defaults), the same inside ``owning`` (fenced puts), and the stock
+  ``SqliteSaver`` on a sqlite3 connection (its ``setup`` turns WAL on;
+  ``synchronous`` is sqlite3's default FULL unless ``--stock-normal``).
+* Postgres (unless ``--no-postgres``; a fresh database per saver):
+  ``AgentkeepSaver(Store)`` on psycopg, the same inside ``owning``, and the
+  stock ``PostgresSaver`` (autocommit, pipeline where supported).
+
+Ratios are the stock saver's time over agentkeep's on the same backend:
+above 1.0 agentkeep is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import psycopg
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+
+from agentkeep import Store
+from agentkeep.integrations.langgraph import AgentkeepSaver
+
+PG = "postgresql://postgres@127.0.0.1:5432"
+
+
+class State(TypedDict):
+    messages: Annotated[list[Any], add_messages]
+
+
+def build_graph(saver: Any, steps: int) -> Any:
+    """plan -> act -> review -> plan ... for exactly ``steps`` node runs (one per super-step)."""
+
+    order = ("plan", "act", "review")
+
+    def node(name: str) -> Callable[[State], dict[str, Any]]:
+        def run(state: State) -> dict[str, Any]:
+            return {"messages": [("ai", f"{name} {len(state['messages'])}")]}
+
+        return run
+
+    def after(name: str) -> Callable[[State], str]:
+        following = order[(order.index(name) + 1) % len(order)]
+
+        def route(state: State) -> str:
+            return following if len(state["messages"]) <= steps else END
+
+        return route
+
+    graph = StateGraph(State)
+    for name in order:
+        graph.add_node(name, node(name))
+        graph.add_conditional_edges(name, after(name), [order[(order.index(name) + 1) % 3], END])
+    graph.add_edge(START, "plan")
+    return graph.compile(checkpointer=saver)
+
+
+def run_once(saver: Any, steps: int, owning: bool) -> float:
+    """Seconds for one ``invoke`` of ``steps`` super-steps on a fresh thread."""
+    graph = build_graph(saver, steps)
+    thread = uuid.uuid4().hex
+    config = {"configurable": {"thread_id": thread}, "recursion_limit": steps + 10}
+    block: AbstractContextManager[Any] = saver.owning(thread) if owning else nullcontext()
+    start = time.perf_counter()
+    with block:
+        out = graph.invoke({"messages": [("user", "go")]}, config)
+    elapsed = time.perf_counter() - start
+    assert len(out["messages"]) == steps + 1, len(out["messages"])
+    history = list(saver.list({"configurable": {"thread_id": thread}}))
+    assert len(history) == steps + 2, len(history)  # input, start, one per step
+    return elapsed
+
+
+@contextmanager
+def pg_database() -> Iterator[str]:
+    name = f"ak_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG}/{name}"
+    finally:
+        with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def agentkeep_saver(url: str) -> Iterator[AgentkeepSaver]:
+    store = Store.open(url, migrate=True)
+    try:
+        yield AgentkeepSaver(store)
+    finally:
+        store.close()
+
+
+@contextmanager
+def stock_sqlite(path: Path, normal: bool) -> Iterator[SqliteSaver]:
+    conn = sqlite3.connect(path, check_same_thread=False)
+    try:
+        saver = SqliteSaver(conn)
+        saver.setup()
+        if normal:
+            conn.execute("PRAGMA synchronous=NORMAL")
+        yield saver
+    finally:
+        conn.close()
+
+
+def best(
+    make: Callable[[], AbstractContextManager[Any]], steps: int, rounds: int, owning: bool
+) -> float:
+    with make() as saver:
+        run_once(saver, 5, owning)  # warm-up: statements compiled, connections open
+        return min(run_once(saver, steps, owning) for _ in range(rounds))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument(
+        "--stock-normal", action="store_true", help="SqliteSaver with synchronous=NORMAL"
+    )
+    args = ap.parse_args()
+    steps, rounds = args.steps, args.rounds
+    results: list[tuple[str, str, float]] = []
+
+    def agentkeep_both(backend: str, url: str) -> None:
+        for owning in (False, True):
+            name = "AgentkeepSaver + owning" if owning else "AgentkeepSaver"
+            results.append(
+                (backend, name, best(lambda: agentkeep_saver(url), steps, rounds, owning))
+            )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        agentkeep_both("sqlite", f"sqlite:///{Path(tmp) / 'agentkeep.db'}")
+        stock = Path(tmp) / "stock.db"
+        stock_time = best(lambda: stock_sqlite(stock, args.stock_normal), steps, rounds, False)
+        results.append(("sqlite", "SqliteSaver (stock)", stock_time))
+    if not args.no_postgres:
+        with pg_database() as url:
+            agentkeep_both("postgres", url.replace("postgresql://", "postgresql+psycopg://"))
+        with pg_database() as url:
+
+            @contextmanager
+            def stock_pg() -> Iterator[PostgresSaver]:
+                with PostgresSaver.from_conn_string(url) as saver:
+                    saver.setup()
+                    yield saver
+
+            results.append(
+                ("postgres", "PostgresSaver (stock)", best(stock_pg, steps, rounds, False))
+            )
+
+    print(
+        f"LangGraph StateGraph, 3 nodes, messages state, {steps} steps per invoke, best of {rounds}"
+    )
+    print(f"{'backend':<10} {'saver':<26} {'total ms':>10} {'ms/step':>9} {'stock/this':>11}")
+    stock_time = {b: t for b, name, t in results if "stock" in name}
+    for backend, name, t in results:
+        ratio = stock_time[backend] / t if backend in stock_time else float("nan")
+        print(
+            f"{backend:<10} {name:<26} {t * 1000:>10.1f} {t * 1000 / steps:>9.3f} {ratio:>10.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

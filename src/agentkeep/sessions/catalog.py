@@ -1,0 +1,160 @@
+"""The session catalog: enumerate sessions (paged, by prefix) and delete a session entirely.
+
+A session has no registry row of its own: it exists while any session table
+holds a row under its ``session_id`` (its lease, queued work, turn inputs,
+head, graph nodes, usage ledger, turn commits, attachments, metadata, pending
+writes). :meth:`SessionCatalogRepository.list_sessions` enumerates the
+distinct ids over all of them; :meth:`SessionCatalogRepository.delete_session`
+deletes every row of every session table under one id
+(docs/sessions.md#the-session-catalog).
+
+Blobs are content-addressed and shared between sessions, so deleting a
+session never deletes a blob: the blobs only it named become unreachable and
+the next blob GC (``store.maintenance.gc_unreachable``) collects them.
+
+Statements are :class:`~agentkeep.statements.Statement` constants built from
+:mod:`agentkeep.sessions.models`; the table list is :data:`SESSION_TABLES`,
+so a new session-keyed table is added in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, func, select, union
+
+from agentkeep.clock import Clock
+from agentkeep.db import Driver
+from agentkeep.errors import InvalidInput
+from agentkeep.sessions.checkpoint_nodes import _check_str, check_text_id
+from agentkeep.sessions.leases import begin_session_write
+from agentkeep.sessions.models import (
+    AttachmentManifestRow,
+    GraphNodeRow,
+    PendingTurnInputRow,
+    PendingWriteRow,
+    QueuedWorkBatchRow,
+    RuntimeTurnCommitRow,
+    SessionHeadRow,
+    SessionLeaseRow,
+    SessionMetaRow,
+    UsageDeltaRow,
+)
+from agentkeep.statements import Statement
+
+__all__ = ["MAX_PAGE", "SESSION_TABLES", "SessionCatalogRepository", "SessionPage"]
+
+#: Every table keyed by ``session_id`` (queued work items go with their batch:
+#: ``ON DELETE CASCADE``). Delete order: children before what they hang off.
+SESSION_TABLES: Final[tuple[type[Any], ...]] = (
+    PendingWriteRow,
+    GraphNodeRow,
+    UsageDeltaRow,
+    RuntimeTurnCommitRow,
+    AttachmentManifestRow,
+    QueuedWorkBatchRow,
+    PendingTurnInputRow,
+    SessionMetaRow,
+    SessionHeadRow,
+    SessionLeaseRow,
+)
+#: The largest page :meth:`SessionCatalogRepository.list_sessions` returns.
+MAX_PAGE: Final = 1000
+
+
+def _matching(table: type[Any]) -> Any:
+    column = table.session_id
+    return select(column.label("session_id")).where(
+        column > p("after"), func.substr(column, 1, p("plen")) == p("prefix")
+    )
+
+
+_IDS = union(*(_matching(t) for t in SESSION_TABLES)).subquery("ids")
+_LIST: Final = Statement(
+    select(_IDS.c.session_id).order_by(_IDS.c.session_id).limit(p("limit")),
+    name="catalog.list_sessions",
+)
+_DELETE: Final = tuple(
+    Statement(delete(t).where(t.session_id == p("sid")), name=f"catalog.delete.{t.__tablename__}")
+    for t in SESSION_TABLES
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """One page of session ids, in ascending order.
+
+    Attributes:
+        session_ids: the ids of this page.
+        next_after: pass it as ``after`` for the next page; None on the last page.
+    """
+
+    session_ids: list[str]
+    next_after: str | None
+
+
+class SessionCatalogRepository:
+    """Session enumeration and deletion inside one unit of work (``uow.catalog``)."""
+
+    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+        self._db = driver
+        self._clock = clock
+        self._writable = writable
+
+    def list_sessions(
+        self, *, prefix: str = "", after: str | None = None, limit: int = 100
+    ) -> SessionPage:
+        """The ids of sessions that have any row, ascending, one page at a time.
+
+        See docs/sessions.md#list_sessions.
+
+        Args:
+            prefix: only ids starting with it (compared exactly, case-sensitive,
+                on both dialects).
+            after: only ids after it (the previous page's ``next_after``).
+            limit: the page size, 1..:data:`MAX_PAGE`.
+
+        Returns:
+            The page; ``next_after`` is None when no id can follow it.
+
+        Raises:
+            InvalidInput: ``prefix`` or ``after`` is not UTF-8 text without NUL
+                (``after`` blank), or ``limit`` is not an int in range.
+        """
+        _check_str(prefix, "prefix")
+        if after is not None:
+            check_text_id(after, "after")
+        if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput("limit", f"expected an int in 1..{MAX_PAGE}")
+        params = {"after": after or "", "plen": len(prefix), "prefix": prefix, "limit": limit}
+        ids = [str(sid) for (sid,) in self._db.execute(_LIST, params).fetchall()]
+        return SessionPage(ids, ids[-1] if len(ids) == limit else None)
+
+    def delete_session(self, session_id: str) -> int:
+        """Delete every row of every session table under ``session_id``.
+
+        See docs/sessions.md#delete_session.
+
+        Takes the ``session:<id>`` write lock. Deletes, in one transaction,
+        the session's pending writes, graph nodes, usage ledger, turn-commit
+        records, attachments, queued work (its items by cascade), turn
+        inputs, metadata, head and execution lease. A holder of the deleted
+        lease fails its next fenced write with
+        :class:`~agentkeep.errors.SessionExecutionLeaseExpired`. Blobs are
+        not deleted: the ones only this session named are collected by the
+        next blob GC. An unknown session deletes nothing.
+
+        Returns:
+            The number of rows deleted (queued work items not counted).
+
+        Raises:
+            InvalidInput: a blank or non-string session id; nothing is written.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        check_text_id(session_id, "session_id")
+        begin_session_write(self._db, self._clock, self._writable, session_id)
+        params = {"sid": session_id}
+        with self._db.savepoint():
+            return sum(int(self._db.execute(stmt, params).rowcount) for stmt in _DELETE)

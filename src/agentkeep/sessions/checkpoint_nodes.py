@@ -1,0 +1,657 @@
+"""Checkpoint nodes: opaque checkpoint bodies on the session graph, and their pending writes.
+
+A *checkpoint node* is a row of ``graph_nodes`` whose body is stored as opaque
+bytes in a content-addressed blob (``blobs.kind = 'opaque'``, ``hash`` = the
+sha256 of the bytes, stored uncompressed) named by the node's ``blob_ref``;
+``node_json`` holds the caller's JSON (for the LangGraph saver: the
+serializer's type tag and the checkpoint metadata), ``parent_node_id`` the
+checkpoint it follows and ``run_id`` the run that wrote it. A node's
+``blob_ref`` is a blob-GC root while the node row exists
+(docs/sessions.md#blob-gc). *Pending writes* (``session_pending_writes``) are
+recorded against a node per ``(task_id, write_idx)``
+(docs/sessions.md#checkpoint-nodes).
+
+Fences. Every write takes the ``session:<id>`` lock (and a node put the
+blob-GC lock shared: a GC never sweeps a deduplicated blob between the put's
+insert and its node; both no-ops on SQLite, whose ``BEGIN IMMEDIATE``
+serialises writers), then
+LEASE_GUARD (:func:`~agentkeep.sessions.leases.guard_session_write`) on the
+``lease_session_id`` it is given (default: the session itself): without a
+fence the write is refused with :class:`~agentkeep.errors.SessionLeaseHeld`
+while another owner holds a live lease; with a fence it must be the live
+lease (:class:`~agentkeep.errors.SessionExecutionLeaseExpired` otherwise) and
+is renewed when half its TTL is gone. The checks run before anything is
+written, so a refused write leaves nothing.
+
+Idempotency. Putting a node again under the same id replaces its parent,
+JSON, blob and run (the last put wins, as LangGraph's savers do); a pending
+write with ``write_idx >= 0`` is stored once (a repeat of the same
+``(task, idx)`` is ignored), one with a negative index (LangGraph's special
+channels: errors, interrupts, resumes) is replaced.
+
+Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
+NOTHING``) and one node upsert (on Postgres one statement: the blob insert is
+a data-modifying CTE of the upsert); a pending-write put: the lease read and
+one batched insert. Nothing written is read back.
+
+Corrupt data fails loudly: a node whose blob is missing, stored with a
+compression other than ``none``, or whose bytes do not match its hash, is
+:class:`~agentkeep.errors.SessionCorrupt`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import bindparam as p
+from sqlalchemy import delete, exists, select
+from sqlalchemy.orm import aliased
+
+from agentkeep.clock import Clock
+from agentkeep.db import Driver
+from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
+from agentkeep.sessions.checkpoints import put_opaque_blob
+from agentkeep.sessions.domain import MAX_I64, LeaseFence, check_fence, check_id
+from agentkeep.sessions.leases import begin_session_write, guard_session_write
+from agentkeep.sessions.maintenance import _batches, _in_list, _in_params
+from agentkeep.sessions.models import BlobRow, GraphNodeRow, PendingWriteRow
+from agentkeep.statements import Statement, upsert
+
+__all__ = [
+    "KIND_OPAQUE",
+    "CheckpointNode",
+    "CheckpointNodeRepository",
+    "PendingWrite",
+    "StoredWrite",
+    "check_text_id",
+]
+
+#: ``blobs.kind`` of an opaque body (never decoded by agentkeep).
+KIND_OPAQUE: Final = "opaque"
+
+_N = GraphNodeRow
+_W = PendingWriteRow
+_LIVE = _N.tombstoned == p("live")
+
+
+def _put_node(dialect: Any) -> Any:
+    stmt = upsert(dialect, _N).values(
+        session_id=p("sid"),
+        node_id=p("nid"),
+        parent_node_id=p("parent"),
+        node_json=p("json"),
+        tombstoned=p("live"),
+        blob_ref=p("ref"),
+        run_id=p("run"),
+    )
+    taken = ("parent_node_id", "node_json", "tombstoned", "blob_ref", "run_id")
+    return stmt.on_conflict_do_update(
+        index_elements=[_N.session_id, _N.node_id],
+        set_={key: stmt.excluded[key] for key in taken},
+    )
+
+
+_PUT_NODE: Final = Statement(_put_node, name="checkpoint_nodes.put_node")
+
+
+def _put_node_and_blob(dialect: Any) -> Any:
+    """The node upsert; on Postgres with the blob insert as a data-modifying CTE.
+
+    One round trip for both rows on Postgres. SQLite has no such CTE: there it
+    is the node upsert alone, and ``put_checkpoint_node`` inserts the blob
+    first with its own statement.
+    """
+    node = _put_node(dialect)
+    if dialect.name != "postgresql":
+        return node
+    blob = (
+        upsert(dialect, BlobRow)
+        .values(hash=p("ref"), kind=p("kind"), compression=p("compression"), content=p("content"))
+        .on_conflict_do_nothing(index_elements=[BlobRow.hash])
+        .cte("put_blob")
+    )
+    return node.add_cte(blob)
+
+
+_PUT_NODE_AND_BLOB: Final = Statement(_put_node_and_blob, name="checkpoint_nodes.put_node_and_blob")
+
+#: The columns a :class:`CheckpointNode` is decoded from, in its order.
+_NODE_COLUMNS: Final = (
+    _N.node_id,
+    _N.parent_node_id,
+    _N.node_json,
+    _N.run_id,
+    _N.blob_ref,
+    BlobRow.compression,
+    BlobRow.content,
+)
+_NODES = select(*_NODE_COLUMNS).outerjoin(BlobRow, BlobRow.hash == _N.blob_ref)
+_GET: Final = Statement(
+    _NODES.where(_N.session_id == p("sid"), _N.node_id == p("nid"), _LIVE),
+    name="checkpoint_nodes.get",
+)
+_LATEST: Final = Statement(
+    _NODES.where(_N.session_id == p("sid"), _N.blob_ref.is_not(None), _LIVE)
+    .order_by(_N.node_id.desc())
+    .limit(1),
+    name="checkpoint_nodes.latest",
+)
+_OF_SESSION = (_N.session_id == p("sid"), _N.blob_ref.is_not(None), _LIVE)
+_LIST: Final = Statement(
+    _NODES.where(*_OF_SESSION).order_by(_N.node_id.desc()).limit(p("limit")),
+    name="checkpoint_nodes.list",
+)
+_LIST_BEFORE: Final = Statement(
+    _NODES.where(*_OF_SESSION, _N.node_id < p("before"))
+    .order_by(_N.node_id.desc())
+    .limit(p("limit")),
+    name="checkpoint_nodes.list_before",
+)
+_ALL_IDS: Final = Statement(
+    select(_N.node_id)
+    .where(_N.session_id == p("sid"), _N.blob_ref.is_not(None))
+    .order_by(_N.node_id.desc()),
+    name="checkpoint_nodes.all_ids",
+)
+
+_WRITE_COLUMNS: Final = (
+    _W.node_id,
+    _W.task_id,
+    _W.write_idx,
+    _W.channel,
+    _W.value_type,
+    _W.value,
+    _W.task_path,
+)
+_WRITES_OF: Final = Statement(
+    select(*_WRITE_COLUMNS)
+    .where(_W.session_id == p("sid"), _W.node_id.in_(_in_list()))
+    .order_by(_W.node_id, _W.task_path, _W.task_id, _W.write_idx),
+    name="checkpoint_nodes.writes_of",
+)
+_WRITES_OF_ONE: Final = Statement(
+    select(*_WRITE_COLUMNS)
+    .where(_W.session_id == p("sid"), _W.node_id == p("nid"))
+    .order_by(_W.task_path, _W.task_id, _W.write_idx),
+    name="checkpoint_nodes.writes_of_one",
+)
+_ALL_WRITES: Final = Statement(
+    select(*_WRITE_COLUMNS).where(_W.session_id == p("sid")).order_by(_W.node_id),
+    name="checkpoint_nodes.all_writes",
+)
+
+
+def _put_write(dialect: Any, *, replace: bool) -> Any:
+    stmt = upsert(dialect, _W).values(
+        session_id=p("sid"),
+        node_id=p("nid"),
+        task_id=p("task"),
+        write_idx=p("idx"),
+        channel=p("channel"),
+        value_type=p("type"),
+        value=p("value"),
+        task_path=p("path"),
+    )
+    keys = [_W.session_id, _W.node_id, _W.task_id, _W.write_idx]
+    if not replace:
+        return stmt.on_conflict_do_nothing(index_elements=keys)
+    taken = ("channel", "value_type", "value", "task_path")
+    return stmt.on_conflict_do_update(
+        index_elements=keys, set_={key: stmt.excluded[key] for key in taken}
+    )
+
+
+_ADD_WRITE: Final = Statement(
+    lambda d: _put_write(d, replace=False), name="checkpoint_nodes.add_write"
+)
+_REPLACE_WRITE: Final = Statement(
+    lambda d: _put_write(d, replace=True), name="checkpoint_nodes.replace_write"
+)
+
+_RUN_NODES = aliased(GraphNodeRow)
+_DELETE_RUN_WRITES: Final = Statement(
+    delete(_W).where(
+        exists().where(
+            _RUN_NODES.session_id == _W.session_id,
+            _RUN_NODES.node_id == _W.node_id,
+            _RUN_NODES.run_id.in_(_in_list()),
+        )
+    ),
+    name="checkpoint_nodes.delete_run_writes",
+)
+_DELETE_RUN_NODES: Final = Statement(
+    delete(_N).where(_N.run_id.in_(_in_list())), name="checkpoint_nodes.delete_run_nodes"
+)
+_DELETE_NODES: Final = Statement(
+    delete(_N).where(_N.session_id == p("sid"), _N.node_id.in_(_in_list())),
+    name="checkpoint_nodes.delete_nodes",
+)
+_DELETE_NODE_WRITES: Final = Statement(
+    delete(_W).where(_W.session_id == p("sid"), _W.node_id.in_(_in_list())),
+    name="checkpoint_nodes.delete_node_writes",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWrite:
+    """One write to record: its index in the task, channel, serializer type tag and bytes."""
+
+    idx: int
+    channel: str
+    value_type: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoredWrite:
+    """A recorded pending write, as read back."""
+
+    task_id: str
+    idx: int
+    channel: str
+    value_type: str
+    value: bytes
+    task_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointNode:
+    """A checkpoint node as read back, with its body and (when asked) its pending writes."""
+
+    node_id: str
+    parent_node_id: str | None
+    node_json: str
+    run_id: str | None
+    body: bytes
+    writes: list[StoredWrite]
+
+
+def _node(session_id: str, row: Sequence[Any], writes: list[StoredWrite]) -> CheckpointNode:
+    node_id, parent, node_json, run_id, ref, compression, content = row
+    if content is None or ref is None:
+        raise SessionCorrupt("graph_nodes", f"{session_id}/{node_id}", "blob_ref", "blob missing")
+    if compression != "none":
+        raise SessionCorrupt("blobs", str(ref), "compression", f"{compression!r} for a body")
+    body = bytes(content)
+    if hashlib.sha256(body).hexdigest() != ref:
+        raise SessionCorrupt("blobs", str(ref), "content", "content does not match its hash")
+    return CheckpointNode(str(node_id), parent, str(node_json), run_id, body, writes)
+
+
+def _write(row: Sequence[Any]) -> StoredWrite:
+    _, task_id, idx, channel, value_type, value, task_path = row
+    return StoredWrite(
+        str(task_id), int(idx), str(channel), str(value_type), bytes(value), str(task_path)
+    )
+
+
+def _check_bytes(value: object, field: str) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidInput(field, f"expected bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+def _encodable(value: str, field: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(field, "contains a lone surrogate (not UTF-8 text)") from None
+    return value
+
+
+def _check_str(value: object, field: str) -> str:
+    if not isinstance(value, str) or "\x00" in value:
+        raise InvalidInput(field, "expected a string without NUL")
+    return _encodable(value, field)
+
+
+def check_text_id(value: object, field: str) -> str:
+    """:func:`~agentkeep.sessions.domain.check_id`, and UTF-8 text (no lone surrogate).
+
+    Raises:
+        InvalidInput: otherwise; nothing is written.
+    """
+    return _encodable(check_id(value, field), field)
+
+
+def _check_ttl(value: object, field: str) -> int | None:
+    if value is not None and (type(value) is not int or not 1 <= value <= MAX_I64):
+        raise InvalidInput(field, "expected None or an int in 1..2**63-1")
+    return value
+
+
+def _check_ids(values: object, field: str) -> list[str]:
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidInput(field, "expected a sequence of ids")
+    return list(dict.fromkeys(check_text_id(v, f"{field}[{i}]") for i, v in enumerate(values)))
+
+
+class CheckpointNodeRepository:
+    """Checkpoint nodes and pending writes inside one unit of work (``uow.checkpoint_nodes``)."""
+
+    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+        self._db = driver
+        self._clock = clock
+        self._writable = writable
+
+    def _guard(
+        self,
+        session_id: str,
+        lease_session_id: str | None,
+        fence: LeaseFence | None,
+        renew_ms: int | None,
+        *,
+        blobs: bool,
+    ) -> None:
+        """Lock the session (and, for a write that stores blobs, the blob-GC lock shared),
+        then LEASE_GUARD on the lease's session."""
+        now = begin_session_write(self._db, self._clock, self._writable, session_id, blobs=blobs)
+        guard_session_write(self._db, lease_session_id or session_id, fence, now, renew_ms)
+
+    @staticmethod
+    def _check_guard(lease_session_id: object, renew_ms: object) -> None:
+        if lease_session_id is not None:
+            check_text_id(lease_session_id, "lease_session_id")
+        _check_ttl(renew_ms, "renew_ms")
+
+    # ---------------------------------------------------------------- writes
+
+    def put_checkpoint_node(
+        self,
+        session_id: str,
+        node_id: str,
+        body: bytes,
+        *,
+        node_json: str = "{}",
+        parent_node_id: str | None = None,
+        run_id: str | None = None,
+        lease_session_id: str | None = None,
+        fence: LeaseFence | None = None,
+        renew_ms: int | None = None,
+    ) -> str:
+        """Store ``body`` as an opaque blob and the node naming it.
+
+        See docs/sessions.md#put_checkpoint_node.
+
+        Args:
+            session_id: the session the node belongs to.
+            node_id: the node (checkpoint) id; a second put of the same id
+                replaces the node's parent, JSON, blob and run.
+            body: the serialized checkpoint, stored as these bytes.
+            node_json: the caller's JSON text kept with the node.
+            parent_node_id: the node it follows (None for a root).
+            run_id: the run that wrote it (``delete_nodes_for_runs``).
+            lease_session_id: the session whose lease guards the write
+                (default ``session_id``).
+            fence: the caller's lease, when it holds one.
+            renew_ms: with ``fence``, extend the lease to ``now + renew_ms``
+                when less than half of it is left.
+
+        Returns:
+            The blob's hash.
+
+        Raises:
+            InvalidInput: a blank id, a body that is not bytes, a JSON text that
+                is not a string; nothing is written.
+            SessionLeaseHeld: no fence, and another owner holds the live lease.
+            SessionExecutionLeaseExpired: ``fence`` is not the live lease.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        check_text_id(session_id, "session_id")
+        check_text_id(node_id, "node_id")
+        raw = _check_bytes(body, "body")
+        _check_str(node_json, "node_json")
+        if parent_node_id is not None:
+            check_text_id(parent_node_id, "parent_node_id")
+        if run_id is not None:
+            check_text_id(run_id, "run_id")
+        self._check_guard(lease_session_id, renew_ms)
+        if fence is not None:
+            fence = check_fence(fence, "fence")
+        self._guard(session_id, lease_session_id, fence, renew_ms, blobs=True)
+        if self._db.postgres:
+            digest = hashlib.sha256(raw).hexdigest()
+        else:
+            digest = put_opaque_blob(self._db, KIND_OPAQUE, raw)
+        node = {
+            "sid": session_id,
+            "nid": node_id,
+            "parent": parent_node_id,
+            "json": node_json,
+            "live": 0,
+            "ref": digest,
+            "run": run_id,
+            "kind": KIND_OPAQUE,
+            "compression": "none",
+            "content": raw,
+        }
+        self._db.execute(_PUT_NODE_AND_BLOB, node)
+        return digest
+
+    def put_pending_writes(
+        self,
+        session_id: str,
+        node_id: str,
+        task_id: str,
+        writes: Sequence[PendingWrite],
+        *,
+        task_path: str = "",
+        lease_session_id: str | None = None,
+        fence: LeaseFence | None = None,
+        renew_ms: int | None = None,
+    ) -> None:
+        """Record a task's writes against a node (docs/sessions.md#put_pending_writes).
+
+        A write with ``idx >= 0`` is stored once per ``(node, task, idx)``: a
+        repeat is ignored (the first stays). A negative ``idx`` is replaced.
+        An empty ``writes`` returns at once. The node need not exist yet.
+
+        Raises:
+            InvalidInput: a blank id, a write that is not a :class:`PendingWrite`
+                of an int index, string channel and type tag, and bytes; nothing
+                is written.
+            SessionLeaseHeld, SessionExecutionLeaseExpired, ReadOnlyUnitOfWork:
+                as :meth:`put_checkpoint_node`.
+        """
+        check_text_id(session_id, "session_id")
+        check_text_id(node_id, "node_id")
+        check_text_id(task_id, "task_id")
+        _check_str(task_path, "task_path")
+        self._check_guard(lease_session_id, renew_ms)
+        if isinstance(writes, str | bytes) or not isinstance(writes, Sequence):
+            raise InvalidInput("writes", "expected a sequence of PendingWrite")
+        add: list[dict[str, Any]] = []
+        replace: list[dict[str, Any]] = []
+        for i, w in enumerate(writes):
+            if not isinstance(w, PendingWrite) or type(w.idx) is not int:
+                raise InvalidInput(f"writes[{i}]", "expected a PendingWrite with an int idx")
+            row = {
+                "sid": session_id,
+                "nid": node_id,
+                "task": task_id,
+                "idx": w.idx,
+                "channel": _check_str(w.channel, f"writes[{i}].channel"),
+                "type": _check_str(w.value_type, f"writes[{i}].value_type"),
+                "value": _check_bytes(w.value, f"writes[{i}].value"),
+                "path": task_path,
+            }
+            (add if w.idx >= 0 else replace).append(row)
+        if fence is not None:
+            fence = check_fence(fence, "fence")
+        if not add and not replace:
+            return
+        self._guard(session_id, lease_session_id, fence, renew_ms, blobs=False)
+        self._db.executemany(_ADD_WRITE, add)
+        self._db.executemany(_REPLACE_WRITE, replace)
+
+    def delete_nodes_for_runs(self, run_ids: Sequence[str]) -> int:
+        """Delete every checkpoint node written by one of ``run_ids``, with its pending writes.
+
+        Across all sessions; takes no session lock (each statement is one
+        atomic delete). Their blobs are collected by the next blob GC.
+
+        Returns:
+            The number of nodes deleted.
+
+        Raises:
+            InvalidInput: ``run_ids`` is not a sequence of non-blank ids.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        ids = _check_ids(run_ids, "run_ids")
+        if not self._writable:
+            raise ReadOnlyUnitOfWork("session store writes need store.write(), not store.read()")
+        deleted = 0
+        for batch in _batches(ids):
+            params = _in_params(batch)
+            self._db.execute(_DELETE_RUN_WRITES, params)
+            deleted += int(self._db.execute(_DELETE_RUN_NODES, params).rowcount)
+        return deleted
+
+    def prune_checkpoint_nodes(self, session_id: str, *, keep_latest: bool) -> int:
+        """Delete a session's checkpoint nodes (all, or all but the latest id), with their writes.
+
+        Returns:
+            The number of nodes deleted.
+
+        Raises:
+            InvalidInput: a blank session id.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        check_text_id(session_id, "session_id")
+        if not isinstance(keep_latest, bool):
+            raise InvalidInput("keep_latest", "expected a bool")
+        begin_session_write(self._db, self._clock, self._writable, session_id)
+        ids = [str(n) for (n,) in self._db.execute(_ALL_IDS, {"sid": session_id}).fetchall()]
+        doomed = ids[1:] if keep_latest else ids
+        for batch in _batches(doomed):
+            params = {"sid": session_id, **_in_params(batch)}
+            self._db.execute(_DELETE_NODE_WRITES, params)
+            self._db.execute(_DELETE_NODES, params)
+        return len(doomed)
+
+    def copy_checkpoint_nodes(self, source_session_id: str, target_session_id: str) -> int:
+        """Copy a session's checkpoint nodes and their pending writes to another session.
+
+        Nodes and writes the target has already (same ids) are kept as they
+        are. The blobs are shared (content-addressed), not copied.
+
+        Returns:
+            The number of nodes read from the source.
+
+        Raises:
+            InvalidInput: a blank id, or the same session twice.
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+        """
+        check_text_id(source_session_id, "source_session_id")
+        check_text_id(target_session_id, "target_session_id")
+        if source_session_id == target_session_id:
+            raise InvalidInput("target_session_id", "is the source session")
+        begin_session_write(self._db, self._clock, self._writable, target_session_id, blobs=True)
+        nodes = self._list(source_session_id, None, None, writes=False)
+        for node in nodes:
+            node_row = {
+                "sid": target_session_id,
+                "nid": node.node_id,
+                "parent": node.parent_node_id,
+                "json": node.node_json,
+                "live": 0,
+                "ref": hashlib.sha256(node.body).hexdigest(),
+                "run": node.run_id,
+            }
+            self._db.execute(_PUT_NODE, node_row)
+        rows = self._db.execute(_ALL_WRITES, {"sid": source_session_id}).fetchall()
+        self._db.executemany(
+            _ADD_WRITE,
+            [
+                {
+                    "sid": target_session_id,
+                    "nid": r[0],
+                    "task": r[1],
+                    "idx": r[2],
+                    "channel": r[3],
+                    "type": r[4],
+                    "value": r[5],
+                    "path": r[6],
+                }
+                for r in rows
+            ],
+        )
+        return len(nodes)
+
+    # ---------------------------------------------------------------- reads
+
+    def get_checkpoint_node(
+        self, session_id: str, node_id: str | None = None
+    ) -> CheckpointNode | None:
+        """A checkpoint node with its pending writes; with ``node_id`` None, the greatest id.
+
+        Pending writes come in ``(task_path, task_id, idx)`` order. None when
+        there is no such (live) node.
+
+        Raises:
+            InvalidInput: a blank id.
+            SessionCorrupt: the node's blob is missing or not an opaque body.
+        """
+        check_text_id(session_id, "session_id")
+        if node_id is None:
+            row = self._db.execute(_LATEST, {"sid": session_id, "live": 0}).fetchone()
+        else:
+            check_text_id(node_id, "node_id")
+            row = self._db.execute(_GET, {"sid": session_id, "nid": node_id, "live": 0}).fetchone()
+        if row is None:
+            return None
+        found = self._db.execute(_WRITES_OF_ONE, {"sid": session_id, "nid": row[0]}).fetchall()
+        return _node(session_id, row, [_write(w) for w in found])
+
+    def list_checkpoint_nodes(
+        self, session_id: str, *, before: str | None = None, limit: int | None = None
+    ) -> list[CheckpointNode]:
+        """A session's checkpoint nodes, greatest id first, each with its pending writes.
+
+        Args:
+            before: only nodes whose id sorts before it.
+            limit: at most this many (None: all).
+
+        Raises:
+            InvalidInput: a blank id, a limit outside 0..2**63-1.
+            SessionCorrupt: a node's blob is missing or not an opaque body.
+        """
+        check_text_id(session_id, "session_id")
+        if before is not None:
+            check_text_id(before, "before")
+        if limit is not None and (type(limit) is not int or not 0 <= limit <= MAX_I64):
+            raise InvalidInput("limit", "expected None or an int in 0..2**63-1")
+        return self._list(session_id, before, limit, writes=True)
+
+    def list_pending_writes(self, session_id: str, node_id: str) -> list[StoredWrite]:
+        """The pending writes recorded against a node, in ``(task_path, task_id, idx)`` order.
+
+        Raises:
+            InvalidInput: a blank id.
+        """
+        check_text_id(session_id, "session_id")
+        check_text_id(node_id, "node_id")
+        rows = self._db.execute(_WRITES_OF_ONE, {"sid": session_id, "nid": node_id}).fetchall()
+        return [_write(r) for r in rows]
+
+    def _list(
+        self, session_id: str, before: str | None, limit: int | None, *, writes: bool
+    ) -> list[CheckpointNode]:
+        params: dict[str, Any] = {
+            "sid": session_id,
+            "live": 0,
+            "limit": limit if limit is not None else 2**62,
+        }
+        if before is not None:
+            params["before"] = before
+        rows = self._db.execute(_LIST if before is None else _LIST_BEFORE, params).fetchall()
+        by_node: dict[str, list[StoredWrite]] = {str(r[0]): [] for r in rows}
+        if writes and rows:
+            for batch in _batches(list(by_node)):
+                found = self._db.execute(_WRITES_OF, {"sid": session_id, **_in_params(batch)})
+                for w in found.fetchall():
+                    by_node[str(w[0])].append(_write(w))
+        return [_node(session_id, r, by_node[str(r[0])]) for r in rows]
