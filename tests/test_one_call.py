@@ -135,6 +135,10 @@ _SINGLE_READS: dict[str, Any] = {
     "commits.load_node": lambda s, lease: s.commits.load_node("S-1", "n-0"),
     "commits.get_head_revision": lambda s, lease: s.commits.get_head_revision("S-1"),
     "commits.load_session_meta": lambda s, lease: s.commits.load_session_meta("S-1"),
+    "catalog.list_sessions": lambda s, lease: s.catalog.list_sessions(),
+    "checkpoint_nodes.list_pending_writes": lambda s, lease: (
+        s.checkpoint_nodes.list_pending_writes("S-1", "n-0")
+    ),
     "runtime.load_input_states": lambda s, lease: s.runtime.load_input_states("rt-1"),
     "runtime.list_mob_host_bindings": lambda s, lease: s.runtime.list_mob_host_bindings(),
     "runtime.list_mob_host_revocations": lambda s, lease: s.runtime.list_mob_host_revocations(),
@@ -161,7 +165,17 @@ def _declared_single_reads(store: Store) -> set[str]:
     from agentkeep.one_call import _Forwarder
 
     names = set()
-    for facade_name in ("runs", "leases", "queue", "turn_inputs", "commits", "maintenance"):
+    facades = (
+        "runs",
+        "leases",
+        "queue",
+        "turn_inputs",
+        "commits",
+        "maintenance",
+        "catalog",
+        "checkpoint_nodes",
+    )
+    for facade_name in facades:
         facade = getattr(store, facade_name)
         for klass in type(facade).__mro__:
             for name, value in vars(klass).items():
