@@ -41,6 +41,7 @@ from agentkeep.errors import (
     NodeAlreadyExists,
     NotFound,
     OpsLifecycleEpochRetired,
+    PayloadTooLarge,
     PendingTurnInputSourceKeyConflict,
     QueuedWorkClaimSuperseded,
     QueuedWorkSourceKeyConflict,
@@ -68,8 +69,10 @@ from agentkeep.errors import (
     TurnInputClaimSuperseded,
     TurnInputDuplicate,
     UnregisterFinalizationOutcomeUnknown,
+    UsageLedgerOverflow,
     WriteFailed,
 )
+from agentkeep.limits import DEFAULT_LIMITS, Limits
 from agentkeep.migrations import upgrade as migrate
 from agentkeep.runs.domain import (
     UNSET,
@@ -91,6 +94,7 @@ from agentkeep.store import Store
 from agentkeep.unit_of_work import UnitOfWork
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "UNSET",
     "AgentkeepError",
     "AsyncStore",
@@ -120,10 +124,12 @@ __all__ = [
     "JoinedTransactionStale",
     "LegacyMigrationBlocked",
     "LegacySchemaMismatch",
+    "Limits",
     "MissingDependency",
     "NodeAlreadyExists",
     "NotFound",
     "OpsLifecycleEpochRetired",
+    "PayloadTooLarge",
     "PendingTurnInputSourceKeyConflict",
     "QueuedWorkClaimSuperseded",
     "QueuedWorkSourceKeyConflict",
@@ -164,6 +170,7 @@ __all__ = [
     "TurnInputDuplicate",
     "UnitOfWork",
     "UnregisterFinalizationOutcomeUnknown",
+    "UsageLedgerOverflow",
     "Usage",
     "VacateOutcome",
     "WriteFailed",

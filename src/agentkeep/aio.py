@@ -79,6 +79,7 @@ from agentkeep import db
 from agentkeep.clock import Clock
 from agentkeep.crypto import PayloadCodec
 from agentkeep.errors import InvalidInput
+from agentkeep.limits import Limits
 from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.domain import RuntimeDomain
 from agentkeep.runtime.facade import RuntimeCalls
@@ -89,7 +90,7 @@ from agentkeep.sessions.facade import (
     SessionCalls,
     TurnInputCalls,
 )
-from agentkeep.store import Store, _check_codec, _check_options
+from agentkeep.store import Store, _check_codec, _check_limits, _check_options
 from agentkeep.unit_of_work import UnitOfWork
 
 if TYPE_CHECKING:
@@ -643,6 +644,7 @@ class AsyncStore:
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
         oauth_codec: PayloadCodec | None = None,
+        limits: Limits | None = None,
         **engine_kwargs: Any,
     ) -> AsyncStore:
         """Open the database at ``url``, or the database of the host's engine.
@@ -665,7 +667,8 @@ class AsyncStore:
         <agentkeep.Store.open>` on a worker thread.
 
         The arguments are :meth:`Store.open <agentkeep.Store.open>`'s, with the
-        same meaning and checks.
+        same meaning and checks (``limits``: the same
+        :class:`~agentkeep.limits.Limits`, applied by the same driver check).
 
         Raises:
             InvalidInput: a refused argument or engine; nothing was changed.
@@ -681,6 +684,7 @@ class AsyncStore:
             "runtime_domain": runtime_domain,
             "schema": schema,
             "oauth_codec": oauth_codec,
+            "limits": limits,
         }
         text = _async_url(url)
         if text is None and not _is_async_engine(url):
@@ -698,6 +702,7 @@ class AsyncStore:
         _check_options(retry_attempts, auto_gc_every_commits)
         db.check_schema_name(schema)
         _check_codec(oauth_codec)
+        _check_limits(limits)
         async_engine: AsyncEngine
         if text is not None:
             if schema is not None and db.is_memory_sqlite(text):

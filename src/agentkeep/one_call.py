@@ -39,6 +39,7 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from agentkeep.arguments import argument_check
 from agentkeep.errors import CommitOutcomeUnknown
 
 if TYPE_CHECKING:
@@ -102,6 +103,13 @@ class OneCalls:
     def __init__(self, store: Store) -> None:
         self._store = store
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give every public method of the facade class the argument check."""
+        super().__init_subclass__(**kwargs)
+        for name, member in list(vars(cls).items()):
+            if not name.startswith("_") and inspect.isfunction(member):
+                setattr(cls, name, _checked(member))
+
     def _call_write(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(repositories)`` in a one-call write unit (:meth:`Store.call_write`)."""
         return self._store.call_write(fn)
@@ -109,6 +117,20 @@ class OneCalls:
     def _call_read(self, fn: Callable[[Any], T], *, single_statement: bool) -> T:
         """Run ``fn(repositories)`` in a one-call read unit (:meth:`Store.call_read`)."""
         return self._store.call_read(fn, single_statement=single_statement)
+
+
+def _checked(method: Callable[..., T]) -> Callable[..., T]:
+    """``method`` with its arguments checked first (:mod:`agentkeep.arguments`)."""
+    checks: list[Callable[..., None]] = []  # built on first call (annotations resolve late)
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> T:
+        if not checks:
+            checks.append(argument_check(method, skip_first=True))
+        checks[0](*args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return call
 
 
 class _Forwarder(Generic[P, T]):
@@ -180,12 +202,15 @@ class _Forwarder(Generic[P, T]):
             sig = inspect.signature(method)
             self._signature = sig.replace(parameters=list(sig.parameters.values())[1:])
         signature = self._signature
+        check = argument_check(method, skip_first=True)
         if self._kind == "write":
             run = obj._call_write
             resolve = self._resolve
             operation = self._operation
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
+                check(*args, **kwargs)
+
                 def once() -> T:
                     return run(lambda r: method(part(r), *args, **kwargs))
 
@@ -208,6 +233,7 @@ class _Forwarder(Generic[P, T]):
             run_read = obj._call_read
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
+                check(*args, **kwargs)
                 return run_read(lambda r: method(part(r), *args, **kwargs), single_statement=single)
 
         functools.update_wrapper(call, method)

@@ -42,6 +42,7 @@ from agentkeep.errors import (
     InvalidInput,
     StoreBusy,
 )
+from agentkeep.limits import DEFAULT_LIMITS, Limits
 from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.facade import RuntimeCalls
@@ -100,11 +101,13 @@ class Store:
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
         oauth_codec: PayloadCodec | None = None,
+        limits: Limits | None = None,
         _checked: bool = False,
     ) -> None:
         _check_options(retry_attempts, auto_gc_every_commits)
         db.check_schema_name(schema)
         _check_codec(oauth_codec)
+        _check_limits(limits)
         if not isinstance(engine, Engine):
             _refuse_async(engine)
             raise InvalidInput(
@@ -154,6 +157,8 @@ class Store:
         )
         #: Encryption at rest of the OAuth flow state (None: stored as given).
         self.oauth_codec = oauth_codec
+        #: The size limits of written values (:class:`~agentkeep.limits.Limits`).
+        self.limits: Limits = DEFAULT_LIMITS if limits is None else limits
         self.runtime = RuntimeCalls(self)
 
     @classmethod
@@ -170,6 +175,7 @@ class Store:
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
         oauth_codec: PayloadCodec | None = None,
+        limits: Limits | None = None,
         **engine_kwargs: Any,
     ) -> Store:
         """Open the database at ``url``, or the database of the host's ``Engine``.
@@ -238,6 +244,12 @@ class Store:
                 :class:`~agentkeep.crypto.AesGcmCodec` (extra
                 ``agentkeep[crypto]``). Default None: stored as given
                 (docs/runtime.md#oauth-flow-state).
+            limits: the largest ids, payloads, snapshots and blobs the store
+                writes (:class:`~agentkeep.limits.Limits`; default
+                :data:`~agentkeep.limits.DEFAULT_LIMITS`: ids 255 characters,
+                payloads 8 MiB, snapshots and blobs 64 MiB). A larger value
+                raises :class:`~agentkeep.errors.PayloadTooLarge` and writes
+                nothing (docs/limits.md).
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine` (URL only).
 
         Raises:
@@ -259,6 +271,7 @@ class Store:
         _check_options(retry_attempts, auto_gc_every_commits)  # before touching the database
         db.check_schema_name(schema)
         _check_codec(oauth_codec)
+        _check_limits(limits)
         if isinstance(url, (str, URL)):
             db.check_url(url)
         _refuse_async(url)
@@ -276,6 +289,7 @@ class Store:
                 runtime_domain=runtime_domain,
                 schema=schema,
                 oauth_codec=oauth_codec,
+                limits=limits,
                 engine_kwargs=engine_kwargs,
             )
 
@@ -294,6 +308,7 @@ class Store:
         runtime_domain: RuntimeDomain[Any] | None,
         schema: str | None,
         oauth_codec: PayloadCodec | None,
+        limits: Limits | None,
         engine_kwargs: dict[str, Any],
     ) -> Store:
         """:meth:`open` after its argument checks: build or adopt the engine, then open on it."""
@@ -333,6 +348,7 @@ class Store:
             runtime_domain=runtime_domain,
             schema=schema,
             oauth_codec=oauth_codec,
+            limits=limits,
         )
 
     @classmethod
@@ -348,6 +364,7 @@ class Store:
         runtime_domain: RuntimeDomain[Any] | None,
         schema: str | None,
         oauth_codec: PayloadCodec | None = None,
+        limits: Limits | None = None,
     ) -> Store:
         """The rest of :meth:`open` on a created or adopted engine: namespace, schema, WAL.
 
@@ -374,6 +391,7 @@ class Store:
             runtime_domain=runtime_domain,
             schema=schema,
             oauth_codec=oauth_codec,
+            limits=limits,
             _checked=True,
         )
         store._owns_engine = owned
@@ -621,6 +639,7 @@ class Store:
             self.compile_target,
             self._dbapi_error,
             pg_read_committed=self._settings.pg_read_committed,
+            limits=self.limits,
         )
 
     def call_write(self, fn: Callable[[Repositories], T]) -> T:
@@ -911,6 +930,13 @@ def _check_codec(codec: object) -> None:
             "oauth_codec",
             f"{type(codec).__name__} is not a codec: it needs encode(bytes) -> bytes and "
             "decode(bytes) -> bytes (see agentkeep.crypto.PayloadCodec)",
+        )
+
+
+def _check_limits(limits: object) -> None:
+    if limits is not None and not isinstance(limits, Limits):
+        raise InvalidInput(
+            "limits", f"expected an agentkeep.Limits or None, got {type(limits).__name__}"
         )
 
 
