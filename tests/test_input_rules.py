@@ -152,6 +152,22 @@ def test_wrong_python_types_are_refused_by_name_before_anything_runs(store: Stor
     assert len(rows(store, "runtime_session_snapshots")) == 1
 
 
+def test_units_of_work_check_runtime_argument_types_too(store: Store) -> None:
+    """``uow.runtime.<op>`` (the runtime repository's parts) runs the same argument check."""
+    cases: list[tuple[str, tuple[Any, ...], str]] = [
+        ("persist_ops_lifecycle", ("rt-1", {"epoch_id": "e"}), "snapshot"),
+        ("commit_session_snapshot", ("rt-1", [1]), "session_snapshot"),
+        ("update_auth_oauth_flow_snapshot", ([1],), "update"),
+        ("persist_input_state", ("rt-1", None), "record"),
+    ]
+    for name, args, field in cases:
+        with pytest.raises(InvalidInput) as info, store.write() as uow:
+            getattr(uow.runtime, name)(*args)
+        assert info.value.field == field, (name, info.value)
+    assert rows(store, "runtime_ops_lifecycle") == []
+    assert rows(store, "runtime_session_snapshots") == []
+
+
 def test_the_async_store_runs_the_same_checks(async_url: str) -> None:
     async def scenario() -> None:
         astore = await AsyncStore.open(async_url)

@@ -7,10 +7,11 @@ one-call operation (``store.runs.get``, ``store.runtime.atomic_apply``, ...,
 and so the :class:`~agentkeep.AsyncStore` operations that run them) checks
 its arguments against its own annotations first, in one place:
 :class:`agentkeep.one_call.OneCalls` wraps every public method of a facade
-class and every :func:`~agentkeep.one_call.read` / :func:`~agentkeep.one_call.write`
-forwarder with :func:`argument_check`, which raises
-:class:`~agentkeep.errors.InvalidInput` naming the parameter before anything
-runs.
+class (:func:`check_methods`) and every :func:`~agentkeep.one_call.read` /
+:func:`~agentkeep.one_call.write` forwarder with :func:`argument_check`, which
+raises :class:`~agentkeep.errors.InvalidInput` naming the parameter before
+anything runs. The runtime repository's parts (``uow.runtime.<op>`` inside a
+unit of work) are decorated with :func:`check_methods` too.
 
 What is checked, from the annotation (resolved once per operation):
 
@@ -36,15 +37,19 @@ from __future__ import annotations
 
 import collections.abc
 import enum
+import functools
 import inspect
 import types
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from agentkeep.errors import InvalidInput
 
-__all__ = ["argument_check"]
+__all__ = ["argument_check", "check_methods", "checked"]
+
+T = TypeVar("T")
+C = TypeVar("C", bound=type)
 
 Check = Callable[[object], bool]
 
@@ -180,3 +185,29 @@ def argument_check(fn: Callable[..., Any], *, skip_first: bool = False) -> Calla
                 raise refuse(name, entry[1], value)
 
     return check_arguments
+
+
+def checked(method: Callable[..., T]) -> Callable[..., T]:
+    """``method`` (a method: its first parameter is ``self``) with its arguments checked first.
+
+    The check is built on the first call (annotations are resolved late:
+    modules imported for type checking only are loaded by then).
+    """
+    checks: list[Callable[..., None]] = []
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> T:
+        if not checks:
+            checks.append(argument_check(method, skip_first=True))
+        checks[0](*args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return call
+
+
+def check_methods(cls: C) -> C:
+    """Give every public method defined in ``cls`` the argument check (:func:`checked`)."""
+    for name, member in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.isfunction(member):
+            setattr(cls, name, checked(member))
+    return cls

@@ -39,7 +39,7 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from agentkeep.arguments import argument_check
+from agentkeep.arguments import argument_check, check_methods
 from agentkeep.errors import CommitOutcomeUnknown
 
 if TYPE_CHECKING:
@@ -106,9 +106,7 @@ class OneCalls:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Give every public method of the facade class the argument check."""
         super().__init_subclass__(**kwargs)
-        for name, member in list(vars(cls).items()):
-            if not name.startswith("_") and inspect.isfunction(member):
-                setattr(cls, name, _checked(member))
+        check_methods(cls)
 
     def _call_write(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(repositories)`` in a one-call write unit (:meth:`Store.call_write`)."""
@@ -117,20 +115,6 @@ class OneCalls:
     def _call_read(self, fn: Callable[[Any], T], *, single_statement: bool) -> T:
         """Run ``fn(repositories)`` in a one-call read unit (:meth:`Store.call_read`)."""
         return self._store.call_read(fn, single_statement=single_statement)
-
-
-def _checked(method: Callable[..., T]) -> Callable[..., T]:
-    """``method`` with its arguments checked first (:mod:`agentkeep.arguments`)."""
-    checks: list[Callable[..., None]] = []  # built on first call (annotations resolve late)
-
-    @functools.wraps(method)
-    def call(self: Any, *args: Any, **kwargs: Any) -> T:
-        if not checks:
-            checks.append(argument_check(method, skip_first=True))
-        checks[0](*args, **kwargs)
-        return method(self, *args, **kwargs)
-
-    return call
 
 
 class _Forwarder(Generic[P, T]):
