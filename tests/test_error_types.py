@@ -26,10 +26,9 @@ table, row counts and a hash of the rows, is equal before and after).
 
 The quick variant runs 8 derandomized examples per operation and category
 on both backends (about 1.5 min for both); ``test_error_types_long`` (slow)
-runs 60 random ones, shrinking failures. ``SURROGATES_ELSEWHERE`` and
-``WRONG_TYPES_ELSEWHERE`` list the operations whose ``text`` / ``types``
-cases are expected to fail until issue 13's input rules (another branch) are
-merged (non-strict xfail: remove the lists then).
+runs 60 random ones, shrinking failures. Every case must pass: the text rule
+(:mod:`agentkeep.text`) and the argument check (:mod:`agentkeep.arguments`)
+type what used to escape as ``UnicodeEncodeError`` / ``AttributeError``.
 
 Each test seeds ids of its own (a run, a session with a live lease, a queued
 batch, a turn input, a claim of each, a head commit, a runtime with a
@@ -616,128 +615,13 @@ def _check(target: Target, op: str, category: str, *, max_examples: int, quick: 
     call_once()
 
 
-#: Operations whose ``text`` / ``types`` cases fail on this branch only because
-#: the input rules of issue 13 (lone surrogates and NUL refused with
-#: ``InvalidInput``, wrong Python types refused before use) are another
-#: branch's change: expected failures until it is merged, then remove them.
-#: Listed from a deterministic probe of every operation (each text parameter
-#: given a lone surrogate and NUL, each parameter every wrong type) on both
-#: backends: ``UnicodeEncodeError`` (a lone surrogate reaching the driver or
-#: the advisory-lock key hash; NUL never failed untyped), ``AttributeError`` /
-#: ``TypeError`` (a dict, list, None, ... where a record, a sequence, bytes or
-#: a callable is expected).
-SURROGATES_ELSEWHERE: Final = frozenset(
-    {
-        "commits.get_head_revision",
-        "commits.load_node",
-        "commits.load_session",
-        "commits.load_session_meta",
-        "leases.get_session_execution_lease",
-        "leases.reclaim_session_execution_lease",
-        "leases.try_claim_session_execution_lease",
-        "maintenance.tombstone_nodes",
-        "maintenance.vacuum",
-        "queue.cancel_queued_work_batch",
-        "queue.claim_leading_ready_session_command",
-        "queue.claim_ready_queued_work",
-        "queue.claim_ready_queued_work_by_batch_ids",
-        "queue.list_pending_queued_work",
-        "queue.list_queued_work",
-        "runs.acquire_assignee",
-        "runs.append_degradation",
-        "runs.append_step_entry",
-        "runs.delete",
-        "runs.get",
-        "runs.list_by_task",
-        "runs.set_input_json",
-        "runs.set_result",
-        "runs.try_transition",
-        "runs.update_status",
-        "runs.vacate_assignee",
-        "runtime.atomic_apply",
-        "runtime.atomic_apply_with_machine_lifecycle",
-        "runtime.clear_session_snapshot",
-        "runtime.clear_session_snapshot_if_current",
-        "runtime.commit_machine_lifecycle",
-        "runtime.commit_session_snapshot",
-        "runtime.commit_session_transcript_rewrite_snapshot",
-        "runtime.commit_unregister_finalization",
-        "runtime.compare_and_put_mob_host_binding",
-        "runtime.delete_mob_host_binding",
-        "runtime.delete_ops_lifecycle",
-        "runtime.initialize_ops_lifecycle_if_absent",
-        "runtime.is_runtime_projection_quarantined",
-        "runtime.load_boundary_receipt",
-        "runtime.load_input_states",
-        "runtime.load_machine_lifecycle",
-        "runtime.load_machine_lifecycle_record",
-        "runtime.load_mob_host_binding",
-        "runtime.load_mob_host_revocation",
-        "runtime.load_ops_lifecycle",
-        "runtime.load_pending_compaction_projections",
-        "runtime.load_runtime_state",
-        "runtime.load_session_snapshot",
-        "runtime.mark_compaction_projection_finalized",
-        "runtime.persist_input_state",
-        "runtime.persist_input_states_atomically",
-        "runtime.persist_ops_lifecycle",
-        "runtime.put_mob_host_binding_if_absent",
-        "runtime.replace_session_snapshot_if_current",
-        "runtime.revoke_mob_host_binding",
-        "turn_inputs.cancel_pending_turn_input_suffix",
-        "turn_inputs.cancel_pending_turn_inputs",
-        "turn_inputs.claim_active_turn_inputs",
-        "turn_inputs.claim_next_turn_inputs",
-        "turn_inputs.list_pending_turn_inputs",
-        "turn_inputs.list_turn_inputs",
-        "turn_inputs.recover_stale_turn_input_claims",
-    }
-)
-
-WRONG_TYPES_ELSEWHERE: Final = frozenset(
-    {
-        "runtime.atomic_apply",
-        "runtime.atomic_apply_with_machine_lifecycle",
-        "runtime.clear_session_snapshot",
-        "runtime.clear_session_snapshot_if_current",
-        "runtime.commit_machine_lifecycle",
-        "runtime.commit_session_snapshot",
-        "runtime.commit_session_transcript_rewrite_snapshot",
-        "runtime.commit_unregister_finalization",
-        "runtime.compare_and_swap_input_states_atomically",
-        "runtime.delete_ops_lifecycle",
-        "runtime.initialize_ops_lifecycle_if_absent",
-        "runtime.mark_compaction_projection_finalized",
-        "runtime.persist_input_state",
-        "runtime.persist_input_states_atomically",
-        "runtime.persist_ops_lifecycle",
-        "runtime.replace_session_snapshot_if_current",
-        "runtime.update_auth_oauth_flow_snapshot",
-    }
-)
-KNOWN_ELSEWHERE: Final[dict[tuple[str, str], str]] = {
-    **{
-        (op, "text"): "lone surrogate -> UnicodeEncodeError; refused by issue 13's input rules "
-        "(another branch)"
-        for op in SURROGATES_ELSEWHERE
-    },
-    **{
-        (op, "types"): "wrong Python type -> AttributeError/TypeError; refused by issue 13's "
-        "input rules (another branch)"
-        for op in WRONG_TYPES_ELSEWHERE
-    },
-}
-
-
 def _cases() -> list[Any]:
     cases = []
     for op in sorted(OPERATIONS):
         for category in CATEGORIES:
             if not _applies(op, category):
                 continue
-            reason = KNOWN_ELSEWHERE.get((op, category))
-            marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
-            cases.append(pytest.param(op, category, id=f"{op}-{category}", marks=marks))
+            cases.append(pytest.param(op, category, id=f"{op}-{category}"))
     return cases
 
 

@@ -41,6 +41,7 @@ from agentkeep.errors import (
     NodeAlreadyExists,
     NotFound,
     OpsLifecycleEpochRetired,
+    PayloadTooLarge,
     PendingTurnInputSourceKeyConflict,
     QueuedWorkClaimSuperseded,
     QueuedWorkSourceKeyConflict,
@@ -69,8 +70,10 @@ from agentkeep.errors import (
     TurnInputClaimSuperseded,
     TurnInputDuplicate,
     UnregisterFinalizationOutcomeUnknown,
+    UsageLedgerOverflow,
     WriteFailed,
 )
+from agentkeep.limits import DEFAULT_LIMITS, Limits
 from agentkeep.migrations import upgrade as migrate
 from agentkeep.runs.domain import (
     UNSET,
@@ -92,6 +95,7 @@ from agentkeep.store import Store
 from agentkeep.unit_of_work import UnitOfWork
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "UNSET",
     "AgentkeepError",
     "AsyncStore",
@@ -121,10 +125,12 @@ __all__ = [
     "JoinedTransactionStale",
     "LegacyMigrationBlocked",
     "LegacySchemaMismatch",
+    "Limits",
     "MissingDependency",
     "NodeAlreadyExists",
     "NotFound",
     "OpsLifecycleEpochRetired",
+    "PayloadTooLarge",
     "PendingTurnInputSourceKeyConflict",
     "QueuedWorkClaimSuperseded",
     "QueuedWorkSourceKeyConflict",
@@ -166,6 +172,7 @@ __all__ = [
     "TurnInputDuplicate",
     "UnitOfWork",
     "UnregisterFinalizationOutcomeUnknown",
+    "UsageLedgerOverflow",
     "Usage",
     "VacateOutcome",
     "WriteFailed",

@@ -80,6 +80,7 @@ from agentkeep import db, observability
 from agentkeep.clock import Clock
 from agentkeep.crypto import PayloadCodec
 from agentkeep.errors import InvalidInput
+from agentkeep.limits import Limits
 from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.domain import RuntimeDomain
 from agentkeep.runtime.facade import RuntimeCalls
@@ -702,6 +703,7 @@ class AsyncStore:
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
         oauth_codec: PayloadCodec | None = None,
+        limits: Limits | None = None,
         **engine_kwargs: Any,
     ) -> AsyncStore:
         """Open the database at ``url``, or the database of the host's engine.
@@ -724,7 +726,8 @@ class AsyncStore:
         <agentkeep.Store.open>` on a worker thread.
 
         The arguments are :meth:`Store.open <agentkeep.Store.open>`'s, with the
-        same meaning and checks.
+        same meaning and checks (``limits``: the same
+        :class:`~agentkeep.limits.Limits`, applied by the same driver check).
 
         Raises:
             InvalidInput: a refused argument or engine; nothing was changed.
@@ -740,6 +743,7 @@ class AsyncStore:
             "runtime_domain": runtime_domain,
             "schema": schema,
             "oauth_codec": oauth_codec,
+            "limits": limits,
         }
         text = _async_url(url)
         if text is None and not _is_async_engine(url):
@@ -754,7 +758,7 @@ class AsyncStore:
                 )
             )
             return cls(store)
-        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec)
+        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec, limits)
         async_engine: AsyncEngine
         if text is not None:
             _refuse_memory_schema(schema, text)

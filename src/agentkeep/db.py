@@ -78,9 +78,11 @@ from agentkeep.errors import (
     MissingDependency,
     StoreBusy,
 )
+from agentkeep.limits import DEFAULT_LIMITS, Limits
 from agentkeep.observability import current_operation
 from agentkeep.runs.models import Run
-from agentkeep.statements import CompileTarget, Statement
+from agentkeep.statements import Compiled, CompileTarget, Statement
+from agentkeep.text import check_params, check_text
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -1096,6 +1098,7 @@ class Driver:
         "_merge_begin",
         "_multi_rowcount",
         "_pending_begin",
+        "limits",
         "_pg_read_committed",
         "postgres",
         "raw",
@@ -1111,8 +1114,11 @@ class Driver:
         *,
         pg_read_committed: bool = False,
         lean: bool = False,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.raw = raw
+        #: The size limits of written values (:mod:`agentkeep.limits`).
+        self.limits = limits
         self.target = target
         self.postgres = target.dialect.name == "postgresql"
         schemas = target.schema_translate_map
@@ -1149,8 +1155,17 @@ class Driver:
         Use ``fetchone()`` / ``fetchall()`` for rows (plain tuples) and
         ``rowcount`` for UPDATE/DELETE (exact on both drivers; never for
         ``INSERT … ON CONFLICT``: use ``RETURNING``).
+
+        Before the statement runs, ``params`` are checked: every string
+        against the text rule (:mod:`agentkeep.text`), every written value
+        against its column's limit (:mod:`agentkeep.limits`).
+
+        Raises:
+            InvalidInput: a string holds a NUL or a lone surrogate.
+            PayloadTooLarge: a written value is over its limit.
         """
         form = stmt.compiled(self.target)
+        self._check(form, params)
         # The common case (a named or pyformat driver, nothing fixed in the
         # construct) binds the caller's dict as it is.
         bound = params if form.plain else form.bind(params)
@@ -1178,6 +1193,8 @@ class Driver:
         if not params:
             return 0
         form = stmt.compiled(self.target)
+        for one in params:
+            self._check(form, one)
         rows: Any = params if form.plain else [form.bind(p) for p in params]
         try:
             if self._pending_begin is not None:
@@ -1199,6 +1216,14 @@ class Driver:
         finally:
             cur.close()
         return changed
+
+    def _check(self, form: Compiled, params: Mapping[str, Any]) -> None:
+        """The text rule on every string, the size limits on every written value."""
+        check_params(params)
+        if form.written:
+            limits = self.limits
+            for param, column, kind in form.written:
+                limits.check(column, kind, params.get(param))
 
     def limit_lock_wait(self, ms: int) -> None:
         """Wait at most ``ms`` for a lock in this unit (a retry near the operation's deadline).
@@ -1456,6 +1481,7 @@ def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = F
             holders do not exclude each other, only an exclusive holder. Used
             by commits against blob GC.
     """
+    check_text(key, "key")
     if driver.postgres:
         stmt = _LOCK_SHARED_SQL if shared else _LOCK_SQL
         params = {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))}
@@ -1469,6 +1495,7 @@ def lock_aggregate_and_blobs(driver: Driver, namespace: int, key: str) -> None:
     For a write that stores blobs (a session commit): the same two locks,
     in the same order, as two :func:`lock_aggregate` calls, in one round trip.
     """
+    check_text(key, "key")
     if driver.postgres:
         schema = driver.schema
         params = {

@@ -63,6 +63,7 @@ __all__ = [
     "NodeAlreadyExists",
     "NotFound",
     "OpsLifecycleEpochRetired",
+    "PayloadTooLarge",
     "PendingTurnInputSourceKeyConflict",
     "QueuedWorkClaimSuperseded",
     "QueuedWorkSourceKeyConflict",
@@ -90,6 +91,7 @@ __all__ = [
     "TurnInputClaimSuperseded",
     "TurnInputDuplicate",
     "UnregisterFinalizationOutcomeUnknown",
+    "UsageLedgerOverflow",
     "WriteFailed",
 ]
 
@@ -149,6 +151,29 @@ class InvalidInput(AgentkeepError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(f"invalid {field}: {message}")
+
+
+class PayloadTooLarge(InvalidInput):
+    """A value to write is larger than the store's limit for it (:class:`agentkeep.Limits`).
+
+    Raised before the unit of work commits (it is rolled back: nothing is
+    written).
+
+    Attributes:
+        field: the column the value was to be written to.
+        size: the value's size (characters for an id, else bytes).
+        limit: the limit it exceeded.
+        unit: ``"characters"`` or ``"bytes"``.
+    """
+
+    def __init__(self, field: str, size: int, limit: int, unit: str = "bytes") -> None:
+        self.size = size
+        self.limit = limit
+        self.unit = unit
+        super().__init__(field, f"{size} {unit} is over the limit of {limit} {unit}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.field, self.size, self.limit, self.unit))
 
 
 class IdParseError(InvalidInput):
@@ -640,6 +665,35 @@ class SessionBindingMismatch(SessionStoreError):
             f"session binding mismatch: commit for {bound_session_id} carries "
             f"work for {attempted_session_id}"
         )
+
+
+class UsageLedgerOverflow(InvalidInput, SessionStoreError):
+    """A commit's usage deltas would take a merged token-ledger counter past ``2**63-1``.
+
+    Refused (the commit writes nothing) so that the ledger stays exact and
+    every later ``load_session`` can return it
+    (docs/decisions.md#a-ledger-counter-never-passes-2-63-1).
+
+    Attributes:
+        session_id: the session.
+        source: the ledger entry's source.
+        model: the ledger entry's model.
+        counter: the counter (``input_tokens``, ...).
+    """
+
+    def __init__(self, session_id: str, source: str, model: str, counter: str) -> None:
+        self.session_id = session_id
+        self.source = source
+        self.model = model
+        self.counter = counter
+        super().__init__(
+            "commit.usage_deltas",
+            f"session {session_id!r}: the merged {counter} of ({source!r}, {model!r}) "
+            "would exceed 2**63-1",
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.session_id, self.source, self.model, self.counter))
 
 
 class RuntimeTurnCommitConflict(SessionStoreError):

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from agentkeep import observability
+from agentkeep.arguments import argument_check, check_methods
 from agentkeep.errors import CommitOutcomeUnknown
 
 if TYPE_CHECKING:
@@ -101,12 +102,16 @@ class OneCalls:
     _single_statement_reads: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Trace the public methods a facade class defines itself (not the forwarders).
+        """Check the arguments of, then trace, the public methods a facade class defines.
 
-        Each becomes one public operation named ``<repository>.<method>``
-        (:func:`agentkeep.observability.traced`; unchanged without OpenTelemetry).
+        Every public method gets the argument check
+        (:func:`agentkeep.arguments.check_methods`). Each also becomes one
+        public operation named ``<repository>.<method>``
+        (:func:`agentkeep.observability.traced`; unchanged without
+        OpenTelemetry). The forwarders get both when they are bound.
         """
         super().__init_subclass__(**kwargs)
+        check_methods(cls)
         if not observability.INSTALLED:
             return
         root = (cls.__dict__.get("_repository") or cls._repository).split(".")[0] or cls.__name__
@@ -196,12 +201,15 @@ class _Forwarder(Generic[P, T]):
             sig = inspect.signature(method)
             self._signature = sig.replace(parameters=list(sig.parameters.values())[1:])
         signature = self._signature
+        check = argument_check(method, skip_first=True)
         if self._kind == "write":
             run = obj._call_write
             resolve = self._resolve
             operation = self._operation
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
+                check(*args, **kwargs)
+
                 def once() -> T:
                     return run(lambda r: method(part(r), *args, **kwargs))
 
@@ -225,6 +233,7 @@ class _Forwarder(Generic[P, T]):
             run_read = obj._call_read
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
+                check(*args, **kwargs)
                 return run_read(lambda r: method(part(r), *args, **kwargs), single_statement=single)
 
         functools.update_wrapper(call, method)

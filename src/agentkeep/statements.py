@@ -36,12 +36,15 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final, cast
 
-from sqlalchemy import Table
+from sqlalchemy import Column, Table
 from sqlalchemy.dialects import postgresql as _pg
 from sqlalchemy.dialects import sqlite as _sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.elements import ClauseElement
+from sqlalchemy.sql.dml import Insert, Update
+from sqlalchemy.sql.elements import BindParameter, ClauseElement
+
+from agentkeep.limits import ColumnKind, column_kind
 
 __all__ = [
     "CompileTarget",
@@ -145,14 +148,25 @@ class Compiled:
         fixed: values of parameters the construct fixed itself (literals such
             as ``state = 'finalized'``), merged under each call's parameters;
             None when there are none.
+        written: ``(parameter, column, kind)`` of every parameter whose value
+            the statement writes into a column (``INSERT`` / ``UPDATE`` values,
+            ``ON CONFLICT DO UPDATE`` sets), for the size limits
+            (:mod:`agentkeep.limits`).
     """
 
-    __slots__ = ("fixed", "names", "plain", "sql")
+    __slots__ = ("fixed", "names", "plain", "sql", "written")
 
-    def __init__(self, sql: str, names: tuple[str, ...] | None, fixed: dict[str, Any] | None):
+    def __init__(
+        self,
+        sql: str,
+        names: tuple[str, ...] | None,
+        fixed: dict[str, Any] | None,
+        written: tuple[tuple[str, str, ColumnKind], ...] = (),
+    ):
         self.sql = sql
         self.names = names
         self.fixed = fixed
+        self.written = written
         #: True when a call's parameter dict is bound as it is (named style, nothing fixed).
         self.plain = names is None and fixed is None
 
@@ -244,7 +258,28 @@ def _compile(construct: ClauseElement, target: CompileTarget, name: str) -> Comp
     names: tuple[str, ...] | None = None
     if target.positional:
         names = tuple(compiled.positiontup or ())
-    return Compiled(sql, names, fixed or None)
+    return Compiled(sql, names, fixed or None, _written(construct))
+
+
+def _written(construct: ClauseElement) -> tuple[tuple[str, str, ColumnKind], ...]:
+    """``(parameter, column, kind)`` of each parameter an INSERT / UPDATE writes to a column."""
+    if not isinstance(construct, (Insert, Update)):
+        return ()
+    table = construct.table
+    pairs: list[tuple[Any, Any]] = list(construct._values.items()) if construct._values else []
+    for row in construct._multi_values or ():
+        for values in row:
+            if isinstance(values, Mapping):
+                pairs += values.items()
+    conflict = getattr(construct, "_post_values_clause", None)
+    sets = getattr(conflict, "update_values_to_set", None) or ()
+    pairs += list(sets.items() if isinstance(sets, Mapping) else sets)
+    out: dict[str, tuple[str, str, ColumnKind]] = {}
+    for key, value in pairs:
+        column = table.c.get(key) if isinstance(key, str) else key
+        if isinstance(value, BindParameter) and value.required and isinstance(column, Column):
+            out[value.key] = (value.key, column.name, column_kind(column))
+    return tuple(out.values())
 
 
 def upsert(dialect: Dialect, table: Table | type[Any]) -> Any:

@@ -42,6 +42,7 @@ from agentkeep.errors import (
     InvalidInput,
     StoreBusy,
 )
+from agentkeep.limits import DEFAULT_LIMITS, Limits
 from agentkeep.runs.facade import RunCalls
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.facade import RuntimeCalls
@@ -102,9 +103,10 @@ class Store:
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
         oauth_codec: PayloadCodec | None = None,
+        limits: Limits | None = None,
         _checked: bool = False,
     ) -> None:
-        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec)
+        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec, limits)
         if not isinstance(engine, Engine):
             _refuse_async(engine)
             raise InvalidInput(
@@ -156,6 +158,8 @@ class Store:
         )
         #: Encryption at rest of the OAuth flow state (None: stored as given).
         self.oauth_codec = oauth_codec
+        #: The size limits of written values (:class:`~agentkeep.limits.Limits`).
+        self.limits: Limits = DEFAULT_LIMITS if limits is None else limits
         self.runtime = RuntimeCalls(self)
 
     @classmethod
@@ -172,6 +176,7 @@ class Store:
         runtime_domain: RuntimeDomain[Any] | None = None,
         schema: str | None = None,
         oauth_codec: PayloadCodec | None = None,
+        limits: Limits | None = None,
         **engine_kwargs: Any,
     ) -> Store:
         """Open the database at ``url``, or the database of the host's ``Engine``.
@@ -240,6 +245,12 @@ class Store:
                 :class:`~agentkeep.crypto.AesGcmCodec` (extra
                 ``agentkeep[crypto]``). Default None: stored as given
                 (docs/runtime.md#oauth-flow-state).
+            limits: the largest ids, payloads, snapshots and blobs the store
+                writes (:class:`~agentkeep.limits.Limits`; default
+                :data:`~agentkeep.limits.DEFAULT_LIMITS`: ids 255 characters,
+                payloads 8 MiB, snapshots and blobs 64 MiB). A larger value
+                raises :class:`~agentkeep.errors.PayloadTooLarge` and writes
+                nothing (docs/limits.md).
             **engine_kwargs: passed to :func:`sqlalchemy.create_engine` (URL only).
 
         Raises:
@@ -259,7 +270,7 @@ class Store:
                 (a statement timeout, ...), the driver's error chained.
         """
         # before touching the database
-        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec)
+        _check_open_options(retry_attempts, auto_gc_every_commits, schema, oauth_codec, limits)
         if isinstance(url, (str, URL)):
             db.check_url(url)
         _refuse_async(url)
@@ -277,6 +288,7 @@ class Store:
                 runtime_domain=runtime_domain,
                 schema=schema,
                 oauth_codec=oauth_codec,
+                limits=limits,
                 engine_kwargs=engine_kwargs,
             )
 
@@ -295,6 +307,7 @@ class Store:
         runtime_domain: RuntimeDomain[Any] | None,
         schema: str | None,
         oauth_codec: PayloadCodec | None,
+        limits: Limits | None,
         engine_kwargs: dict[str, Any],
     ) -> Store:
         """:meth:`open` after its argument checks: build or adopt the engine, then open on it."""
@@ -329,6 +342,7 @@ class Store:
             runtime_domain=runtime_domain,
             schema=schema,
             oauth_codec=oauth_codec,
+            limits=limits,
         )
 
     @classmethod
@@ -344,6 +358,7 @@ class Store:
         runtime_domain: RuntimeDomain[Any] | None,
         schema: str | None,
         oauth_codec: PayloadCodec | None = None,
+        limits: Limits | None = None,
     ) -> Store:
         """The rest of :meth:`open` on a created or adopted engine: namespace, schema, WAL.
 
@@ -370,6 +385,7 @@ class Store:
             runtime_domain=runtime_domain,
             schema=schema,
             oauth_codec=oauth_codec,
+            limits=limits,
             _checked=True,
         )
         store._owns_engine = owned
@@ -618,6 +634,7 @@ class Store:
             self._dbapi_error,
             pg_read_committed=self._settings.pg_read_committed,
             lean=lean,
+            limits=self.limits,
         )
 
     def call_write(self, fn: Callable[[Repositories], T]) -> T:
@@ -907,6 +924,7 @@ def _check_open_options(
     auto_gc_every_commits: int | None,
     schema: str | None,
     oauth_codec: object,
+    limits: object,
 ) -> None:
     """The checks of the options :meth:`Store.open` and ``AsyncStore.open`` share.
 
@@ -916,6 +934,7 @@ def _check_open_options(
     _check_options(retry_attempts, auto_gc_every_commits)
     db.check_schema_name(schema)
     _check_codec(oauth_codec)
+    _check_limits(limits)
 
 
 def _refuse_memory_schema(schema: str | None, url: str) -> None:
@@ -945,6 +964,13 @@ def _check_codec(codec: object) -> None:
             "oauth_codec",
             f"{type(codec).__name__} is not a codec: it needs encode(bytes) -> bytes and "
             "decode(bytes) -> bytes (see agentkeep.crypto.PayloadCodec)",
+        )
+
+
+def _check_limits(limits: object) -> None:
+    if limits is not None and not isinstance(limits, Limits):
+        raise InvalidInput(
+            "limits", f"expected an agentkeep.Limits or None, got {type(limits).__name__}"
         )
 
 

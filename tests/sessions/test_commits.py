@@ -39,6 +39,7 @@ from agentkeep.errors import (
     SessionCorrupt,
     SessionExecutionLeaseExpired,
     TurnInputClaimSuperseded,
+    UsageLedgerOverflow,
 )
 from agentkeep.sessions import commits as commits_mod
 from agentkeep.sessions.commits import ACTIVE_PATH
@@ -1167,10 +1168,57 @@ def test_undecodable_usage_rows_are_skipped_with_a_warning(
     assert len([r for r in caplog.records if "usage_deltas" in r.getMessage()]) == 1
 
 
-def test_a_ledger_sum_past_the_bigint_maximum_is_corrupt(store: Store) -> None:
+def test_a_commit_past_the_ledger_maximum_is_refused_and_writes_nothing(store: Store) -> None:
+    """Decision: refused with ``UsageLedgerOverflow`` (the ledger stays exact), never saturated.
+
+    Within one commit, and across commits (the stored sums plus the new
+    deltas): the refused commit writes nothing and the session still loads.
+    """
     fence = hold(store)
     big = 2**63 - 1
-    commit(store, mk(fence, usage_deltas=(usage(input_tokens=big), usage(input_tokens=1))))
+    with pytest.raises(UsageLedgerOverflow) as info:
+        commit(store, mk(fence, usage_deltas=(usage(input_tokens=big), usage(input_tokens=1))))
+    assert (info.value.session_id, info.value.counter) == (SID, "input_tokens")
+    assert isinstance(info.value, InvalidInput)
+    assert load(store) is None  # the first commit wrote nothing, not even its checkpoint
+    commit(store, mk(fence, usage_deltas=(usage(input_tokens=big - 5), usage(output_tokens=3))))
+    before = snapshot(store)
+    for over in (
+        mk(fence, nodes=(node("n1"),), usage_deltas=(usage(input_tokens=6),)),
+        mk(fence, usage_deltas=(usage(input_tokens=3), usage(input_tokens=3))),
+        mk(
+            fence,
+            usage_deltas=(
+                usage(output_tokens=1, reasoning_output_tokens=big),
+                usage(output_tokens=1, reasoning_output_tokens=1),
+            ),
+        ),
+    ):
+        with pytest.raises(UsageLedgerOverflow):
+            commit(store, over)
+        assert snapshot(store) == before
+    (entry,) = loaded(store).token_ledger
+    assert (entry.usage.input_tokens, entry.usage.output_tokens) == (big - 5, 3)
+    # At the maximum exactly is accepted; another (source, model) pair has its own counters;
+    # a delta whose total() is 0 is not merged, so it cannot overflow the ledger.
+    commit(store, mk(fence, usage_deltas=(usage(input_tokens=5), usage("other", input_tokens=big))))
+    commit(store, mk(fence, usage_deltas=(usage(reasoning_output_tokens=big),)))
+    ledger = {(e.source, e.model): e.usage.input_tokens for e in loaded(store).token_ledger}
+    assert ledger == {("src", "m"): big, ("other", "m"): big}
+
+
+def test_a_stored_ledger_sum_past_the_bigint_maximum_is_corrupt(store: Store) -> None:
+    """A ledger written past the maximum anyway (raw SQL, an older version) fails loudly on load."""
+    fence = hold(store)
+    big = 2**63 - 1
+    commit(store, mk(fence, usage_deltas=(usage(input_tokens=big),)))
+    execute_sql(
+        store,
+        "INSERT INTO usage_deltas (session_id, source, model, input_tokens, output_tokens, "
+        "cache_read_input_tokens, cache_write_input_tokens, reasoning_output_tokens) "
+        "VALUES (:sid, 'src', 'm', 1, 0, 0, 0, 0)",
+        sid=SID,
+    )
     with pytest.raises(SessionCorrupt) as info:
         load(store)
     assert (info.value.table, info.value.column) == ("usage_deltas", "input_tokens")

@@ -50,6 +50,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import insert, select
 
+from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace
 from agentkeep.errors import CommitOutcomeUnknown
 from agentkeep.runtime.access import RuntimeAccess
@@ -186,6 +187,7 @@ def _supersession_verdict(access: RuntimeAccess, runtime_id: str, incoming: Any)
         raise SessionSnapshotSuperseded(runtime_id) from None
 
 
+@check_methods
 class BoundaryOps:
     """Repository part (``uow.runtime.boundaries``): boundary commits and receipt reads."""
 

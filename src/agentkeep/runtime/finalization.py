@@ -60,6 +60,7 @@ from typing import Final
 
 from sqlalchemy import bindparam as p
 
+from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace, retry_transient, rollback_after
 from agentkeep.errors import DatabaseError
 from agentkeep.runtime.access import RuntimeAccess
@@ -164,6 +165,7 @@ _RETIRE: Final = Statement(
 )
 
 
+@check_methods
 class FinalizationOps:
     """Repository part (``uow.runtime.finalization``): the statements of unregister finalization.
 

@@ -37,6 +37,7 @@ from typing import Any, Final, TypeAlias
 from sqlalchemy import bindparam as p
 from sqlalchemy import select
 
+from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace
 from agentkeep.one_call import read
 from agentkeep.runtime.access import RuntimeAccess, as_bytes, upsert_replacing
@@ -167,6 +168,7 @@ def _decode_row(
     return state
 
 
+@check_methods
 class InputStateOps:
     """Repository part (``uow.runtime.inputs``): input-state rows and the batch compare-and-swap."""
 

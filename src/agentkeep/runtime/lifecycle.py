@@ -39,6 +39,7 @@ from typing import Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import delete, select
 
+from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace
 from agentkeep.one_call import read, write
 from agentkeep.runtime.access import RuntimeAccess, upsert_replacing
@@ -169,6 +170,7 @@ def is_epoch_retired(access: RuntimeAccess, runtime_id: str, epoch_id: str) -> b
     return row is not None
 
 
+@check_methods
 class LifecycleOps:
     """Repository part (``uow.runtime.lifecycle``): machine lifecycle and ops snapshots."""
 

@@ -61,6 +61,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import delete, select, update
 
+from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace
 from agentkeep.errors import InvalidInput
 from agentkeep.one_call import read
@@ -204,6 +205,7 @@ def delete_binding_if_stored(access: RuntimeAccess, mob_id: str, stored: Any) ->
     access.fenced(_DELETE_BINDING, {"id": mob_id, "stored": stored}, f"{_BINDINGS}[{mob_id}]")
 
 
+@check_methods
 class MobHostOps:
     """Repository part (``uow.runtime.mob_hosts``): mob host bindings and revocation receipts."""
 

@@ -41,6 +41,7 @@ from typing import Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import select
 
+from agentkeep.arguments import check_methods
 from agentkeep.crypto import looks_aes_gcm_encrypted
 from agentkeep.db import LockNamespace
 from agentkeep.errors import DecryptionFailed
@@ -71,6 +72,7 @@ _UPSERT: Final = Statement(
 )
 
 
+@check_methods
 class OAuthOps:
     """Repository part (``uow.runtime.oauth``): the OAuth flow singleton."""
 

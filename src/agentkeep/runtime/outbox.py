@@ -41,6 +41,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import select, update
 
+from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace
 from agentkeep.one_call import read, write
 from agentkeep.runtime.access import RuntimeAccess, as_bytes
@@ -189,6 +190,7 @@ def ensure_intents_already_outboxed(access: RuntimeAccess, runtime_id: str, sess
             )
 
 
+@check_methods
 class OutboxOps:
     """Repository part (``uow.runtime.outbox``): the pending list and finalization."""
 

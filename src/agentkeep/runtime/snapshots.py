@@ -44,6 +44,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import delete, select, update
 
+from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace
 from agentkeep.one_call import read, write
 from agentkeep.runtime.access import RuntimeAccess, as_bytes
@@ -134,6 +135,7 @@ def delete_snapshot_if_stored(access: RuntimeAccess, runtime_id: str, stored: An
     access.fenced(_DELETE_IF_STORED, {"rt": runtime_id, "stored": stored}, f"{_T}[{runtime_id}]")
 
 
+@check_methods
 class SnapshotOps:
     """Repository part: snapshot commits, rewrites, compare-and-set replacement, clears."""
 

@@ -40,6 +40,9 @@ numbers below are the ones the code's comments use):
    compared counts: docs/decisions.md#strict-claim-completion), is
    :class:`~agentkeep.errors.QueuedWorkClaimSuperseded`;
 8. the same for turn-input claims (:class:`~agentkeep.errors.TurnInputClaimSuperseded`);
+   8b. usage deltas that would take a merged ledger counter (the stored sums
+   plus this commit's deltas, per ``(source, model)``) past ``2**63-1`` are
+   :class:`~agentkeep.errors.UsageLedgerOverflow`;
 9. the checkpoint's blobs and manifest; 10. the usage deltas, in order;
 11. the graph delta (``Unchanged`` / ``Append`` / ``ReplaceFull``, scoped to
     the session); a node id that exists already in the session, or twice in
@@ -123,8 +126,11 @@ Choices where the original store was open (docs/decisions.md#session-store):
   the path, not the graph. It stops at a missing or tombstoned ancestor; a
   cycle of parent ids (only corrupt data can make one) is ``SessionCorrupt``
   (docs/decisions.md#active-path-is-one-recursive-query).
-* A merged ledger counter above ``2**63-1`` is ``SessionCorrupt`` (the newer
-  upstream's checked addition), not a silently wrapped value.
+* A commit whose usage deltas would take a merged ledger counter above
+  ``2**63-1`` is refused with :class:`~agentkeep.errors.UsageLedgerOverflow`
+  (step 8b) and writes nothing, so a load never meets one; a stored ledger
+  that does anyway (written before the check) is ``SessionCorrupt`` on load
+  (the newer upstream's checked addition), never a silently wrapped value.
 * ``save_session_meta`` raises its errors (typed) instead of swallowing them,
   and ``load_session_meta`` returns None only for a missing row; the original
   store swallowed both (docs/decisions.md#session-metadata-errors-are-raised).
@@ -146,7 +152,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import and_, delete, func, insert, null, select, update
+from sqlalchemy import and_, delete, func, insert, null, or_, select, update
 from sqlalchemy import bindparam as p
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import aliased
@@ -165,6 +171,7 @@ from agentkeep.errors import (
     SessionCorrupt,
     SessionExecutionLeaseExpired,
     TurnInputClaimSuperseded,
+    UsageLedgerOverflow,
 )
 from agentkeep.sessions.checkpoints import get_checkpoint, put_checkpoint
 from agentkeep.sessions.codec import encode_ingress, loads
@@ -217,6 +224,7 @@ from agentkeep.sessions.records import (
     SessionNodeRecord,
     TokenUsage,
     UnchangedGraph,
+    UsageDelta,
     UsageLedgerEntry,
 )
 from agentkeep.sessions.turn_inputs import (
@@ -349,6 +357,22 @@ _USAGE_COLUMNS: Final = (
     UsageDeltaRow.cache_read_input_tokens,
     UsageDeltaRow.cache_write_input_tokens,
     UsageDeltaRow.reasoning_output_tokens,
+)
+#: The merged ledger of a session as stored, per ``(source, model)``: the sums of
+#: the counters over the deltas :func:`merge_token_ledger` keeps (a nonzero
+#: ``total()``; the counters are never negative). Read by the overflow check.
+_GET_USAGE_SUMS: Final = Statement(
+    select(
+        UsageDeltaRow.source,
+        UsageDeltaRow.model,
+        *(func.sum(c) for c in _USAGE_COLUMNS[3:]),
+    )
+    .where(
+        UsageDeltaRow.session_id == p("sid"),
+        or_(*(c != 0 for c in _USAGE_COLUMNS[3:7])),
+    )
+    .group_by(UsageDeltaRow.source, UsageDeltaRow.model),
+    name="sessions.get_usage_sums",
 )
 _GET_USAGE: Final = Statement(
     select(*_USAGE_COLUMNS).where(UsageDeltaRow.session_id == p("sid")).order_by(UsageDeltaRow.seq),
@@ -547,16 +571,11 @@ def merge_token_ledger(
         SessionCorrupt: a merged counter exceeds ``2**63-1``.
     """
     sums: dict[tuple[str, str], list[int]] = {}
-    for entry in deltas:
-        if entry.usage.total() == 0:
-            continue
-        counters = sums.setdefault((entry.source, entry.model), [0] * len(_USAGE_FIELDS))
-        for i, name in enumerate(_USAGE_FIELDS):
-            counters[i] += getattr(entry.usage, name)
-            if counters[i] > MAX_I64:
-                raise SessionCorrupt(
-                    "usage_deltas", session_id, name, "merged ledger counter exceeds 2**63-1"
-                )
+    overflow = _accumulate(sums, deltas)
+    if overflow is not None:
+        raise SessionCorrupt(
+            "usage_deltas", session_id, overflow[2], "merged ledger counter exceeds 2**63-1"
+        )
     return tuple(
         UsageLedgerEntry(
             source=source,
@@ -565,6 +584,26 @@ def merge_token_ledger(
         )
         for (source, model), counters in sums.items()
     )
+
+
+def _accumulate(
+    sums: dict[tuple[str, str], list[int]], deltas: Sequence[UsageLedgerEntry | UsageDelta]
+) -> tuple[str, str, str] | None:
+    """Add ``deltas`` into ``sums`` per ``(source, model)``, as the ledger merges them.
+
+    Entries whose ``usage.total()`` is 0 are skipped. Returns ``(source,
+    model, counter)`` of the first counter that passes ``2**63-1`` (adding
+    stops there), else None.
+    """
+    for entry in deltas:
+        if entry.usage.total() == 0:
+            continue
+        counters = sums.setdefault((entry.source, entry.model), [0] * len(_USAGE_FIELDS))
+        for i, name in enumerate(_USAGE_FIELDS):
+            counters[i] += getattr(entry.usage, name)
+            if counters[i] > MAX_I64:
+                return entry.source, entry.model, name
+    return None
 
 
 def _json_text(value: Any, field: str) -> str:
@@ -793,6 +832,10 @@ class SessionCommitRepository:
             if tc.session_id != sid:
                 raise TurnInputClaimSuperseded(tc.session_id, tc.claim_id)
             ensure_turn_input_completion(db, tc)
+
+        # 8b. The usage deltas must keep every merged ledger counter in range.
+        if any(delta.usage.total() for delta in commit.usage_deltas):
+            self._check_ledger_room(sid, commit.usage_deltas)
 
         # 9. Checkpoint blobs and manifest.
         checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile)
@@ -1038,6 +1081,28 @@ class SessionCommitRepository:
             for seq, node_id, _, raw in walked
             if (node := _decode_node(session_id, seq, node_id, raw)) is not None
         ]
+
+    def _check_ledger_room(self, session_id: str, deltas: Sequence[UsageDelta]) -> None:
+        """Refuse deltas that would take a merged ledger counter past ``2**63-1``.
+
+        The ledger :meth:`load_session` returns is the merge
+        (:func:`merge_token_ledger`) of every stored delta; a counter past
+        ``2**63-1`` there would make every later load fail. So the commit's
+        deltas are merged with the stored sums first (one grouped SELECT) and
+        refused when any counter would pass it: the ledger stays exact (no
+        saturation), and the commit writes nothing
+        (docs/decisions.md#a-ledger-counter-never-passes-2-63-1).
+
+        Raises:
+            UsageLedgerOverflow: a merged counter would exceed ``2**63-1``.
+        """
+        sums: dict[tuple[str, str], list[int]] = {
+            (row[0], row[1]): [int(v or 0) for v in row[2:]]
+            for row in self._db.execute(_GET_USAGE_SUMS, {"sid": session_id}).fetchall()
+        }
+        overflow = _accumulate(sums, deltas)
+        if overflow is not None:
+            raise UsageLedgerOverflow(session_id, *overflow)
 
     def _usage(self, session_id: str) -> list[UsageLedgerEntry]:
         """The session's usage deltas by ``seq``; undecodable rows skipped (logged once)."""
