@@ -109,6 +109,28 @@ def _test(annotation: Any) -> Check | None:
     return _class_check(annotation)
 
 
+def _sequence_item(annotation: Any) -> tuple[Any, Check] | None:
+    """The item annotation and its test of a ``Sequence[X]`` annotation (also inside
+    ``Annotated`` or a union), or None."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _sequence_item(args[0])
+    if origin is typing.Union or origin is types.UnionType:
+        for alternative in args:
+            found = _sequence_item(alternative)
+            if found is not None:
+                return found
+        return None
+    if origin in (collections.abc.Sequence, list, tuple):
+        inner = [a for a in args if a is not Ellipsis]
+        if len(inner) == 1:
+            check = _predicate(inner[0])
+            if check is not None:
+                return inner[0], check
+    return None
+
+
 def _class_check(cls: type) -> Check:
     if cls is bytes:
         return lambda v: isinstance(v, (bytes, bytearray, memoryview))
@@ -173,6 +195,15 @@ def argument_check(fn: Callable[..., Any], *, skip_first: bool = False) -> Calla
             named[p.name] = (check, annotation)
 
     def refuse(name: str, annotation: Any, value: object) -> InvalidInput:
+        item = _sequence_item(annotation)
+        if item is not None and isinstance(value, (list, tuple)):
+            item_annotation, item_check = item
+            for i, x in enumerate(value):  # name the first item of the wrong type
+                if not item_check(x):
+                    return InvalidInput(
+                        f"{name}[{i}]",
+                        f"expected {_describe(item_annotation)}, got {type(x).__name__}",
+                    )
         return InvalidInput(name, f"expected {_describe(annotation)}, got {type(value).__name__}")
 
     def check_arguments(*args: Any, **kwargs: Any) -> None:
