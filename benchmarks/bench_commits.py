@@ -74,7 +74,7 @@ COMMIT_STATEMENTS: tuple[Statement, ...] = (
     K._PUT_HEAD,
 )
 #: The repository statements of one active-path load, in the store's order (raw_load).
-LOAD_STATEMENTS: tuple[Statement, ...] = (K._GET_HEAD, K.ACTIVE_PATH, C._GET, K._GET_USAGE)
+LOAD_STATEMENTS: tuple[Statement, ...] = (K._GET_HEAD, K.ACTIVE_PATH, C._GET, K._GET_TOTALS)
 
 
 def check_same_statements(what: str, call: Callable[[], object], expected: Sequence[Any]) -> None:

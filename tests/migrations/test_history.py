@@ -49,6 +49,7 @@ SESSION_TABLES = {
     "blobs",
     "artifact_refs",
     "session_meta",
+    "session_usage_totals",
 }
 RUNTIME_TABLES = {
     "runtime_input_states",

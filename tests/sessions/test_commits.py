@@ -68,6 +68,7 @@ from agentkeep.sessions.records import (
     BlobProfile,
     FullGraphScope,
     GcReport,
+    HeadScope,
     HydratedSessionCheckpoint,
     PersistedSessionRead,
     ReplaceFullGraph,
@@ -99,6 +100,7 @@ TABLES = (
     "session_head",
     "graph_nodes",
     "usage_deltas",
+    "session_usage_totals",
     "runtime_turn_commits",
     "attachment_manifest",
     "blobs",
@@ -179,7 +181,7 @@ def qdraft(
 
 
 def load(
-    store: Store, sid: str = SID, scope: FullGraphScope | ActivePathScope | None = None
+    store: Store, sid: str = SID, scope: FullGraphScope | ActivePathScope | HeadScope | None = None
 ) -> PersistedSessionRead | None:
     return store.call_read(lambda r: r.commits.load_session(sid, scope or FullGraphScope()))
 
@@ -1154,26 +1156,50 @@ def test_c_26_the_same_unstamped_commit_twice_double_counts(store: Store) -> Non
     assert entry.usage.input_tokens == 20
 
 
-def test_undecodable_usage_rows_are_skipped_with_a_warning(
-    store: Store, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_the_load_reads_the_totals_the_commit_kept_not_the_usage_rows(store: Store) -> None:
+    """The ledger is the commit-kept totals: a later change to ``usage_deltas`` is not read."""
     fence = hold(store)
     commit(store, mk(fence, usage_deltas=(usage(input_tokens=1), usage(input_tokens=2))))
     execute_sql(store, "UPDATE usage_deltas SET output_tokens = -5 WHERE input_tokens = 2")
-    with caplog.at_level(logging.WARNING, logger="agentkeep.sessions"):
-        (entry,) = loaded(store).token_ledger
-        loaded(store)
-    assert entry.usage.input_tokens == 1
-    assert len([r for r in caplog.records if "usage_deltas" in r.getMessage()]) == 1
+    execute_sql(store, "DELETE FROM usage_deltas WHERE input_tokens = 1")
+    (entry,) = loaded(store).token_ledger
+    assert entry.usage == TokenUsage(input_tokens=3)
 
 
-def test_a_ledger_sum_past_the_bigint_maximum_is_corrupt(store: Store) -> None:
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("input_tokens", -1), ("output_tokens", "'x'"), ("ordinal", -3), ("source", "NULL")],
+)
+def test_a_corrupt_ledger_total_fails_the_load(store: Store, column: str, value: str) -> None:
     fence = hold(store)
-    big = 2**63 - 1
-    commit(store, mk(fence, usage_deltas=(usage(input_tokens=big), usage(input_tokens=1))))
+    commit(store, mk(fence, usage_deltas=(usage(input_tokens=1),)))
+    if column == "source":  # NOT NULL on both backends: a blob key (SQLite) or skip
+        if store.engine.dialect.name != "sqlite":
+            pytest.skip("Postgres keeps the text type of the column")
+        value = "x'00'"
+    if column == "output_tokens" and store.engine.dialect.name != "sqlite":
+        pytest.skip("Postgres keeps the integer type of the column")
+    execute_sql(store, f"UPDATE session_usage_totals SET {column} = {value}")
     with pytest.raises(SessionCorrupt) as info:
         load(store)
-    assert (info.value.table, info.value.column) == ("usage_deltas", "input_tokens")
+    assert (info.value.table, info.value.column) == ("session_usage_totals", column)
+    with pytest.raises(SessionCorrupt):
+        load(store, scope=HeadScope())
+
+
+def test_a_ledger_total_past_the_bigint_maximum_is_refused_and_nothing_changes(
+    store: Store,
+) -> None:
+    fence = hold(store)
+    big = 2**63 - 1
+    commit(store, mk(fence, usage_deltas=(usage(input_tokens=big),)))
+    before = loaded(store)
+    rows = query(store, "SELECT * FROM usage_deltas ORDER BY seq")
+    with pytest.raises(InvalidInput) as info:
+        commit(store, mk(fence, usage_deltas=(usage(output_tokens=1), usage(input_tokens=1))))
+    assert info.value.field == "commit.usage_deltas[1].usage.input_tokens"
+    assert loaded(store) == before
+    assert query(store, "SELECT * FROM usage_deltas ORDER BY seq") == rows
 
 
 # --------------------------------------------------------------------------

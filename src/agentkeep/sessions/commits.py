@@ -146,7 +146,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import and_, delete, func, insert, null, select, update
+from sqlalchemy import and_, cast, delete, func, insert, literal, null, select, update
 from sqlalchemy import bindparam as p
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import aliased
@@ -190,6 +190,7 @@ from agentkeep.sessions.models import (
     SessionHeadRow,
     SessionMetaRow,
     UsageDeltaRow,
+    UsageTotalRow,
 )
 from agentkeep.sessions.queue import (
     _check_completion as _check_queue_completion,
@@ -207,6 +208,7 @@ from agentkeep.sessions.records import (
     AppendNodes,
     BlobProfile,
     FullGraphScope,
+    HeadScope,
     LoadScope,
     PersistedSessionRead,
     ReplaceFullGraph,
@@ -231,6 +233,7 @@ from agentkeep.strict_json import canonical_json
 
 __all__ = [
     "ACTIVE_PATH",
+    "ACTIVE_PATH_TAIL",
     "NodeAlreadyExists",
     "SessionCommitRepository",
     "merge_token_ledger",
@@ -338,22 +341,53 @@ _PUT_USAGE: Final = Statement(
     ),
     name="sessions.put_usage",
 )
-#: The ledger columns :meth:`SessionCommitRepository._usage` decodes: seq,
-#: source, model, then the counters in the order of ``_USAGE_FIELDS``.
-_USAGE_COLUMNS: Final = (
-    UsageDeltaRow.seq,
-    UsageDeltaRow.source,
-    UsageDeltaRow.model,
-    UsageDeltaRow.input_tokens,
-    UsageDeltaRow.output_tokens,
-    UsageDeltaRow.cache_read_input_tokens,
-    UsageDeltaRow.cache_write_input_tokens,
-    UsageDeltaRow.reasoning_output_tokens,
+#: The ledger-total columns :func:`_read_totals` decodes: source, model,
+#: ordinal, then the counters in the order of ``_USAGE_FIELDS``.
+_TOTAL_COLUMNS: Final = (
+    UsageTotalRow.source,
+    UsageTotalRow.model,
+    UsageTotalRow.ordinal,
+    UsageTotalRow.input_tokens,
+    UsageTotalRow.output_tokens,
+    UsageTotalRow.cache_read_input_tokens,
+    UsageTotalRow.cache_write_input_tokens,
+    UsageTotalRow.reasoning_output_tokens,
 )
-_GET_USAGE: Final = Statement(
-    select(*_USAGE_COLUMNS).where(UsageDeltaRow.session_id == p("sid")).order_by(UsageDeltaRow.seq),
-    name="sessions.get_usage",
+_GET_TOTALS: Final = Statement(
+    select(*_TOTAL_COLUMNS)
+    .where(UsageTotalRow.session_id == p("sid"))
+    .order_by(UsageTotalRow.ordinal),
+    name="sessions.get_usage_totals",
 )
+
+
+def _put_total(dialect: Dialect) -> Any:
+    """Step 10: one ``(session, source, model)`` total, inserted or replaced (under the lock)."""
+    insert = upsert(dialect, UsageTotalRow).values(
+        session_id=p("sid"),
+        source=p("source"),
+        model=p("model"),
+        ordinal=p("ordinal"),
+        input_tokens=p("input"),
+        output_tokens=p("output"),
+        cache_read_input_tokens=p("cache_read"),
+        cache_write_input_tokens=p("cache_write"),
+        reasoning_output_tokens=p("reasoning"),
+    )
+    new = insert.excluded
+    return insert.on_conflict_do_update(
+        index_elements=[UsageTotalRow.session_id, UsageTotalRow.source, UsageTotalRow.model],
+        set_={
+            UsageTotalRow.input_tokens: new.input_tokens,
+            UsageTotalRow.output_tokens: new.output_tokens,
+            UsageTotalRow.cache_read_input_tokens: new.cache_read_input_tokens,
+            UsageTotalRow.cache_write_input_tokens: new.cache_write_input_tokens,
+            UsageTotalRow.reasoning_output_tokens: new.reasoning_output_tokens,
+        },
+    )
+
+
+_PUT_TOTAL: Final = Statement(_put_total, name="sessions.put_usage_total")
 # A node id already in the session inserts nothing and returns no row.
 _PUT_NODE: Final = Statement(
     lambda d: (
@@ -426,6 +460,51 @@ def _active_path() -> Any:
 #: ``UNION ALL``) ends a cycle. The rows (seq, node id, parent id, node JSON)
 #: come unordered; the caller orders them by following the parents.
 ACTIVE_PATH: Final = Statement(_active_path(), name="sessions.active_path")
+
+
+def _active_path_tail() -> Any:
+    nodes = aliased(GraphNodeRow, name="g")
+    path = (
+        select(
+            GraphNodeRow.seq,
+            GraphNodeRow.node_id,
+            GraphNodeRow.parent_node_id,
+            GraphNodeRow.node_json,
+            cast(literal(1, BIGINT), BIGINT).label("depth"),
+        )
+        .where(
+            GraphNodeRow.session_id == p("sid"),
+            GraphNodeRow.node_id == p("leaf"),
+            GraphNodeRow.tombstoned == 0,
+        )
+        .cte("tail", recursive=True)
+    )
+    step = (
+        select(
+            nodes.seq,
+            nodes.node_id,
+            nodes.parent_node_id,
+            nodes.node_json,
+            cast(path.c.depth + 1, BIGINT),
+        )
+        .select_from(
+            path.join(
+                nodes,
+                and_(nodes.session_id == p("sid"), nodes.node_id == path.c.parent_node_id),
+            )
+        )
+        .where(nodes.tombstoned == 0, path.c.depth < p("n", type_=BIGINT))
+    )
+    path = path.union_all(step)
+    return select(path.c.seq, path.c.node_id, path.c.parent_node_id, path.c.node_json)
+
+
+#: The last ``:n`` (``>= 1``) nodes of the active path: the walk of
+#: :data:`ACTIVE_PATH` with a depth counter that stops it after ``:n`` rows,
+#: so it costs ``:n`` index lookups however long the path is. ``UNION ALL``
+#: (the depth makes every row distinct); a cycle shorter than ``:n`` repeats
+#: node ids, which the caller's ordering walk reports as corrupt.
+ACTIVE_PATH_TAIL: Final = Statement(_active_path_tail(), name="sessions.active_path_tail")
 _PENDING_ACTIVE: Final = Statement(
     select(PendingTurnInputRow.input_id, PendingTurnInputRow.ingress_json)
     .where(
@@ -514,6 +593,8 @@ _USAGE_FIELDS: Final = (
     "cache_write_input_tokens",
     "reasoning_output_tokens",
 )
+#: The bind names of the counters in ``_PUT_USAGE`` and ``_PUT_TOTAL``, in ``_USAGE_FIELDS`` order.
+_TOTAL_PARAMS: Final = ("input", "output", "cache_read", "cache_write", "reasoning")
 
 # Rows already warned about (log once per row: docs/decisions.md#corrupt-data-fails-loudly),
 # bounded.
@@ -648,13 +729,71 @@ def _decode_node(
     try:
         if not isinstance(raw, str):
             raise TypeError(f"{type(raw).__name__} instead of text")
-        node = SessionNodeRecord.model_validate(loads(raw))
-        if node.node_id != node_id:
-            raise ValueError(f"node_json names node {node.node_id!r}")
-        return node
-    except (ValueError, TypeError, ValidationError) as exc:
+        return _stored_node(loads(raw), node_id)
+    except (ValueError, TypeError) as exc:
         _warn_once("graph_nodes", session_id, f"{node_id} (seq {seq})", str(exc))
         return None
+
+
+def _counters(usage: TokenUsage) -> tuple[int, ...]:
+    return tuple(getattr(usage, name) for name in _USAGE_FIELDS)
+
+
+def _read_totals(db: Driver, session_id: str) -> list[tuple[int, UsageLedgerEntry]]:
+    """The session's ledger totals by ordinal, as ``(ordinal, entry)``.
+
+    Raises:
+        SessionCorrupt: a stored total does not decode (a non-text key, a
+            counter or ordinal that is not an integer in ``0..2**63-1``).
+    """
+    out = []
+    for row in db.execute(_GET_TOTALS, {"sid": session_id}).fetchall():
+        source, model, *numbers = row
+        key = f"{session_id}/{source}/{model}"
+        for column, value in (("source", source), ("model", model)):
+            if type(value) is not str:
+                raise SessionCorrupt("session_usage_totals", key, column, repr(value))
+        for column, value in zip(("ordinal", *_USAGE_FIELDS), numbers, strict=True):
+            if type(value) is not int or not 0 <= value <= MAX_I64:
+                raise SessionCorrupt("session_usage_totals", key, column, repr(value))
+        usage = TokenUsage.model_construct(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True)))
+        entry = UsageLedgerEntry.model_construct(source=source, model=model, usage=usage)
+        out.append((numbers[0], entry))
+    return out
+
+
+_NODE_FIELDS: Final = frozenset(SessionNodeRecord.model_fields)
+
+
+def _stored_node(data: object, node_id: object) -> SessionNodeRecord:
+    """A decoded ``node_json`` as a node, without pydantic validation of its payload.
+
+    The row was validated and canonically encoded by the commit, and its
+    payload is the JSON value the strict decoder returned, which is what
+    validation would keep; so only the structure is checked, the checks
+    ``SessionNodeRecord`` validation would make: an object of known fields,
+    ``node_id`` the row's, ``parent_node_id`` text or null, ``timestamp`` an
+    integer in ``0..2**63-1``.
+
+    Raises:
+        TypeError, ValueError: the structure is not a node's.
+    """
+    if type(data) is not dict:
+        raise TypeError(f"node_json is {type(data).__name__}, not an object")
+    if not data.keys() <= _NODE_FIELDS:
+        raise ValueError(f"node_json has unknown fields {sorted(data.keys() - _NODE_FIELDS)}")
+    stored_id = data.get("node_id")
+    if type(stored_id) is not str or stored_id != node_id:
+        raise ValueError(f"node_json names node {stored_id!r}")
+    parent = data.get("parent_node_id")
+    if parent is not None and type(parent) is not str:
+        raise TypeError(f"parent_node_id is {type(parent).__name__}, not text")
+    timestamp = data.get("timestamp", 0)
+    if type(timestamp) is not int or not 0 <= timestamp <= MAX_I64:
+        raise ValueError(f"timestamp {timestamp!r} is not an integer in 0..2**63-1")
+    return SessionNodeRecord.model_construct(
+        node_id=stored_id, parent_node_id=parent, timestamp=timestamp, payload=data.get("payload")
+    )
 
 
 def _check_count(sid: str, value: object) -> int:
@@ -813,6 +952,8 @@ class SessionCommitRepository:
                     "reasoning": u.reasoning_output_tokens,
                 },
             )
+        if commit.usage_deltas:
+            self._add_to_totals(commit)
 
         # 11. Graph delta.
         if prepared.replace:
@@ -902,6 +1043,52 @@ class SessionCommitRepository:
         self._release(commit)
         return result
 
+    def _add_to_totals(self, commit: RuntimeCommit) -> None:
+        """Step 10b: add the commit's usage to the session's ledger totals.
+
+        The totals are read and rewritten under the session's write lock, so
+        concurrent committers serialize and no delta is lost. The merge is
+        :func:`merge_token_ledger`'s: a delta whose ``usage.total()`` is 0 adds
+        nothing; a new ``(source, model)`` pair gets the next ordinal.
+
+        Raises:
+            InvalidInput: a total counter would pass ``2**63-1``.
+            SessionCorrupt: a stored total does not decode.
+        """
+        db, sid = self._db, commit.session_id
+        totals = {(e.source, e.model): (ordinal, e.usage) for ordinal, e in _read_totals(db, sid)}
+        sums = {key: [ordinal, *_counters(usage)] for key, (ordinal, usage) in totals.items()}
+        next_ordinal = max((o for o, _ in totals.values()), default=-1) + 1
+        changed: dict[tuple[str, str], list[int]] = {}
+        for i, delta in enumerate(commit.usage_deltas):
+            if delta.usage.total() == 0:
+                continue
+            key = (delta.source, delta.model)
+            row = sums.get(key)
+            if row is None:
+                row = sums[key] = [next_ordinal, 0, 0, 0, 0, 0]
+                next_ordinal += 1
+            added = zip(_USAGE_FIELDS, _counters(delta.usage), strict=True)
+            for j, (name, value) in enumerate(added):
+                row[j + 1] += value
+                if row[j + 1] > MAX_I64:
+                    raise InvalidInput(
+                        f"commit.usage_deltas[{i}].usage.{name}",
+                        "the session's ledger total would exceed 2**63-1",
+                    )
+            changed[key] = row
+        for (source, model), (ordinal, *counts) in changed.items():
+            db.execute(
+                _PUT_TOTAL,
+                {
+                    "sid": sid,
+                    "source": source,
+                    "model": model,
+                    "ordinal": ordinal,
+                    **dict(zip(_TOTAL_PARAMS, counts, strict=True)),
+                },
+            )
+
     def _release(self, commit: RuntimeCommit) -> None:
         """The fenced lease release of steps 3c and 21 (a mismatch is a silent no-op)."""
         completion = commit.release_session_execution_lease
@@ -956,7 +1143,7 @@ class SessionCommitRepository:
                 a merged ledger counter above ``2**63-1``.
         """
         check_id(session_id, "session_id")
-        if not isinstance(scope, FullGraphScope | ActivePathScope):
+        if not isinstance(scope, FullGraphScope | ActivePathScope | HeadScope):
             raise InvalidInput("scope", f"expected a load scope, got {type(scope).__name__}")
         db = self._db
         row = db.execute(_GET_HEAD, {"sid": session_id}).fetchone()
@@ -983,9 +1170,11 @@ class SessionCommitRepository:
             if not isinstance(value, str) and not (value is None and column != "checkpoint_ref"):
                 raise SessionCorrupt("session_head", session_id, column, repr(value))
 
-        if isinstance(scope, ActivePathScope):
+        if isinstance(scope, HeadScope):
+            leaf, nodes = head_leaf, []
+        elif isinstance(scope, ActivePathScope):
             leaf = scope.leaf_node_id if scope.leaf_node_id is not None else head_leaf
-            nodes = self._active_path(session_id, leaf)
+            nodes = self._active_path(session_id, leaf, scope.tail)
         else:
             leaf = head_leaf
             nodes = [
@@ -1003,7 +1192,7 @@ class SessionCommitRepository:
             graph=SessionGraph(nodes=tuple(nodes), leaf_node_id=leaf),
             checkpoint_ref=checkpoint_ref,
             checkpoint=checkpoint,
-            token_ledger=merge_token_ledger(self._usage(session_id), session_id=session_id),
+            token_ledger=tuple(entry for _, entry in _read_totals(db, session_id)),
         )
 
     @staticmethod
@@ -1015,11 +1204,21 @@ class SessionCommitRepository:
         except (ValueError, TypeError) as exc:
             raise SessionCorrupt("session_head", session_id, column, str(exc)) from None
 
-    def _active_path(self, session_id: str, leaf: str | None) -> list[SessionNodeRecord]:
-        """The live path root-first to ``leaf`` (one recursive query, ordered here)."""
-        if leaf is None:
+    def _active_path(
+        self, session_id: str, leaf: str | None, tail: int | None = None
+    ) -> list[SessionNodeRecord]:
+        """The live path root-first to ``leaf``, or its last ``tail`` nodes.
+
+        One recursive query (:data:`ACTIVE_PATH`, or :data:`ACTIVE_PATH_TAIL`
+        bounded by ``tail``), ordered here by following the parents.
+        """
+        if leaf is None or tail == 0:
             return []
-        rows = self._db.execute(ACTIVE_PATH, {"sid": session_id, "leaf": leaf}).fetchall()
+        if tail is None:
+            rows = self._db.execute(ACTIVE_PATH, {"sid": session_id, "leaf": leaf}).fetchall()
+        else:
+            params = {"sid": session_id, "leaf": leaf, "n": tail}
+            rows = self._db.execute(ACTIVE_PATH_TAIL, params).fetchall()
         by_id = {r[1]: r for r in rows}
         walked = []
         seen: set[str] = set()
@@ -1038,25 +1237,6 @@ class SessionCommitRepository:
             for seq, node_id, _, raw in walked
             if (node := _decode_node(session_id, seq, node_id, raw)) is not None
         ]
-
-    def _usage(self, session_id: str) -> list[UsageLedgerEntry]:
-        """The session's usage deltas by ``seq``; undecodable rows skipped (logged once)."""
-        out = []
-        for row in self._db.execute(_GET_USAGE, {"sid": session_id}).fetchall():
-            try:
-                counts = row[3:]
-                if any(type(v) is not int for v in counts):
-                    raise TypeError(f"non-integer counter in {counts!r}")
-                out.append(
-                    UsageLedgerEntry(
-                        source=row[1],
-                        model=row[2],
-                        usage=TokenUsage(**dict(zip(_USAGE_FIELDS, counts, strict=True))),
-                    )
-                )
-            except (ValueError, TypeError, ValidationError) as exc:
-                _warn_once("usage_deltas", session_id, f"seq {row[0]}", str(exc))
-        return out
 
     def load_node(self, session_id: str, node_id: str) -> SessionNodeRecord | None:
         """One live node of the session (docs/sessions.md#load_node).

@@ -4,7 +4,8 @@ The coordination half (``session_execution_leases``, ``queued_work_batches``,
 ``queued_work_items``, ``pending_turn_inputs``) is built by
 ``alembic/versions/sessions_0001_*.py``, the commit half (head, graph, usage,
 turn commits, attachments, blobs, artifact refs, metadata) by
-``sessions_0002_*.py``; the drift check keeps models and migrations equal.
+``sessions_0002_*.py``, the ledger totals (``session_usage_totals``) by
+``sessions_0004_*.py``; the drift check keeps models and migrations equal.
 Every table but the content-addressed ``blobs`` and ``artifact_refs`` is keyed
 by ``session_id``, so one database (and one Postgres server) holds many
 sessions (docs/decisions.md#many-sessions-per-database). The columns are
@@ -41,6 +42,7 @@ __all__ = [
     "SessionLeaseRow",
     "SessionMetaRow",
     "UsageDeltaRow",
+    "UsageTotalRow",
 ]
 
 _ZERO = text("0")
@@ -211,6 +213,28 @@ class UsageDeltaRow(Base):
         Index("ix_usage_deltas_session_seq", "session_id", "seq"),
         {"sqlite_autoincrement": True},
     )
+
+
+class UsageTotalRow(Base):
+    """The merged ledger of a session: one row per ``(source, model)``, kept by the commit.
+
+    Each commit adds its usage deltas (those with a non-zero total) to these
+    counters under the session's write lock, so a load reads the totals
+    instead of re-summing ``usage_deltas``. ``ordinal`` is the pair's rank of
+    first appearance in the session (0, 1, ...): the ledger's order.
+    """
+
+    __tablename__ = "session_usage_totals"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    source: Mapped[str] = mapped_column(Text, primary_key=True)
+    model: Mapped[str] = mapped_column(Text, primary_key=True)
+    ordinal: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    cache_read_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    cache_write_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    reasoning_output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
 
 
 class RuntimeTurnCommitRow(Base):
