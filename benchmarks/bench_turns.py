@@ -310,36 +310,22 @@ def growth(
 # The 1,000-node load vs raw sqlite3
 
 
-def raw_path_load(conn: sqlite3.Connection, sid: str) -> Callable[[], object]:
-    """Head, active path (the store's recursive query), manifest; json.loads of each node."""
-    head_q, path_q, blob_q = (sqlite_form(s) for s in (K._GET_HEAD, K.ACTIVE_PATH, C._GET))
+def raw_load(conn: sqlite3.Connection, sid: str, *, path: bool) -> Callable[[], object]:
+    """Head, the active path (the store's recursive query) or every live node by seq,
+    the manifest; ``json.loads`` of each node: the SQL of the store's load, and plain JSON."""
+    nodes = K.ACTIVE_PATH if path else K._FULL_GRAPH
+    head_q, nodes_q, blob_q = (sqlite_form(s) for s in (K._GET_HEAD, nodes, C._GET))
 
     def load() -> object:
         conn.execute("BEGIN")
         head = conn.execute(head_q.sql, head_q.bind({"sid": sid})).fetchone()
-        rows = conn.execute(path_q.sql, path_q.bind({"sid": sid, "leaf": head[2]})).fetchall()
-        nodes = [json.loads(r[3]) for r in rows]
+        params = {"sid": sid, "leaf": head[2]} if path else {"sid": sid}
+        rows = conn.execute(nodes_q.sql, nodes_q.bind(params)).fetchall()
+        loaded = [json.loads(r[-1]) for r in rows]
         blob = conn.execute(blob_q.sql, blob_q.bind({"hash": head[3]})).fetchone()
         json.loads(bytes(blob[2]))
         conn.commit()
-        return nodes
-
-    return load
-
-
-def raw_graph_load(conn: sqlite3.Connection, sid: str) -> Callable[[], object]:
-    """Head, every live node by seq, manifest; json.loads of each node."""
-    head_q, graph_q, blob_q = (sqlite_form(s) for s in (K._GET_HEAD, K._FULL_GRAPH, C._GET))
-
-    def load() -> object:
-        conn.execute("BEGIN")
-        head = conn.execute(head_q.sql, head_q.bind({"sid": sid})).fetchone()
-        rows = conn.execute(graph_q.sql, graph_q.bind({"sid": sid})).fetchall()
-        nodes = [json.loads(r[2]) for r in rows]
-        blob = conn.execute(blob_q.sql, blob_q.bind({"hash": head[3]})).fetchone()
-        json.loads(bytes(blob[2]))
-        conn.commit()
-        return nodes
+        return loaded
 
     return load
 
@@ -355,8 +341,8 @@ def bench_path_load(tmp: Path, n: int, rounds: int) -> list[str]:
     lines = ["1,002-node active path on SQLite: store load vs raw sqlite3 (fetch + json.loads)"]
     try:
         for name, scope, raw in (
-            ("load_session(ActivePathScope())", ActivePathScope(), raw_path_load(conn, sid)),
-            ("load_session(FullGraphScope())", FullGraphScope(), raw_graph_load(conn, sid)),
+            ("load_session(ActivePathScope())", ActivePathScope(), raw_load(conn, sid, path=True)),
+            ("load_session(FullGraphScope())", FullGraphScope(), raw_load(conn, sid, path=False)),
         ):
             read = store.commits.load_session(sid, scope)
             assert read is not None and len(read.graph.nodes) == 1002

@@ -34,12 +34,22 @@ Choices where the original store was open
   stored bytes round-trip. The placeholder check counts such a history as
   absent (docs/runtime.md#placeholder-sessions); every guard refuses it (see
   :mod:`agentkeep.runtime.guards`). An explicit ``null`` history is absent.
+* :func:`decode_session` keeps its recent results in a bounded cache keyed by
+  the exact snapshot bytes (:class:`DecodedSessionCache`): a boundary's
+  incoming snapshot is the next boundary's stored head, so the store decodes
+  each snapshot once (docs/runtime.md#decoded-snapshot-cache). A decoded
+  :class:`Session` is frozen; its two parts that hold opaque JSON
+  (``extra_metadata``, ``malformed_history.value``) are deep-copied on every
+  cache hit, so no caller ever holds the cached value's mutable parts.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
@@ -71,6 +81,7 @@ __all__ = [
     "canonical_uuid",
     "check_version",
     "commit_fingerprint",
+    "DecodedSessionCache",
     "decode_session",
     "load_object",
     "logical_runtime_id_for_session",
@@ -531,13 +542,89 @@ def _decode_history(value: JsonValue) -> TranscriptHistory:
     return history
 
 
+class DecodedSessionCache:
+    """A bounded, thread-safe map from snapshot bytes to their decoded :class:`Session`.
+
+    The key is the bytes themselves (a dict lookup: their hash, then an exact
+    comparison), so a changed snapshot — one byte differs — is never served
+    another's session. Only successful decodes are kept; a snapshot that
+    fails is decoded (and fails) again every time. At most ``max_entries``
+    sessions are kept, least recently used out first; snapshots longer than
+    ``max_bytes`` are not kept.
+    """
+
+    def __init__(self, max_entries: int = 64, max_bytes: int = 4 << 20) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[bytes, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, data: bytes) -> Session | None:
+        """The session cached for exactly ``data``, or None (the entry becomes the newest)."""
+        with self._lock:
+            session = self._entries.get(data)
+            if session is not None:
+                self._entries.move_to_end(data)
+            return session
+
+    def put(self, data: bytes, session: Session) -> None:
+        """Keep ``session`` as the decode of ``data`` (unless ``data`` is too long)."""
+        if len(data) > self.max_bytes or self.max_entries <= 0:
+            return
+        with self._lock:
+            self._entries[data] = session
+            self._entries.move_to_end(data)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: The cache :func:`decode_session` uses.
+DECODED_SESSIONS: Final = DecodedSessionCache()
+
+
+def _handed_out(session: Session) -> Session:
+    """``session`` as a caller may hold it: its opaque JSON parts copied, the rest shared."""
+    malformed = session.malformed_history
+    if not session.extra_metadata and malformed is None:
+        return session  # frozen all the way down: shared as is
+    return session.model_copy(
+        update={
+            "extra_metadata": copy.deepcopy(session.extra_metadata),
+            "malformed_history": None
+            if malformed is None
+            else malformed.model_copy(update={"value": copy.deepcopy(malformed.value)}),
+        }
+    )
+
+
 def decode_session(data: bytes) -> Session:
     """Decode reference session bytes: a strict envelope, a tolerated malformed history.
+
+    The result of ``bytes`` input is cached (:data:`DECODED_SESSIONS`): the
+    same bytes decode once; a hit is equal to a fresh decode.
 
     Raises:
         DecodeProblem: the bytes, version, id, messages, metadata object or
             compaction intents do not decode.
     """
+    if type(data) is not bytes:
+        return _decode_session(data)
+    session = DECODED_SESSIONS.get(data)
+    if session is None:
+        session = _decode_session(data)
+        DECODED_SESSIONS.put(data, session)
+    return _handed_out(session)
+
+
+def _decode_session(data: bytes) -> Session:
     obj = load_object(data, "session")
     if "version" not in obj:
         raise DecodeProblem("missing session version (unversioned v0 session rows are not read)")

@@ -424,24 +424,28 @@ _GET_NODE: Final = Statement(
 )
 
 
-def _active_path() -> Any:
+def _path_walk(*, bounded: bool) -> Any:
+    """The recursive walk from ``:leaf`` up the parents; ``bounded``: at most ``:n`` rows."""
     nodes = aliased(GraphNodeRow, name="g")
+    walked = (GraphNodeRow.seq, GraphNodeRow.node_id, GraphNodeRow.parent_node_id)
+    depth = (cast(literal(1, BIGINT), BIGINT).label("depth"),) if bounded else ()
     path = (
-        select(
-            GraphNodeRow.seq,
-            GraphNodeRow.node_id,
-            GraphNodeRow.parent_node_id,
-            GraphNodeRow.node_json,
-        )
+        select(*walked, GraphNodeRow.node_json, *depth)
         .where(
             GraphNodeRow.session_id == p("sid"),
             GraphNodeRow.node_id == p("leaf"),
             GraphNodeRow.tombstoned == 0,
         )
-        .cte("path", recursive=True)
+        .cte("tail" if bounded else "path", recursive=True)
     )
     step = (
-        select(nodes.seq, nodes.node_id, nodes.parent_node_id, nodes.node_json)
+        select(
+            nodes.seq,
+            nodes.node_id,
+            nodes.parent_node_id,
+            nodes.node_json,
+            *((cast(path.c.depth + 1, BIGINT),) if bounded else ()),
+        )
         .select_from(
             path.join(
                 nodes,
@@ -450,7 +454,10 @@ def _active_path() -> Any:
         )
         .where(nodes.tombstoned == 0)
     )
-    path = path.union(step)
+    if bounded:
+        path = path.union_all(step.where(path.c.depth < p("n", type_=BIGINT)))
+    else:
+        path = path.union(step)
     return select(path.c.seq, path.c.node_id, path.c.parent_node_id, path.c.node_json)
 
 
@@ -459,44 +466,7 @@ def _active_path() -> Any:
 #: lookup on the unique index ``(session_id, node_id)``; ``UNION`` (not
 #: ``UNION ALL``) ends a cycle. The rows (seq, node id, parent id, node JSON)
 #: come unordered; the caller orders them by following the parents.
-ACTIVE_PATH: Final = Statement(_active_path(), name="sessions.active_path")
-
-
-def _active_path_tail() -> Any:
-    nodes = aliased(GraphNodeRow, name="g")
-    path = (
-        select(
-            GraphNodeRow.seq,
-            GraphNodeRow.node_id,
-            GraphNodeRow.parent_node_id,
-            GraphNodeRow.node_json,
-            cast(literal(1, BIGINT), BIGINT).label("depth"),
-        )
-        .where(
-            GraphNodeRow.session_id == p("sid"),
-            GraphNodeRow.node_id == p("leaf"),
-            GraphNodeRow.tombstoned == 0,
-        )
-        .cte("tail", recursive=True)
-    )
-    step = (
-        select(
-            nodes.seq,
-            nodes.node_id,
-            nodes.parent_node_id,
-            nodes.node_json,
-            cast(path.c.depth + 1, BIGINT),
-        )
-        .select_from(
-            path.join(
-                nodes,
-                and_(nodes.session_id == p("sid"), nodes.node_id == path.c.parent_node_id),
-            )
-        )
-        .where(nodes.tombstoned == 0, path.c.depth < p("n", type_=BIGINT))
-    )
-    path = path.union_all(step)
-    return select(path.c.seq, path.c.node_id, path.c.parent_node_id, path.c.node_json)
+ACTIVE_PATH: Final = Statement(_path_walk(bounded=False), name="sessions.active_path")
 
 
 #: The last ``:n`` (``>= 1``) nodes of the active path: the walk of
@@ -504,7 +474,7 @@ def _active_path_tail() -> Any:
 #: so it costs ``:n`` index lookups however long the path is. ``UNION ALL``
 #: (the depth makes every row distinct); a cycle shorter than ``:n`` repeats
 #: node ids, which the caller's ordering walk reports as corrupt.
-ACTIVE_PATH_TAIL: Final = Statement(_active_path_tail(), name="sessions.active_path_tail")
+ACTIVE_PATH_TAIL: Final = Statement(_path_walk(bounded=True), name="sessions.active_path_tail")
 _PENDING_ACTIVE: Final = Statement(
     select(PendingTurnInputRow.input_id, PendingTurnInputRow.ingress_json)
     .where(

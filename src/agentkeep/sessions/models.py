@@ -194,7 +194,17 @@ class GraphNodeRow(Base):
     )
 
 
-class UsageDeltaRow(Base):
+class _UsageCounters:
+    """The five token counters of a usage row (``TokenUsage``'s fields), ``0..2**63-1``."""
+
+    input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    cache_read_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    cache_write_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    reasoning_output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+
+
+class UsageDeltaRow(Base, _UsageCounters):
     """Append-only token usage ledger of a session."""
 
     __tablename__ = "usage_deltas"
@@ -203,11 +213,6 @@ class UsageDeltaRow(Base):
     session_id: Mapped[str] = mapped_column(Text, nullable=False)
     source: Mapped[str] = mapped_column(Text, nullable=False)
     model: Mapped[str] = mapped_column(Text, nullable=False)
-    input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    cache_read_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    cache_write_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    reasoning_output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
 
     __table_args__ = (
         Index("ix_usage_deltas_session_seq", "session_id", "seq"),
@@ -215,7 +220,7 @@ class UsageDeltaRow(Base):
     )
 
 
-class UsageTotalRow(Base):
+class UsageTotalRow(Base, _UsageCounters):
     """The merged ledger of a session: one row per ``(source, model)``, kept by the commit.
 
     Each commit adds its usage deltas (those with a non-zero total) to these
@@ -230,11 +235,6 @@ class UsageTotalRow(Base):
     source: Mapped[str] = mapped_column(Text, primary_key=True)
     model: Mapped[str] = mapped_column(Text, primary_key=True)
     ordinal: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    cache_read_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    cache_write_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    reasoning_output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
 
 
 class RuntimeTurnCommitRow(Base):
