@@ -8,6 +8,9 @@
   served from the cache; a failing decode is not cached.
 * The cache is bounded (least recently used out) and skips long snapshots.
 * ``atomic_apply`` of a chain decodes each snapshot once.
+* A snapshot is parsed once: validating the parsed object (pydantic strict
+  Python mode) gives what validating the bytes gives, sessions and errors
+  alike, over a corpus of valid, malformed-history and invalid documents.
 """
 
 from __future__ import annotations
@@ -18,11 +21,24 @@ import pytest
 
 from agentkeep.errors import ReadFailed, WriteFailed
 from agentkeep.runtime import session_model as SM
-from agentkeep.runtime.session_model import DecodedSessionCache, DecodeProblem, decode_session
+from agentkeep.runtime.session_model import (
+    DecodedSessionCache,
+    DecodeProblem,
+    Message,
+    decode_session,
+)
 from agentkeep.store import Store
 from tests.support import raw_exec
 
-from .builders import encode, malformed_history_blob, receipt, session_blob, user_session
+from .builders import (
+    encode,
+    malformed_history_blob,
+    receipt,
+    session_blob,
+    session_with_compaction_intent,
+    snapshot_with_raw_intents,
+    user_session,
+)
 
 RT = "runtime-cache"
 
@@ -82,6 +98,13 @@ def test_the_cache_is_bounded_least_recently_used_out() -> None:
     cache.put(b"x" * 10_001, a)  # longer than max_bytes: not kept
     assert cache.get(b"x" * 10_001) is None and len(cache) == 2
 
+    budget = DecodedSessionCache(max_entries=10, max_bytes=100, max_total_bytes=250)
+    for key in (b"1" * 100, b"2" * 100, b"3" * 100):  # the third passes the total: 1 out
+        budget.put(key, a)
+    assert budget.get(b"1" * 100) is None and len(budget) == 2
+    budget.put(b"2" * 100, b)  # replacing an entry does not count its bytes twice
+    assert len(budget) == 2 and budget.get(b"3" * 100) is a and budget.get(b"2" * 100) is b
+
 
 def test_a_changed_stored_head_is_never_served_from_the_cache(store: Store, db_url: str) -> None:
     base = user_session("one")
@@ -139,3 +162,60 @@ def test_a_chain_of_boundaries_decodes_each_snapshot_once(
     for i, data in enumerate(chain):
         store.runtime.atomic_apply(RT, data, receipt(i))
     assert decoded == chain  # the stored head of call i+1 is call i's snapshot: a hit
+
+
+# --------------------------------------------------------------------------
+# One parse per document: the parsed object is validated, not the bytes again
+
+
+def _corpus() -> list[bytes]:
+    compacted, intent = session_with_compaction_intent()
+    rewritten, _ = user_session("a", "b", "c").rewrite(
+        1, 2, [Message(role="notice", content="n")], actor="me"
+    )
+    with_meta = compacted.to_json()
+    with_meta["metadata"]["opaque"] = {"x": [1, 2.5, None, True, "é"]}
+    docs = [
+        encode(user_session()),
+        encode(user_session("a", "b")),
+        encode(compacted),
+        encode(rewritten),
+        session_blob(with_meta),
+        malformed_history_blob(user_session("a")),
+        malformed_history_blob(rewritten, history={"head": "h", "commits": [], "revisions": []}),
+        malformed_history_blob(rewritten, history={"head": 1, "commits": [{}], "revisions": []}),
+        snapshot_with_raw_intents(compacted, [intent]),
+    ]
+    for bad in (
+        {"version": 2, "id": compacted.id, "messages": [], "metadata": {}, "extra": 1},
+        {"version": 2, "id": compacted.id, "messages": [{"role": "bot", "content": "x"}]},
+        {"version": 2, "id": compacted.id, "messages": "no", "metadata": {}},
+        {"version": 2, "id": 5, "messages": [], "metadata": {}},
+        {"version": 2, "id": compacted.id, "messages": [], "metadata": []},
+        {"version": 2, "id": compacted.id, "messages": [], "metadata": {"compaction_intents": 1}},
+    ):
+        docs.append(session_blob(bad))
+    docs.append(snapshot_with_raw_intents(compacted, [{"projection": {}, "summary_tokens": True}]))
+    return docs
+
+
+def _outcome(data: bytes) -> object:
+    try:
+        return SM._decode_session(data)
+    except DecodeProblem as exc:
+        return ("DecodeProblem", str(exc))
+
+
+def test_validating_the_parsed_object_equals_validating_the_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docs = _corpus()
+    fast = [_outcome(d) for d in docs]
+    monkeypatch.setattr(SM, "_wire_from", lambda obj: None)
+    monkeypatch.setattr(SM, "_history_from", lambda value: None)
+    slow = [_outcome(d) for d in docs]
+    assert fast == slow
+    decoded = [o for o in fast if isinstance(o, SM.Session)]
+    assert len(decoded) == 9 and any(s.history is not None for s in decoded)
+    assert any(s.malformed_history is not None for s in decoded)
+    assert any(s.compaction_intents for s in decoded)
