@@ -411,6 +411,9 @@ def main() -> None:
     parser.add_argument("--lengths", default=None, help="comma-separated session lengths")
     parser.add_argument("--window", type=int, default=50, help="timed turns at each length")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument(
+        "--no-growth", action="store_true", help="only the 1,000-node load and atomic_apply"
+    )
     parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432")
     parser.add_argument("--n", type=int, default=50, help="calls per round (load, apply)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -423,15 +426,17 @@ def main() -> None:
     out: list[str] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        with sqlite_saver(tmp / "langgraph.db") as lg:
-            out += growth("SQLite", f"sqlite:///{tmp / 'agentkeep.db'}", lg, lengths, args.window)
-        if not args.no_postgres:
+        if not args.no_growth:
+            with sqlite_saver(tmp / "langgraph.db") as lg:
+                ak = f"sqlite:///{tmp / 'agentkeep.db'}"
+                out += growth("SQLite", ak, lg, lengths, args.window) + [""]
+        if not args.no_postgres and not args.no_growth:
             names = ["agentkeep_bench_turns_ak", "agentkeep_bench_turns_lg"]
             with scratch_databases(args.pg_url, names) as (ak, lg_url):
                 with postgres_saver(lg_url) as lg:
                     ak_url = ak.replace("postgresql://", "postgresql+psycopg://", 1)
-                    out += [""] + growth("Postgres", ak_url, lg, lengths, args.window)
-        out += [""] + bench_path_load(tmp, args.n, args.rounds)
+                    out += growth("Postgres", ak_url, lg, lengths, args.window) + [""]
+        out += bench_path_load(tmp, args.n, args.rounds)
         out += [""] + bench_atomic_apply(tmp, args.n, args.rounds)
     print()
     print("\n".join(out))

@@ -40,7 +40,10 @@ numbers below are the ones the code's comments use):
    compared counts: docs/decisions.md#strict-claim-completion), is
    :class:`~agentkeep.errors.QueuedWorkClaimSuperseded`;
 8. the same for turn-input claims (:class:`~agentkeep.errors.TurnInputClaimSuperseded`);
-9. the checkpoint's blobs and manifest; 10. the usage deltas, in order;
+9. the checkpoint's blobs and manifest; 10. the usage deltas, in order,
+    then the session's ledger totals (``session_usage_totals``: read, summed
+    here, changed pairs upserted; a total past ``2**63-1`` is
+    :class:`~agentkeep.errors.InvalidInput`);
 11. the graph delta (``Unchanged`` / ``Append`` / ``ReplaceFull``, scoped to
     the session); a node id that exists already in the session, or twice in
     the delta, is :class:`NodeAlreadyExists` (defined here; the original store
@@ -114,17 +117,26 @@ Choices where the original store was open (docs/decisions.md#session-store):
   (docs/decisions.md#corrupt-data-fails-loudly) with
   :class:`~agentkeep.errors.SessionCorrupt` naming table, key and column: the
   head row (schema version, config, frames), a stored turn-commit result, a
-  checkpoint manifest, an ingress read by step 16, session metadata. The
-  original store's silent skips are kept only for graph nodes and usage
-  deltas, with a warning logged once per row; a SQL failure is never read as
-  an empty graph.
+  checkpoint manifest, an ingress read by step 16, session metadata, a
+  ledger total. The original store's silent skips are kept only for graph
+  nodes, with a warning logged once per row; a SQL failure is never read as
+  an empty graph. Stored nodes are decoded by the strict JSON parser and the
+  structural checks validation would make, not by per-node pydantic
+  validation (the commit validated them): see :func:`_stored_node`.
 * The active path is one recursive CTE over the ``parent_node_id`` column,
   each step an index lookup on ``(session_id, node_id)``: its cost follows
   the path, not the graph. It stops at a missing or tombstoned ancestor; a
   cycle of parent ids (only corrupt data can make one) is ``SessionCorrupt``
   (docs/decisions.md#active-path-is-one-recursive-query).
-* A merged ledger counter above ``2**63-1`` is ``SessionCorrupt`` (the newer
-  upstream's checked addition), not a silently wrapped value.
+* The ledger is kept by the commit in ``session_usage_totals`` (one row per
+  ``(source, model)``, under the write lock), so a load reads it instead of
+  re-summing ``usage_deltas``; a total that would pass ``2**63-1`` refuses
+  the commit (the newer upstream's checked addition, moved to the write),
+  never a silently wrapped value
+  (docs/decisions.md#resume-reads-do-not-grow-with-the-session).
+* ``HeadScope`` reads no graph node and ``ActivePathScope(tail=N)`` at most
+  ``N`` (:data:`ACTIVE_PATH_TAIL`): resume reads whose cost does not grow
+  with the session.
 * ``save_session_meta`` raises its errors (typed) instead of swallowing them,
   and ``load_session_meta`` returns None only for a missing row; the original
   store swallowed both (docs/decisions.md#session-metadata-errors-are-raised).
@@ -1140,20 +1152,24 @@ class SessionCommitRepository:
                 :class:`ActivePathScope` (the path root-first to the given
                 leaf, default the head's; empty when there is no leaf or the
                 leaf is missing or tombstoned; the walk stops at the first
-                missing or tombstoned ancestor). The graph's ``leaf_node_id``
-                is the effective leaf even if no such node exists.
+                missing or tombstoned ancestor; ``tail=N``: its last ``N``
+                nodes, read by a walk of at most ``N`` steps, ``tail=0`` no
+                node) or :class:`HeadScope` (no node: the head, checkpoint
+                and ledger only). The graph's ``leaf_node_id`` is the
+                effective leaf even if no such node exists.
 
         Returns:
             The session, or None if it has no head. A missing checkpoint
             manifest blob gives ``checkpoint=None`` (``checkpoint_ref`` is
-            still reported); undecodable graph nodes and usage rows are
-            skipped (a warning is logged once per row).
+            still reported); undecodable graph nodes are skipped (a warning
+            is logged once per row). The token ledger is the totals the
+            commits kept.
 
         Raises:
             InvalidInput: blank session id or an unknown scope.
             SessionCorrupt: the head row, the checkpoint manifest or a present
-                component blob does not decode; a parent-id cycle on the path;
-                a merged ledger counter above ``2**63-1``.
+                component blob does not decode; a parent-id cycle on the path
+                (within the tail read); a ledger total does not decode.
         """
         check_id(session_id, "session_id")
         if not isinstance(scope, FullGraphScope | ActivePathScope | HeadScope):
