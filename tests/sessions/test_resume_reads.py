@@ -43,7 +43,7 @@ from agentkeep.sessions.records import (
 from agentkeep.statements import Statement
 from agentkeep.store import Store
 from tests.racing import run_threads, wait_ready
-from tests.support import execute_sql, query
+from tests.support import execute_sql, explain, query
 
 from .test_commits import SID, commit, hold, load, loaded, mk, node, usage
 
@@ -322,3 +322,33 @@ def test_a_corrupt_stored_node_is_still_caught(
         assert ids(loaded(store, scope=ActivePathScope(tail=2))) == ["c"]
         assert store.call_read(lambda r: r.commits.load_node(SID, "b")) is None
     assert [r for r in caplog.records if "graph_nodes" in r.getMessage()]
+
+
+def test_every_walk_step_is_a_unique_index_lookup_even_before_analyze(
+    store: Store, backend: str
+) -> None:
+    """A bulk of nodes not yet analyzed must not turn each step into a scan of the session."""
+    fence = hold(store)
+    commit(store, mk(fence, nodes=chain("p", 3)))
+    if backend == "postgres":
+        sql = (
+            "INSERT INTO graph_nodes (session_id, node_id, parent_node_id, node_json, tombstoned) "
+            "SELECT :s, 'f' || i, 'p0', '{}', 0 FROM generate_series(1, 20000) AS i"
+        )
+    else:
+        sql = (
+            "INSERT INTO graph_nodes (session_id, node_id, parent_node_id, node_json, tombstoned) "
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) "
+            "SELECT :s, 'f' || i, 'p0', '{}', 0 FROM n"
+        )
+    execute_sql(store, sql, s=SID)
+    unique = "uq_graph_nodes_session_id_node_id" if backend == "postgres" else "autoindex"
+    for stmt, params in (
+        (K.ACTIVE_PATH, {"sid": SID, "leaf": "p2"}),
+        (K.ACTIVE_PATH_TAIL, {"sid": SID, "leaf": "p2", "n": 2}),
+    ):
+        with store.read() as uow:
+            plan = "\n".join(" ".join(str(v) for v in r) for r in explain(uow, stmt, params))
+        assert unique in plan, plan
+        assert "tombstoned_seq" not in plan and "Seq Scan" not in plan, plan
+    assert tail(store, 2) == ["p1", "p2"]

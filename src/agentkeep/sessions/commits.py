@@ -162,6 +162,7 @@ from sqlalchemy import and_, cast, delete, func, insert, literal, null, select, 
 from sqlalchemy import bindparam as p
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import aliased
+from sqlalchemy.sql.elements import BindParameter
 
 from agentkeep.base import BIGINT
 from agentkeep.clock import Clock
@@ -324,6 +325,19 @@ _GET_TURN_COMMIT: Final = Statement(
     name="sessions.get_turn_commit",
 )
 # A plain insert: a second record of the same (session, turn) is a unique violation.
+_USAGE_FIELDS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_write_input_tokens",
+    "reasoning_output_tokens",
+)
+#: The bind names of the counters in ``_PUT_USAGE`` and ``_PUT_TOTAL``, in ``_USAGE_FIELDS`` order.
+_TOTAL_PARAMS: Final = ("input", "output", "cache_read", "cache_write", "reasoning")
+#: The counter columns bound to their parameters.
+_COUNTER_BINDS: Final[dict[str, BindParameter[Any]]] = {
+    f: p(b) for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)
+}
 _PUT_TURN_COMMIT: Final = Statement(
     insert(RuntimeTurnCommitRow)
     .inline()
@@ -341,16 +355,7 @@ _PUT_TURN_COMMIT: Final = Statement(
 _PUT_USAGE: Final = Statement(
     insert(UsageDeltaRow)
     .inline()
-    .values(
-        session_id=p("sid"),
-        source=p("source"),
-        model=p("model"),
-        input_tokens=p("input"),
-        output_tokens=p("output"),
-        cache_read_input_tokens=p("cache_read"),
-        cache_write_input_tokens=p("cache_write"),
-        reasoning_output_tokens=p("reasoning"),
-    ),
+    .values(session_id=p("sid"), source=p("source"), model=p("model"), **_COUNTER_BINDS),
     name="sessions.put_usage",
 )
 #: The ledger-total columns :func:`_read_totals` decodes: source, model,
@@ -380,22 +385,12 @@ def _put_total(dialect: Dialect) -> Any:
         source=p("source"),
         model=p("model"),
         ordinal=p("ordinal"),
-        input_tokens=p("input"),
-        output_tokens=p("output"),
-        cache_read_input_tokens=p("cache_read"),
-        cache_write_input_tokens=p("cache_write"),
-        reasoning_output_tokens=p("reasoning"),
+        **_COUNTER_BINDS,
     )
     new = insert.excluded
     return insert.on_conflict_do_update(
         index_elements=[UsageTotalRow.session_id, UsageTotalRow.source, UsageTotalRow.model],
-        set_={
-            UsageTotalRow.input_tokens: new.input_tokens,
-            UsageTotalRow.output_tokens: new.output_tokens,
-            UsageTotalRow.cache_read_input_tokens: new.cache_read_input_tokens,
-            UsageTotalRow.cache_write_input_tokens: new.cache_write_input_tokens,
-            UsageTotalRow.reasoning_output_tokens: new.reasoning_output_tokens,
-        },
+        set_={name: new[name] for name in _USAGE_FIELDS},
     )
 
 
@@ -437,8 +432,19 @@ _GET_NODE: Final = Statement(
 
 
 def _path_walk(*, bounded: bool) -> Any:
-    """The recursive walk from ``:leaf`` up the parents; ``bounded``: at most ``:n`` rows."""
+    """The recursive walk from ``:leaf`` up the parents; ``bounded``: at most ``:n`` rows.
+
+    The live-node check is ``tombstoned + 0 = 0``, an expression no index
+    serves, so every lookup can only use the unique ``(session_id, node_id)``
+    index whatever the statistics say: on a table not analyzed since a bulk
+    of inserts, Postgres otherwise took the ``(session_id, tombstoned, seq)``
+    index and scanned the whole session at every step.
+    """
     nodes = aliased(GraphNodeRow, name="g")
+
+    def live(table: Any) -> Any:
+        return table.tombstoned + 0 == 0
+
     walked = (GraphNodeRow.seq, GraphNodeRow.node_id, GraphNodeRow.parent_node_id)
     depth = (cast(literal(1, BIGINT), BIGINT).label("depth"),) if bounded else ()
     path = (
@@ -446,7 +452,7 @@ def _path_walk(*, bounded: bool) -> Any:
         .where(
             GraphNodeRow.session_id == p("sid"),
             GraphNodeRow.node_id == p("leaf"),
-            GraphNodeRow.tombstoned == 0,
+            live(GraphNodeRow),
         )
         .cte("tail" if bounded else "path", recursive=True)
     )
@@ -464,7 +470,7 @@ def _path_walk(*, bounded: bool) -> Any:
                 and_(nodes.session_id == p("sid"), nodes.node_id == path.c.parent_node_id),
             )
         )
-        .where(nodes.tombstoned == 0)
+        .where(live(nodes))
     )
     if bounded:
         path = path.union_all(step.where(path.c.depth < p("n", type_=BIGINT)))
@@ -568,15 +574,6 @@ _GET_META: Final = Statement(
 _NEXT_TURN_INGRESS: Final = encode_ingress(NextTurnIngress())
 _DEFAULT_SCOPE: Final = FullGraphScope()
 _INGRESS: Final = TypeAdapter(TurnInputIngress)
-_USAGE_FIELDS: Final = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_write_input_tokens",
-    "reasoning_output_tokens",
-)
-#: The bind names of the counters in ``_PUT_USAGE`` and ``_PUT_TOTAL``, in ``_USAGE_FIELDS`` order.
-_TOTAL_PARAMS: Final = ("input", "output", "cache_read", "cache_write", "reasoning")
 
 # Rows already warned about (log once per row: docs/decisions.md#corrupt-data-fails-loudly),
 # bounded.
