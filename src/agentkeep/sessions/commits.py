@@ -435,10 +435,11 @@ def _path_walk(*, bounded: bool) -> Any:
     """The recursive walk from ``:leaf`` up the parents; ``bounded``: at most ``:n`` rows.
 
     The live-node check is ``tombstoned + 0 = 0``, an expression no index
-    serves, so every lookup can only use the unique ``(session_id, node_id)``
-    index whatever the statistics say: on a table not analyzed since a bulk
-    of inserts, Postgres otherwise took the ``(session_id, tombstoned, seq)``
-    index and scanned the whole session at every step.
+    serves, so the ``(session_id, tombstoned, seq)`` index matches a lookup
+    on its first column only: on a table never analyzed since a bulk of
+    inserts, Postgres otherwise took it and scanned the whole session at every
+    step. (Statistics taken while the session was small can still mislead the
+    planner until the next ANALYZE.)
     """
     nodes = aliased(GraphNodeRow, name="g")
 
