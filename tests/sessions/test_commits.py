@@ -1556,7 +1556,9 @@ def fault_on(db_url: str, backend: str) -> Iterator[Callable[[str], None]]:
         )
 
 
-@pytest.mark.parametrize("table", ["usage_deltas", "graph_nodes", "runtime_turn_commits"])
+@pytest.mark.parametrize(
+    "table", ["usage_deltas", "session_usage_totals", "graph_nodes", "runtime_turn_commits"]
+)
 @pytest.mark.parametrize("unit", ["one_call", "caller_unit"])
 def test_a_fault_mid_commit_leaves_nothing(
     store: Store, fault_on: Callable[[str], None], table: str, unit: str
