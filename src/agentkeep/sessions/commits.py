@@ -434,17 +434,19 @@ _GET_NODE: Final = Statement(
 def _path_walk(*, bounded: bool) -> Any:
     """The recursive walk from ``:leaf`` up the parents; ``bounded``: at most ``:n`` rows.
 
-    The live-node check is ``tombstoned + 0 = 0``, an expression no index
-    serves, so the ``(session_id, tombstoned, seq)`` index matches a lookup
-    on its first column only: on a table never analyzed since a bulk of
-    inserts, Postgres otherwise took it and scanned the whole session at every
-    step. (Statistics taken while the session was small can still mislead the
-    planner until the next ANALYZE.)
+    In the bounded walk the live-node check is ``tombstoned + 0 = 0``, an
+    expression no index serves, so the ``(session_id, tombstoned, seq)``
+    index matches a lookup on its first column only: on a table not analyzed
+    since a bulk of inserts, Postgres otherwise took it and scanned the whole
+    session at every step (a 32-node tail of a 15,000-node session: 375 ms,
+    0.15 ms with the rewrite). The whole-path walk keeps ``tombstoned = 0``:
+    measured on the same growing sessions, the rewrite made Postgres pick a
+    worse plan for it.
     """
     nodes = aliased(GraphNodeRow, name="g")
 
     def live(table: Any) -> Any:
-        return table.tombstoned + 0 == 0
+        return table.tombstoned + 0 == 0 if bounded else table.tombstoned == 0
 
     walked = (GraphNodeRow.seq, GraphNodeRow.node_id, GraphNodeRow.parent_node_id)
     depth = (cast(literal(1, BIGINT), BIGINT).label("depth"),) if bounded else ()
