@@ -381,6 +381,10 @@ def bench_apply(
 
     def store_round(r: int) -> Loop:
         rt = f"rt-apply-{r}"
+        # Every round applies the same snapshots: forget the last round's
+        # decodes, so each incoming snapshot is decoded cold, as it is live
+        # (the stored head is then the previous call's: a hit, as it is live).
+        session_model.DECODED_SESSIONS.clear()
         store.runtime.atomic_apply(rt, chain[0], first_receipt(run_ids[r]))
         mine = calls[r]
         apply = store.runtime.atomic_apply
