@@ -6,10 +6,11 @@
   call of ``store.commits.commit_runtime_state`` against raw ``sqlite3``
   running the repository's own statements in the same transaction shape
   (``BEGIN IMMEDIATE``, SAVEPOINT, FENCE_OK read, head read, manifest blob,
-  usage row, node, fenced head upsert, ``COMMIT``) with the same canonical JSON
-  and sha256 work.
+  usage row, ledger-total read and upsert, node, fenced head upsert,
+  ``COMMIT``) with the same canonical JSON and sha256 work.
 * load: ``load_session(ActivePathScope())`` with an active path of depth 10
-  and 1000, against raw ``sqlite3`` running the same four reads in one
+  and 1000, against raw ``sqlite3`` running the same four reads (head, path,
+  manifest, ledger totals) in one
   deferred transaction and decoding the node JSON.
 
 The raw side's SQL is the repositories' own statements as the store compiles
@@ -70,11 +71,13 @@ COMMIT_STATEMENTS: tuple[Statement, ...] = (
     K._GET_HEAD_COUNTERS,
     C._PUT,
     K._PUT_USAGE,
+    K._GET_TOTALS,
+    K._PUT_TOTAL,
     K._PUT_NODE,
     K._PUT_HEAD,
 )
 #: The repository statements of one active-path load, in the store's order (raw_load).
-LOAD_STATEMENTS: tuple[Statement, ...] = (K._GET_HEAD, K.ACTIVE_PATH, C._GET, K._GET_USAGE)
+LOAD_STATEMENTS: tuple[Statement, ...] = (K._GET_HEAD, K.ACTIVE_PATH, C._GET, K._GET_TOTALS)
 
 
 def check_same_statements(what: str, call: Callable[[], object], expected: Sequence[Any]) -> None:
@@ -159,7 +162,7 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
         ),
     ).fetchone()
     conn.commit()
-    get_lease, head_counters, put_blob, put_usage, put_node, put_head = map(
+    get_lease, head_counters, put_blob, put_usage, get_totals, put_total, put_node, put_head = map(
         _form, COMMIT_STATEMENTS
     )
     counter = itertools.count()
@@ -200,6 +203,23 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
                     "source": "s",
                     "model": "m",
                     "input": 5,
+                    "output": 0,
+                    "cache_read": 0,
+                    "cache_write": 0,
+                    "reasoning": 0,
+                }
+            ),
+        )
+        total = c.execute(get_totals.sql, get_totals.bind({"sid": "s"})).fetchone()
+        c.execute(
+            put_total.sql,
+            put_total.bind(
+                {
+                    "sid": "s",
+                    "source": "s",
+                    "model": "m",
+                    "ordinal": 0,
+                    "input": (0 if total is None else total[3]) + 5,
                     "output": 0,
                     "cache_read": 0,
                     "cache_write": 0,

@@ -348,6 +348,7 @@ def test_environment_url_is_used_when_no_argument(
 # ---------------------------------------------------------------- every command, as a subprocess
 
 SCRIPT_NAMES = {
+    "merge_0005",
     "merge_0004",
     "merge_0003",
     "merge_0002",
@@ -411,15 +412,15 @@ def test_every_command_as_a_subprocess(fresh_url: str, backend: str, tmp_path: P
 
     code, out, err = agentkeep("heads")  # scripts only: no database needed
     assert (code, err) == (0, "")
-    assert out == "merge_0004 (runs, runtime, sessions) (head) (mergepoint)\n"
+    assert out == "merge_0005 (runs, runtime, sessions) (head) (mergepoint)\n"
     code, out, err = agentkeep("heads", "--indicate-current", fresh_url)
     assert (code, err) == (0, "")
-    assert out == "merge_0004 (runs, runtime, sessions) (head) (mergepoint) (current)\n"
+    assert out == "merge_0005 (runs, runtime, sessions) (head) (mergepoint) (current)\n"
     code, out, err = agentkeep("history", fresh_url, "-i")
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert len(lines) == len(list(migrate.script_directory().walk_revisions()))
-    assert lines[0].startswith("merge_0003, sessions_0003 -> merge_0004 (")
+    assert lines[0].startswith("merge_0004, sessions_0004 -> merge_0005 (")
     assert lines[0].endswith("(current)")
     assert [line for line in lines if line.endswith("(current)")] == [lines[0]]
     assert "<base> -> runs_0001 (runs), runs: baseline" in out
@@ -427,11 +428,11 @@ def test_every_command_as_a_subprocess(fresh_url: str, backend: str, tmp_path: P
 
     code, out, err = agentkeep("downgrade", "runtime@base", fresh_url)
     assert (code, err) == (0, "")
-    assert out == "at: merge_0002, sessions_0003\n"
+    assert out == "at: merge_0002, sessions_0004\n"
     code, out, err = agentkeep("stamp", "heads", fresh_url)  # runtime tables are gone: refused
     assert (code, out) == (2, "")
     assert err.startswith("agentkeep stamp: refused to stamp heads: ")
-    assert set(migrate.current(fresh_url)) == {"merge_0002", "sessions_0003"}
+    assert set(migrate.current(fresh_url)) == {"merge_0002", "sessions_0004"}
 
     code, out, err = agentkeep("downgrade", "base", fresh_url)
     assert (code, err, out) == (0, "", "at base: no agentkeep table is left\n")

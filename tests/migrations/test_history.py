@@ -50,6 +50,7 @@ SESSION_TABLES = {
     "artifact_refs",
     "session_meta",
     "session_pending_writes",
+    "session_usage_totals",
 }
 RUNTIME_TABLES = {
     "runtime_input_states",

@@ -69,6 +69,7 @@ from agentkeep.sessions.records import (
     BlobProfile,
     FullGraphScope,
     GcReport,
+    HeadScope,
     HydratedSessionCheckpoint,
     PersistedSessionRead,
     ReplaceFullGraph,
@@ -100,6 +101,7 @@ TABLES = (
     "session_head",
     "graph_nodes",
     "usage_deltas",
+    "session_usage_totals",
     "runtime_turn_commits",
     "attachment_manifest",
     "blobs",
@@ -180,7 +182,7 @@ def qdraft(
 
 
 def load(
-    store: Store, sid: str = SID, scope: FullGraphScope | ActivePathScope | None = None
+    store: Store, sid: str = SID, scope: FullGraphScope | ActivePathScope | HeadScope | None = None
 ) -> PersistedSessionRead | None:
     return store.call_read(lambda r: r.commits.load_session(sid, scope or FullGraphScope()))
 
@@ -1155,17 +1157,14 @@ def test_c_26_the_same_unstamped_commit_twice_double_counts(store: Store) -> Non
     assert entry.usage.input_tokens == 20
 
 
-def test_undecodable_usage_rows_are_skipped_with_a_warning(
-    store: Store, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_the_load_reads_the_totals_the_commit_kept_not_the_usage_rows(store: Store) -> None:
+    """The ledger is the commit-kept totals: a later change to ``usage_deltas`` is not read."""
     fence = hold(store)
     commit(store, mk(fence, usage_deltas=(usage(input_tokens=1), usage(input_tokens=2))))
     execute_sql(store, "UPDATE usage_deltas SET output_tokens = -5 WHERE input_tokens = 2")
-    with caplog.at_level(logging.WARNING, logger="agentkeep.sessions"):
-        (entry,) = loaded(store).token_ledger
-        loaded(store)
-    assert entry.usage.input_tokens == 1
-    assert len([r for r in caplog.records if "usage_deltas" in r.getMessage()]) == 1
+    execute_sql(store, "DELETE FROM usage_deltas WHERE input_tokens = 1")
+    (entry,) = loaded(store).token_ledger
+    assert entry.usage == TokenUsage(input_tokens=3)
 
 
 def test_a_commit_past_the_ledger_maximum_is_refused_and_writes_nothing(store: Store) -> None:
@@ -1207,21 +1206,40 @@ def test_a_commit_past_the_ledger_maximum_is_refused_and_writes_nothing(store: S
     assert ledger == {("src", "m"): big, ("other", "m"): big}
 
 
-def test_a_stored_ledger_sum_past_the_bigint_maximum_is_corrupt(store: Store) -> None:
-    """A ledger written past the maximum anyway (raw SQL, an older version) fails loudly on load."""
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("input_tokens", -1), ("output_tokens", "'x'"), ("ordinal", -3), ("source", "NULL")],
+)
+def test_a_corrupt_ledger_total_fails_the_load(store: Store, column: str, value: str) -> None:
+    fence = hold(store)
+    commit(store, mk(fence, usage_deltas=(usage(input_tokens=1),)))
+    if column == "source":  # NOT NULL on both backends: a blob key (SQLite) or skip
+        if store.engine.dialect.name != "sqlite":
+            pytest.skip("Postgres keeps the text type of the column")
+        value = "x'00'"
+    if column == "output_tokens" and store.engine.dialect.name != "sqlite":
+        pytest.skip("Postgres keeps the integer type of the column")
+    execute_sql(store, f"UPDATE session_usage_totals SET {column} = {value}")
+    with pytest.raises(SessionCorrupt) as info:
+        load(store)
+    assert (info.value.table, info.value.column) == ("session_usage_totals", column)
+    with pytest.raises(SessionCorrupt):
+        load(store, scope=HeadScope())
+
+
+def test_a_ledger_total_past_the_bigint_maximum_is_refused_and_nothing_changes(
+    store: Store,
+) -> None:
     fence = hold(store)
     big = 2**63 - 1
     commit(store, mk(fence, usage_deltas=(usage(input_tokens=big),)))
-    execute_sql(
-        store,
-        "INSERT INTO usage_deltas (session_id, source, model, input_tokens, output_tokens, "
-        "cache_read_input_tokens, cache_write_input_tokens, reasoning_output_tokens) "
-        "VALUES (:sid, 'src', 'm', 1, 0, 0, 0, 0)",
-        sid=SID,
-    )
-    with pytest.raises(SessionCorrupt) as info:
-        load(store)
-    assert (info.value.table, info.value.column) == ("usage_deltas", "input_tokens")
+    before = loaded(store)
+    rows = query(store, "SELECT * FROM usage_deltas ORDER BY seq")
+    with pytest.raises(UsageLedgerOverflow) as info:
+        commit(store, mk(fence, usage_deltas=(usage(output_tokens=1), usage(input_tokens=1))))
+    assert (info.value.source, info.value.model, info.value.counter) == ("src", "m", "input_tokens")
+    assert loaded(store) == before
+    assert query(store, "SELECT * FROM usage_deltas ORDER BY seq") == rows
 
 
 # --------------------------------------------------------------------------
@@ -1578,7 +1596,9 @@ def fault_on(db_url: str, backend: str) -> Iterator[Callable[[str], None]]:
         )
 
 
-@pytest.mark.parametrize("table", ["usage_deltas", "graph_nodes", "runtime_turn_commits"])
+@pytest.mark.parametrize(
+    "table", ["usage_deltas", "session_usage_totals", "graph_nodes", "runtime_turn_commits"]
+)
 @pytest.mark.parametrize("unit", ["one_call", "caller_unit"])
 def test_a_fault_mid_commit_leaves_nothing(
     store: Store, fault_on: Callable[[str], None], table: str, unit: str

@@ -34,12 +34,27 @@ Choices where the original store was open
   stored bytes round-trip. The placeholder check counts such a history as
   absent (docs/runtime.md#placeholder-sessions); every guard refuses it (see
   :mod:`agentkeep.runtime.guards`). An explicit ``null`` history is absent.
+* :func:`decode_session` keeps its recent results in a bounded cache keyed by
+  the exact snapshot bytes (:class:`DecodedSessionCache`): a boundary's
+  incoming snapshot is the next boundary's stored head, so the store decodes
+  each snapshot once (docs/runtime.md#decoded-snapshot-cache). A decoded
+  :class:`Session` is frozen; its two parts that hold opaque JSON
+  (``extra_metadata``, ``malformed_history.value``) are deep-copied on every
+  cache hit, so no caller ever holds the cached value's mutable parts.
+* A snapshot is parsed once: the object the strict parser returns is
+  validated in pydantic's strict Python mode (JSON arrays turned into the
+  tuples the models hold), not the bytes again; the history likewise, not
+  re-encoded and re-parsed. A document that does not validate that way is
+  validated from its bytes as before, so every error message is unchanged.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
@@ -71,6 +86,7 @@ __all__ = [
     "canonical_uuid",
     "check_version",
     "commit_fingerprint",
+    "DecodedSessionCache",
     "decode_session",
     "load_object",
     "logical_runtime_id_for_session",
@@ -510,15 +526,60 @@ class _SessionWire(BaseModel):
     metadata: _SessionMetadataWire
 
 
+# The strictly parsed object validated in pydantic's strict *Python* mode, so
+# the document is not parsed a second time. Strict Python mode reads JSON
+# arrays only as tuples where the models hold tuples, so those lists are
+# turned into tuples first; everything else (text, integers, literals, nested
+# objects, free JSON values) validates as it does from JSON in strict mode.
+# Anything irregular returns None: the caller then validates the bytes as
+# before, whose error names the problem, so errors are unchanged.
+
+_ENVELOPE: Final = frozenset(_SessionWire.model_fields)
+
+
+def _wire_from(obj: dict[str, Any]) -> _SessionWire | None:
+    """The session envelope from its parsed object, or None to validate the bytes instead."""
+    messages, metadata = obj.get("messages"), obj.get("metadata")
+    if obj.keys() != _ENVELOPE or type(messages) is not list or type(metadata) is not dict:
+        return None
+    intents = metadata.get("compaction_intents")
+    if type(intents) is list:
+        metadata = {**metadata, "compaction_intents": tuple(intents)}
+    fields = {**obj, "messages": tuple(messages), "metadata": metadata}
+    try:
+        return _SessionWire.model_validate(fields, strict=True)
+    except ValidationError:
+        return None
+
+
+def _history_from(value: dict[str, Any]) -> TranscriptHistory | None:
+    """A history from its parsed object, or None to validate its canonical bytes instead."""
+    commits, revisions = value.get("commits"), value.get("revisions")
+    if type(commits) is not list or type(revisions) is not list:
+        return None
+    bodies = []
+    for body in revisions:
+        if type(body) is not dict or type(body.get("messages")) is not list:
+            return None
+        bodies.append({**body, "messages": tuple(body["messages"])})
+    fields = {**value, "commits": tuple(commits), "revisions": tuple(bodies)}
+    try:
+        return TranscriptHistory.model_validate(fields, strict=True)
+    except ValidationError:
+        return None
+
+
 def _decode_history(value: JsonValue) -> TranscriptHistory:
     """Decode a ``transcript_history`` value strictly. Raises DecodeProblem."""
     if not isinstance(value, dict):
         raise DecodeProblem(f"transcript_history must be a JSON object, got {type(value).__name__}")
-    try:
-        data = canonical_bytes(value)
-    except ValueError as exc:
-        raise DecodeProblem(f"transcript_history is not a JSON value: {exc}") from exc
-    history = validate_strict(TranscriptHistory, data, "transcript_history")
+    history = _history_from(value)
+    if history is None:  # the JSON validation names what is wrong
+        try:
+            data = canonical_bytes(value)
+        except ValueError as exc:
+            raise DecodeProblem(f"transcript_history is not a JSON value: {exc}") from exc
+        history = validate_strict(TranscriptHistory, data, "transcript_history")
     if not history.commits:
         raise DecodeProblem("transcript_history has no commits")
     seen: set[str] = set()
@@ -531,13 +592,97 @@ def _decode_history(value: JsonValue) -> TranscriptHistory:
     return history
 
 
+class DecodedSessionCache:
+    """A bounded, thread-safe map from snapshot bytes to their decoded :class:`Session`.
+
+    The key is the bytes themselves (a dict lookup: their hash, then an exact
+    comparison), so a changed snapshot — one byte differs — is never served
+    another's session. Only successful decodes are kept; a snapshot that
+    fails is decoded (and fails) again every time. At most ``max_entries``
+    sessions whose snapshots total at most ``max_total_bytes`` are kept, least
+    recently used out first; a snapshot longer than ``max_bytes`` is not kept.
+    """
+
+    def __init__(
+        self, max_entries: int = 64, max_bytes: int = 4 << 20, max_total_bytes: int = 64 << 20
+    ) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes
+        self._entries: OrderedDict[bytes, Session] = OrderedDict()
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def get(self, data: bytes) -> Session | None:
+        """The session cached for exactly ``data``, or None (the entry becomes the newest)."""
+        with self._lock:
+            session = self._entries.get(data)
+            if session is not None:
+                self._entries.move_to_end(data)
+            return session
+
+    def put(self, data: bytes, session: Session) -> None:
+        """Keep ``session`` as the decode of ``data`` (unless ``data`` is too long)."""
+        if len(data) > self.max_bytes or self.max_entries <= 0:
+            return
+        with self._lock:
+            if data not in self._entries:
+                self._total += len(data)
+            self._entries[data] = session
+            self._entries.move_to_end(data)
+            while len(self._entries) > self.max_entries or self._total > self.max_total_bytes:
+                old, _ = self._entries.popitem(last=False)
+                self._total -= len(old)
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            self._entries.clear()
+            self._total = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: The cache :func:`decode_session` uses.
+DECODED_SESSIONS: Final = DecodedSessionCache()
+
+
+def _handed_out(session: Session) -> Session:
+    """``session`` as a caller may hold it: its opaque JSON parts copied, the rest shared."""
+    malformed = session.malformed_history
+    if not session.extra_metadata and malformed is None:
+        return session  # frozen all the way down: shared as is
+    return session.model_copy(
+        update={
+            "extra_metadata": copy.deepcopy(session.extra_metadata),
+            "malformed_history": None
+            if malformed is None
+            else malformed.model_copy(update={"value": copy.deepcopy(malformed.value)}),
+        }
+    )
+
+
 def decode_session(data: bytes) -> Session:
     """Decode reference session bytes: a strict envelope, a tolerated malformed history.
+
+    The result of ``bytes`` input is cached (:data:`DECODED_SESSIONS`): the
+    same bytes decode once; a hit is equal to a fresh decode.
 
     Raises:
         DecodeProblem: the bytes, version, id, messages, metadata object or
             compaction intents do not decode.
     """
+    if type(data) is not bytes:
+        return _decode_session(data)
+    session = DECODED_SESSIONS.get(data)
+    if session is None:
+        session = _decode_session(data)
+        DECODED_SESSIONS.put(data, session)
+    return _handed_out(session)
+
+
+def _decode_session(data: bytes) -> Session:
     obj = load_object(data, "session")
     if "version" not in obj:
         raise DecodeProblem("missing session version (unversioned v0 session rows are not read)")
@@ -548,7 +693,9 @@ def decode_session(data: bytes) -> Session:
         )
     if type(version) is not int or version != SESSION_VERSION:
         raise DecodeProblem(f"unsupported session version {version!r}: expected {SESSION_VERSION}")
-    wire = validate_strict(_SessionWire, data, "session")
+    wire = _wire_from(obj)
+    if wire is None:  # the JSON validation names what is wrong
+        wire = validate_strict(_SessionWire, data, "session")
     try:
         canonical_uuid(wire.id, "session_id")
     except InvalidInput as exc:

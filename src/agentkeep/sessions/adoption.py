@@ -32,6 +32,7 @@ _TABLES: Final = (
     "blobs",
     "artifact_refs",
     "session_meta",
+    "session_usage_totals",
 )
 
 

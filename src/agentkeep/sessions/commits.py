@@ -40,10 +40,10 @@ numbers below are the ones the code's comments use):
    compared counts: docs/decisions.md#strict-claim-completion), is
    :class:`~agentkeep.errors.QueuedWorkClaimSuperseded`;
 8. the same for turn-input claims (:class:`~agentkeep.errors.TurnInputClaimSuperseded`);
-   8b. usage deltas that would take a merged ledger counter (the stored sums
-   plus this commit's deltas, per ``(source, model)``) past ``2**63-1`` are
-   :class:`~agentkeep.errors.UsageLedgerOverflow`;
-9. the checkpoint's blobs and manifest; 10. the usage deltas, in order;
+9. the checkpoint's blobs and manifest; 10. the usage deltas, in order,
+    then the session's ledger totals (``session_usage_totals``: read, summed
+    here, changed pairs upserted; a total past ``2**63-1`` is
+    :class:`~agentkeep.errors.UsageLedgerOverflow`, nothing written);
 11. the graph delta (``Unchanged`` / ``Append`` / ``ReplaceFull``, scoped to
     the session); a node id that exists already in the session, or twice in
     the delta, is :class:`NodeAlreadyExists` (defined here; the original store
@@ -117,20 +117,26 @@ Choices where the original store was open (docs/decisions.md#session-store):
   (docs/decisions.md#corrupt-data-fails-loudly) with
   :class:`~agentkeep.errors.SessionCorrupt` naming table, key and column: the
   head row (schema version, config, frames), a stored turn-commit result, a
-  checkpoint manifest, an ingress read by step 16, session metadata. The
-  original store's silent skips are kept only for graph nodes and usage
-  deltas, with a warning logged once per row; a SQL failure is never read as
-  an empty graph.
+  checkpoint manifest, an ingress read by step 16, session metadata, a
+  ledger total. The original store's silent skips are kept only for graph
+  nodes, with a warning logged once per row; a SQL failure is never read as
+  an empty graph. Stored nodes are decoded by the strict JSON parser and the
+  structural checks validation would make, not by per-node pydantic
+  validation (the commit validated them): see :func:`_stored_node`.
 * The active path is one recursive CTE over the ``parent_node_id`` column,
   each step an index lookup on ``(session_id, node_id)``: its cost follows
   the path, not the graph. It stops at a missing or tombstoned ancestor; a
   cycle of parent ids (only corrupt data can make one) is ``SessionCorrupt``
   (docs/decisions.md#active-path-is-one-recursive-query).
-* A commit whose usage deltas would take a merged ledger counter above
-  ``2**63-1`` is refused with :class:`~agentkeep.errors.UsageLedgerOverflow`
-  (step 8b) and writes nothing, so a load never meets one; a stored ledger
-  that does anyway (written before the check) is ``SessionCorrupt`` on load
-  (the newer upstream's checked addition), never a silently wrapped value.
+* The ledger is kept by the commit in ``session_usage_totals`` (one row per
+  ``(source, model)``, under the write lock), so a load reads it instead of
+  re-summing ``usage_deltas``; a total that would pass ``2**63-1`` refuses
+  the commit with :class:`~agentkeep.errors.UsageLedgerOverflow` (the newer
+  upstream's checked addition, moved to the write), never a silently wrapped
+  value (docs/decisions.md#resume-reads-do-not-grow-with-the-session).
+* ``HeadScope`` reads no graph node and ``ActivePathScope(tail=N)`` at most
+  ``N`` (:data:`ACTIVE_PATH_TAIL`): resume reads whose cost does not grow
+  with the session.
 * ``save_session_meta`` raises its errors (typed) instead of swallowing them,
   and ``load_session_meta`` returns None only for a missing row; the original
   store swallowed both (docs/decisions.md#session-metadata-errors-are-raised).
@@ -148,14 +154,15 @@ Choices where the original store was open (docs/decisions.md#session-store):
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import and_, delete, func, insert, null, or_, select, update
+from sqlalchemy import and_, cast, delete, func, insert, literal, null, select, update
 from sqlalchemy import bindparam as p
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import aliased
+from sqlalchemy.sql.elements import BindParameter
 
 from agentkeep.base import BIGINT
 from agentkeep.clock import Clock
@@ -197,6 +204,7 @@ from agentkeep.sessions.models import (
     SessionHeadRow,
     SessionMetaRow,
     UsageDeltaRow,
+    UsageTotalRow,
 )
 from agentkeep.sessions.queue import (
     _check_completion as _check_queue_completion,
@@ -214,6 +222,7 @@ from agentkeep.sessions.records import (
     AppendNodes,
     BlobProfile,
     FullGraphScope,
+    HeadScope,
     LoadScope,
     PersistedSessionRead,
     ReplaceFullGraph,
@@ -239,6 +248,7 @@ from agentkeep.strict_json import canonical_json
 
 __all__ = [
     "ACTIVE_PATH",
+    "ACTIVE_PATH_TAIL",
     "NodeAlreadyExists",
     "SessionCommitRepository",
     "merge_token_ledger",
@@ -317,6 +327,19 @@ _GET_TURN_COMMIT: Final = Statement(
     name="sessions.get_turn_commit",
 )
 # A plain insert: a second record of the same (session, turn) is a unique violation.
+_USAGE_FIELDS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_write_input_tokens",
+    "reasoning_output_tokens",
+)
+#: The bind names of the counters in ``_PUT_USAGE`` and ``_PUT_TOTAL``, in ``_USAGE_FIELDS`` order.
+_TOTAL_PARAMS: Final = ("input", "output", "cache_read", "cache_write", "reasoning")
+#: The counter columns bound to their parameters.
+_COUNTER_BINDS: Final[dict[str, BindParameter[Any]]] = {
+    f: p(b) for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)
+}
 _PUT_TURN_COMMIT: Final = Statement(
     insert(RuntimeTurnCommitRow)
     .inline()
@@ -334,50 +357,46 @@ _PUT_TURN_COMMIT: Final = Statement(
 _PUT_USAGE: Final = Statement(
     insert(UsageDeltaRow)
     .inline()
-    .values(
+    .values(session_id=p("sid"), source=p("source"), model=p("model"), **_COUNTER_BINDS),
+    name="sessions.put_usage",
+)
+#: The ledger-total columns :func:`_read_totals` decodes: source, model,
+#: ordinal, then the counters in the order of ``_USAGE_FIELDS``.
+_TOTAL_COLUMNS: Final = (
+    UsageTotalRow.source,
+    UsageTotalRow.model,
+    UsageTotalRow.ordinal,
+    UsageTotalRow.input_tokens,
+    UsageTotalRow.output_tokens,
+    UsageTotalRow.cache_read_input_tokens,
+    UsageTotalRow.cache_write_input_tokens,
+    UsageTotalRow.reasoning_output_tokens,
+)
+_GET_TOTALS: Final = Statement(
+    select(*_TOTAL_COLUMNS)
+    .where(UsageTotalRow.session_id == p("sid"))
+    .order_by(UsageTotalRow.ordinal),
+    name="sessions.get_usage_totals",
+)
+
+
+def _put_total(dialect: Dialect) -> Any:
+    """Step 10: one ``(session, source, model)`` total, inserted or replaced (under the lock)."""
+    insert = upsert(dialect, UsageTotalRow).values(
         session_id=p("sid"),
         source=p("source"),
         model=p("model"),
-        input_tokens=p("input"),
-        output_tokens=p("output"),
-        cache_read_input_tokens=p("cache_read"),
-        cache_write_input_tokens=p("cache_write"),
-        reasoning_output_tokens=p("reasoning"),
-    ),
-    name="sessions.put_usage",
-)
-#: The ledger columns :meth:`SessionCommitRepository._usage` decodes: seq,
-#: source, model, then the counters in the order of ``_USAGE_FIELDS``.
-_USAGE_COLUMNS: Final = (
-    UsageDeltaRow.seq,
-    UsageDeltaRow.source,
-    UsageDeltaRow.model,
-    UsageDeltaRow.input_tokens,
-    UsageDeltaRow.output_tokens,
-    UsageDeltaRow.cache_read_input_tokens,
-    UsageDeltaRow.cache_write_input_tokens,
-    UsageDeltaRow.reasoning_output_tokens,
-)
-#: The merged ledger of a session as stored, per ``(source, model)``: the sums of
-#: the counters over the deltas :func:`merge_token_ledger` keeps (a nonzero
-#: ``total()``; the counters are never negative). Read by the overflow check.
-_GET_USAGE_SUMS: Final = Statement(
-    select(
-        UsageDeltaRow.source,
-        UsageDeltaRow.model,
-        *(func.sum(c) for c in _USAGE_COLUMNS[3:]),
+        ordinal=p("ordinal"),
+        **_COUNTER_BINDS,
     )
-    .where(
-        UsageDeltaRow.session_id == p("sid"),
-        or_(*(c != 0 for c in _USAGE_COLUMNS[3:7])),
+    new = insert.excluded
+    return insert.on_conflict_do_update(
+        index_elements=[UsageTotalRow.session_id, UsageTotalRow.source, UsageTotalRow.model],
+        set_={name: new[name] for name in _USAGE_FIELDS},
     )
-    .group_by(UsageDeltaRow.source, UsageDeltaRow.model),
-    name="sessions.get_usage_sums",
-)
-_GET_USAGE: Final = Statement(
-    select(*_USAGE_COLUMNS).where(UsageDeltaRow.session_id == p("sid")).order_by(UsageDeltaRow.seq),
-    name="sessions.get_usage",
-)
+
+
+_PUT_TOTAL: Final = Statement(_put_total, name="sessions.put_usage_total")
 # A node id already in the session inserts nothing and returns no row.
 _PUT_NODE: Final = Statement(
     lambda d: (
@@ -414,33 +433,54 @@ _GET_NODE: Final = Statement(
 )
 
 
-def _active_path() -> Any:
+def _path_walk(*, bounded: bool) -> Any:
+    """The recursive walk from ``:leaf`` up the parents; ``bounded``: at most ``:n`` rows.
+
+    In the bounded walk the live-node check is ``tombstoned + 0 = 0``, an
+    expression no index serves, so the ``(session_id, tombstoned, seq)``
+    index matches a lookup on its first column only: on a table not analyzed
+    since a bulk of inserts, Postgres otherwise took it and scanned the whole
+    session at every step (a 32-node tail of a 15,000-node session: 375 ms,
+    0.15 ms with the rewrite). The whole-path walk keeps ``tombstoned = 0``:
+    measured on the same growing sessions, the rewrite made Postgres pick a
+    worse plan for it.
+    """
     nodes = aliased(GraphNodeRow, name="g")
+
+    def live(table: Any) -> Any:
+        return table.tombstoned + 0 == 0 if bounded else table.tombstoned == 0
+
+    walked = (GraphNodeRow.seq, GraphNodeRow.node_id, GraphNodeRow.parent_node_id)
+    depth = (cast(literal(1, BIGINT), BIGINT).label("depth"),) if bounded else ()
     path = (
-        select(
-            GraphNodeRow.seq,
-            GraphNodeRow.node_id,
-            GraphNodeRow.parent_node_id,
-            GraphNodeRow.node_json,
-        )
+        select(*walked, GraphNodeRow.node_json, *depth)
         .where(
             GraphNodeRow.session_id == p("sid"),
             GraphNodeRow.node_id == p("leaf"),
-            GraphNodeRow.tombstoned == 0,
+            live(GraphNodeRow),
         )
-        .cte("path", recursive=True)
+        .cte("tail" if bounded else "path", recursive=True)
     )
     step = (
-        select(nodes.seq, nodes.node_id, nodes.parent_node_id, nodes.node_json)
+        select(
+            nodes.seq,
+            nodes.node_id,
+            nodes.parent_node_id,
+            nodes.node_json,
+            *((cast(path.c.depth + 1, BIGINT),) if bounded else ()),
+        )
         .select_from(
             path.join(
                 nodes,
                 and_(nodes.session_id == p("sid"), nodes.node_id == path.c.parent_node_id),
             )
         )
-        .where(nodes.tombstoned == 0)
+        .where(live(nodes))
     )
-    path = path.union(step)
+    if bounded:
+        path = path.union_all(step.where(path.c.depth < p("n", type_=BIGINT)))
+    else:
+        path = path.union(step)
     return select(path.c.seq, path.c.node_id, path.c.parent_node_id, path.c.node_json)
 
 
@@ -449,7 +489,15 @@ def _active_path() -> Any:
 #: lookup on the unique index ``(session_id, node_id)``; ``UNION`` (not
 #: ``UNION ALL``) ends a cycle. The rows (seq, node id, parent id, node JSON)
 #: come unordered; the caller orders them by following the parents.
-ACTIVE_PATH: Final = Statement(_active_path(), name="sessions.active_path")
+ACTIVE_PATH: Final = Statement(_path_walk(bounded=False), name="sessions.active_path")
+
+
+#: The last ``:n`` (``>= 1``) nodes of the active path: the walk of
+#: :data:`ACTIVE_PATH` with a depth counter that stops it after ``:n`` rows,
+#: so it costs ``:n`` index lookups however long the path is. ``UNION ALL``
+#: (the depth makes every row distinct); a cycle shorter than ``:n`` repeats
+#: node ids, which the caller's ordering walk reports as corrupt.
+ACTIVE_PATH_TAIL: Final = Statement(_path_walk(bounded=True), name="sessions.active_path_tail")
 _PENDING_ACTIVE: Final = Statement(
     select(PendingTurnInputRow.input_id, PendingTurnInputRow.ingress_json)
     .where(
@@ -531,13 +579,6 @@ _GET_META: Final = Statement(
 _NEXT_TURN_INGRESS: Final = encode_ingress(NextTurnIngress())
 _DEFAULT_SCOPE: Final = FullGraphScope()
 _INGRESS: Final = TypeAdapter(TurnInputIngress)
-_USAGE_FIELDS: Final = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_write_input_tokens",
-    "reasoning_output_tokens",
-)
 
 # Rows already warned about (log once per row: docs/decisions.md#corrupt-data-fails-loudly),
 # bounded.
@@ -687,13 +728,114 @@ def _decode_node(
     try:
         if not isinstance(raw, str):
             raise TypeError(f"{type(raw).__name__} instead of text")
-        node = SessionNodeRecord.model_validate(loads(raw))
-        if node.node_id != node_id:
-            raise ValueError(f"node_json names node {node.node_id!r}")
-        return node
-    except (ValueError, TypeError, ValidationError) as exc:
+        return _stored_node(loads(raw), node_id)
+    except (ValueError, TypeError) as exc:
         _warn_once("graph_nodes", session_id, f"{node_id} (seq {seq})", str(exc))
         return None
+
+
+def _counters(usage: TokenUsage) -> tuple[int, ...]:
+    return tuple(getattr(usage, name) for name in _USAGE_FIELDS)
+
+
+def _read_totals(db: Driver, session_id: str) -> list[tuple[int, UsageLedgerEntry]]:
+    """The session's ledger totals by ordinal, as ``(ordinal, entry)``.
+
+    Raises:
+        SessionCorrupt: a stored total does not decode (a non-text key, a
+            counter or ordinal that is not an integer in ``0..2**63-1``).
+    """
+    out = []
+    for row in db.execute(_GET_TOTALS, {"sid": session_id}).fetchall():
+        source, model, *numbers = row
+        key = f"{session_id}/{source}/{model}"
+        for column, value in (("source", source), ("model", model)):
+            if type(value) is not str:
+                raise SessionCorrupt("session_usage_totals", key, column, repr(value))
+        for column, value in zip(("ordinal", *_USAGE_FIELDS), numbers, strict=True):
+            if type(value) is not int or not 0 <= value <= MAX_I64:
+                raise SessionCorrupt("session_usage_totals", key, column, repr(value))
+        usage = TokenUsage.model_construct(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True)))
+        entry = UsageLedgerEntry.model_construct(source=source, model=model, usage=usage)
+        out.append((numbers[0], entry))
+    return out
+
+
+_NODE_FIELDS: Final = frozenset(SessionNodeRecord.model_fields)
+
+
+def _stored_node(data: object, node_id: object) -> SessionNodeRecord:
+    """A decoded ``node_json`` as a node, without pydantic validation of its payload.
+
+    The row was validated and canonically encoded by the commit, and its
+    payload is the JSON value the strict decoder returned, which is what
+    validation would keep; so only the structure is checked, the checks
+    ``SessionNodeRecord`` validation would make: an object of known fields,
+    ``node_id`` the row's, ``parent_node_id`` text or null, ``timestamp`` an
+    integer in ``0..2**63-1``.
+
+    Raises:
+        TypeError, ValueError: the structure is not a node's.
+    """
+    if type(data) is not dict:
+        raise TypeError(f"node_json is {type(data).__name__}, not an object")
+    if not data.keys() <= _NODE_FIELDS:
+        raise ValueError(f"node_json has unknown fields {sorted(data.keys() - _NODE_FIELDS)}")
+    stored_id = data.get("node_id")
+    if type(stored_id) is not str or stored_id != node_id:
+        raise ValueError(f"node_json names node {stored_id!r}")
+    parent = data.get("parent_node_id")
+    if parent is not None and type(parent) is not str:
+        raise TypeError(f"parent_node_id is {type(parent).__name__}, not text")
+    timestamp = data.get("timestamp", 0)
+    if type(timestamp) is not int or not 0 <= timestamp <= MAX_I64:
+        raise ValueError(f"timestamp {timestamp!r} is not an integer in 0..2**63-1")
+    return _build_node(stored_id, parent, timestamp, data.get("payload"))
+
+
+def _construct_node(
+    node_id: str, parent: str | None, timestamp: int, payload: Any
+) -> SessionNodeRecord:
+    return SessionNodeRecord.model_construct(
+        node_id=node_id, parent_node_id=parent, timestamp=timestamp, payload=payload
+    )
+
+
+_new_object = object.__new__
+_set_slot = object.__setattr__
+
+
+def _fill_node(node_id: str, parent: str | None, timestamp: int, payload: Any) -> SessionNodeRecord:
+    """What ``model_construct`` builds, without its per-field loop (a third of a load's time)."""
+    node = _new_object(SessionNodeRecord)
+    _set_slot(
+        node,
+        "__dict__",
+        {"node_id": node_id, "parent_node_id": parent, "timestamp": timestamp, "payload": payload},
+    )
+    _set_slot(node, "__pydantic_fields_set__", set(_NODE_FIELDS))
+    _set_slot(node, "__pydantic_extra__", None)
+    _set_slot(node, "__pydantic_private__", None)
+    return node
+
+
+def _node_builder() -> Callable[[str, str | None, int, Any], SessionNodeRecord]:
+    """:func:`_fill_node` if it builds what ``model_construct`` does (this pydantic), else that."""
+    probe = ("n", "p", 1, {"k": [1]})
+    fast, slow = _fill_node(*probe), _construct_node(*probe)
+    same = (
+        fast == slow
+        and fast.__dict__ == slow.__dict__
+        and fast.model_fields_set == slow.model_fields_set
+        and fast.__pydantic_extra__ == slow.__pydantic_extra__
+        and fast.__pydantic_private__ == slow.__pydantic_private__
+        and fast.model_dump() == slow.model_dump()
+    )
+    return _fill_node if same else _construct_node
+
+
+#: Builds a node from checked stored values.
+_build_node: Final = _node_builder()
 
 
 def _check_count(sid: str, value: object) -> int:
@@ -833,10 +975,6 @@ class SessionCommitRepository:
                 raise TurnInputClaimSuperseded(tc.session_id, tc.claim_id)
             ensure_turn_input_completion(db, tc)
 
-        # 8b. The usage deltas must keep every merged ledger counter in range.
-        if any(delta.usage.total() for delta in commit.usage_deltas):
-            self._check_ledger_room(sid, commit.usage_deltas)
-
         # 9. Checkpoint blobs and manifest.
         checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile)
 
@@ -856,6 +994,8 @@ class SessionCommitRepository:
                     "reasoning": u.reasoning_output_tokens,
                 },
             )
+        if commit.usage_deltas:
+            self._add_to_totals(commit)
 
         # 11. Graph delta.
         if prepared.replace:
@@ -945,6 +1085,50 @@ class SessionCommitRepository:
         self._release(commit)
         return result
 
+    def _add_to_totals(self, commit: RuntimeCommit) -> None:
+        """Step 10b: add the commit's usage to the session's ledger totals.
+
+        The totals are read and rewritten under the session's write lock, so
+        concurrent committers serialize and no delta is lost. The merge is
+        :func:`merge_token_ledger`'s: a delta whose ``usage.total()`` is 0 adds
+        nothing; a new ``(source, model)`` pair gets the next ordinal.
+
+        Raises:
+            UsageLedgerOverflow: a total counter would pass ``2**63-1`` (the
+                unit rolls back: the commit writes nothing).
+            SessionCorrupt: a stored total does not decode.
+        """
+        db, sid = self._db, commit.session_id
+        totals = {(e.source, e.model): (ordinal, e.usage) for ordinal, e in _read_totals(db, sid)}
+        sums = {key: [ordinal, *_counters(usage)] for key, (ordinal, usage) in totals.items()}
+        next_ordinal = max((o for o, _ in totals.values()), default=-1) + 1
+        changed: dict[tuple[str, str], list[int]] = {}
+        for delta in commit.usage_deltas:
+            if delta.usage.total() == 0:
+                continue
+            key = (delta.source, delta.model)
+            row = sums.get(key)
+            if row is None:
+                row = sums[key] = [next_ordinal, 0, 0, 0, 0, 0]
+                next_ordinal += 1
+            added = zip(_USAGE_FIELDS, _counters(delta.usage), strict=True)
+            for j, (name, value) in enumerate(added):
+                row[j + 1] += value
+                if row[j + 1] > MAX_I64:
+                    raise UsageLedgerOverflow(sid, delta.source, delta.model, name)
+            changed[key] = row
+        for (source, model), (ordinal, *counts) in changed.items():
+            db.execute(
+                _PUT_TOTAL,
+                {
+                    "sid": sid,
+                    "source": source,
+                    "model": model,
+                    "ordinal": ordinal,
+                    **dict(zip(_TOTAL_PARAMS, counts, strict=True)),
+                },
+            )
+
     def _release(self, commit: RuntimeCommit) -> None:
         """The fenced lease release of steps 3c and 21 (a mismatch is a silent no-op)."""
         completion = commit.release_session_execution_lease
@@ -983,23 +1167,27 @@ class SessionCommitRepository:
                 :class:`ActivePathScope` (the path root-first to the given
                 leaf, default the head's; empty when there is no leaf or the
                 leaf is missing or tombstoned; the walk stops at the first
-                missing or tombstoned ancestor). The graph's ``leaf_node_id``
-                is the effective leaf even if no such node exists.
+                missing or tombstoned ancestor; ``tail=N``: its last ``N``
+                nodes, read by a walk of at most ``N`` steps, ``tail=0`` no
+                node) or :class:`HeadScope` (no node: the head, checkpoint
+                and ledger only). The graph's ``leaf_node_id`` is the
+                effective leaf even if no such node exists.
 
         Returns:
             The session, or None if it has no head. A missing checkpoint
             manifest blob gives ``checkpoint=None`` (``checkpoint_ref`` is
-            still reported); undecodable graph nodes and usage rows are
-            skipped (a warning is logged once per row).
+            still reported); undecodable graph nodes are skipped (a warning
+            is logged once per row). The token ledger is the totals the
+            commits kept.
 
         Raises:
             InvalidInput: blank session id or an unknown scope.
             SessionCorrupt: the head row, the checkpoint manifest or a present
-                component blob does not decode; a parent-id cycle on the path;
-                a merged ledger counter above ``2**63-1``.
+                component blob does not decode; a parent-id cycle on the path
+                (within the tail read); a ledger total does not decode.
         """
         check_id(session_id, "session_id")
-        if not isinstance(scope, FullGraphScope | ActivePathScope):
+        if not isinstance(scope, FullGraphScope | ActivePathScope | HeadScope):
             raise InvalidInput("scope", f"expected a load scope, got {type(scope).__name__}")
         db = self._db
         row = db.execute(_GET_HEAD, {"sid": session_id}).fetchone()
@@ -1026,9 +1214,11 @@ class SessionCommitRepository:
             if not isinstance(value, str) and not (value is None and column != "checkpoint_ref"):
                 raise SessionCorrupt("session_head", session_id, column, repr(value))
 
-        if isinstance(scope, ActivePathScope):
+        if isinstance(scope, HeadScope):
+            leaf, nodes = head_leaf, []
+        elif isinstance(scope, ActivePathScope):
             leaf = scope.leaf_node_id if scope.leaf_node_id is not None else head_leaf
-            nodes = self._active_path(session_id, leaf)
+            nodes = self._active_path(session_id, leaf, scope.tail)
         else:
             leaf = head_leaf
             nodes = [
@@ -1046,7 +1236,7 @@ class SessionCommitRepository:
             graph=SessionGraph(nodes=tuple(nodes), leaf_node_id=leaf),
             checkpoint_ref=checkpoint_ref,
             checkpoint=checkpoint,
-            token_ledger=merge_token_ledger(self._usage(session_id), session_id=session_id),
+            token_ledger=tuple(entry for _, entry in _read_totals(db, session_id)),
         )
 
     @staticmethod
@@ -1058,11 +1248,21 @@ class SessionCommitRepository:
         except (ValueError, TypeError) as exc:
             raise SessionCorrupt("session_head", session_id, column, str(exc)) from None
 
-    def _active_path(self, session_id: str, leaf: str | None) -> list[SessionNodeRecord]:
-        """The live path root-first to ``leaf`` (one recursive query, ordered here)."""
-        if leaf is None:
+    def _active_path(
+        self, session_id: str, leaf: str | None, tail: int | None = None
+    ) -> list[SessionNodeRecord]:
+        """The live path root-first to ``leaf``, or its last ``tail`` nodes.
+
+        One recursive query (:data:`ACTIVE_PATH`, or :data:`ACTIVE_PATH_TAIL`
+        bounded by ``tail``), ordered here by following the parents.
+        """
+        if leaf is None or tail == 0:
             return []
-        rows = self._db.execute(ACTIVE_PATH, {"sid": session_id, "leaf": leaf}).fetchall()
+        if tail is None:
+            rows = self._db.execute(ACTIVE_PATH, {"sid": session_id, "leaf": leaf}).fetchall()
+        else:
+            params = {"sid": session_id, "leaf": leaf, "n": tail}
+            rows = self._db.execute(ACTIVE_PATH_TAIL, params).fetchall()
         by_id = {r[1]: r for r in rows}
         walked = []
         seen: set[str] = set()
@@ -1081,47 +1281,6 @@ class SessionCommitRepository:
             for seq, node_id, _, raw in walked
             if (node := _decode_node(session_id, seq, node_id, raw)) is not None
         ]
-
-    def _check_ledger_room(self, session_id: str, deltas: Sequence[UsageDelta]) -> None:
-        """Refuse deltas that would take a merged ledger counter past ``2**63-1``.
-
-        The ledger :meth:`load_session` returns is the merge
-        (:func:`merge_token_ledger`) of every stored delta; a counter past
-        ``2**63-1`` there would make every later load fail. So the commit's
-        deltas are merged with the stored sums first (one grouped SELECT) and
-        refused when any counter would pass it: the ledger stays exact (no
-        saturation), and the commit writes nothing
-        (docs/decisions.md#a-ledger-counter-never-passes-2-63-1).
-
-        Raises:
-            UsageLedgerOverflow: a merged counter would exceed ``2**63-1``.
-        """
-        sums: dict[tuple[str, str], list[int]] = {
-            (row[0], row[1]): [int(v or 0) for v in row[2:]]
-            for row in self._db.execute(_GET_USAGE_SUMS, {"sid": session_id}).fetchall()
-        }
-        overflow = _accumulate(sums, deltas)
-        if overflow is not None:
-            raise UsageLedgerOverflow(session_id, *overflow)
-
-    def _usage(self, session_id: str) -> list[UsageLedgerEntry]:
-        """The session's usage deltas by ``seq``; undecodable rows skipped (logged once)."""
-        out = []
-        for row in self._db.execute(_GET_USAGE, {"sid": session_id}).fetchall():
-            try:
-                counts = row[3:]
-                if any(type(v) is not int for v in counts):
-                    raise TypeError(f"non-integer counter in {counts!r}")
-                out.append(
-                    UsageLedgerEntry(
-                        source=row[1],
-                        model=row[2],
-                        usage=TokenUsage(**dict(zip(_USAGE_FIELDS, counts, strict=True))),
-                    )
-                )
-            except (ValueError, TypeError, ValidationError) as exc:
-                _warn_once("usage_deltas", session_id, f"seq {row[0]}", str(exc))
-        return out
 
     def load_node(self, session_id: str, node_id: str) -> SessionNodeRecord | None:
         """One live node of the session (docs/sessions.md#load_node).

@@ -5,8 +5,9 @@ The coordination half (``session_execution_leases``, ``queued_work_batches``,
 ``alembic/versions/sessions_0001_*.py``, the commit half (head, graph, usage,
 turn commits, attachments, blobs, artifact refs, metadata) by
 ``sessions_0002_*.py``, the checkpoint additions (``graph_nodes.blob_ref``,
-``graph_nodes.run_id``, ``session_pending_writes``) by ``sessions_0003_*.py``;
-the drift check keeps models and migrations equal.
+``graph_nodes.run_id``, ``session_pending_writes``) by ``sessions_0003_*.py``,
+the ledger totals (``session_usage_totals``) by ``sessions_0004_*.py``; the
+drift check keeps models and migrations equal.
 Every table but the content-addressed ``blobs`` and ``artifact_refs`` is keyed
 by ``session_id``, so one database (and one Postgres server) holds many
 sessions (docs/decisions.md#many-sessions-per-database). The columns are
@@ -44,6 +45,7 @@ __all__ = [
     "SessionLeaseRow",
     "SessionMetaRow",
     "UsageDeltaRow",
+    "UsageTotalRow",
 ]
 
 _ZERO = text("0")
@@ -202,7 +204,17 @@ class GraphNodeRow(Base):
     )
 
 
-class UsageDeltaRow(Base):
+class _UsageCounters:
+    """The five token counters of a usage row (``TokenUsage``'s fields), ``0..2**63-1``."""
+
+    input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    cache_read_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    cache_write_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+    reasoning_output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
+
+
+class UsageDeltaRow(Base, _UsageCounters):
     """Append-only token usage ledger of a session."""
 
     __tablename__ = "usage_deltas"
@@ -211,16 +223,28 @@ class UsageDeltaRow(Base):
     session_id: Mapped[str] = mapped_column(Text, nullable=False)
     source: Mapped[str] = mapped_column(Text, nullable=False)
     model: Mapped[str] = mapped_column(Text, nullable=False)
-    input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    cache_read_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    cache_write_input_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
-    reasoning_output_tokens: Mapped[int] = mapped_column(BIGINT, nullable=False)
 
     __table_args__ = (
         Index("ix_usage_deltas_session_seq", "session_id", "seq"),
         {"sqlite_autoincrement": True},
     )
+
+
+class UsageTotalRow(Base, _UsageCounters):
+    """The merged ledger of a session: one row per ``(source, model)``, kept by the commit.
+
+    Each commit adds its usage deltas (those with a non-zero total) to these
+    counters under the session's write lock, so a load reads the totals
+    instead of re-summing ``usage_deltas``. ``ordinal`` is the pair's rank of
+    first appearance in the session (0, 1, ...): the ledger's order.
+    """
+
+    __tablename__ = "session_usage_totals"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    source: Mapped[str] = mapped_column(Text, primary_key=True)
+    model: Mapped[str] = mapped_column(Text, primary_key=True)
+    ordinal: Mapped[int] = mapped_column(BIGINT, nullable=False)
 
 
 class RuntimeTurnCommitRow(Base):

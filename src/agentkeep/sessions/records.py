@@ -38,6 +38,7 @@ __all__ = [
     "FullGraphScope",
     "GcReport",
     "GraphCommitDelta",
+    "HeadScope",
     "HydratedSessionCheckpoint",
     "LoadScope",
     "PersistedSessionRead",
@@ -124,14 +125,34 @@ class FullGraphScope(BaseModel):
 
 
 class ActivePathScope(BaseModel):
-    """Load the path from the root to ``leaf_node_id`` (default: the head's leaf)."""
+    """Load the path from the root to ``leaf_node_id`` (default: the head's leaf).
+
+    ``tail=N`` loads only the last ``N`` nodes of that path (still root-first,
+    ending at the leaf): the read follows at most ``N`` parent links, so its
+    cost is O(N) whatever the path's length. A tail longer than the path
+    gives the whole path; ``tail=0`` gives no nodes (the read is then the
+    head, the checkpoint and the ledger, like :class:`HeadScope` with the
+    scope's leaf). ``None`` (the default) is the whole path.
+    """
 
     model_config = _FROZEN
     kind: Literal["active_path"] = "active_path"
     leaf_node_id: Text | None = None
+    tail: U63 | None = None
 
 
-LoadScope: TypeAlias = FullGraphScope | ActivePathScope
+class HeadScope(BaseModel):
+    """Load the head, its leaf, the checkpoint and the ledger totals; no graph node.
+
+    The resume read whose cost does not grow with the session: the graph of
+    the result has no nodes and the head's leaf as ``leaf_node_id``.
+    """
+
+    model_config = _FROZEN
+    kind: Literal["head"] = "head"
+
+
+LoadScope: TypeAlias = FullGraphScope | ActivePathScope | HeadScope
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,221 @@
+"""The decoded-snapshot cache of ``decode_session`` (docs/runtime.md#decoded-snapshot-cache).
+
+* A hit equals a fresh decode; a metadata-free session is shared as is.
+* The opaque JSON parts (``extra_metadata``, a malformed history's value) are
+  copied on every hit: a caller that mutates them changes nothing cached.
+* The key is the exact bytes: a stored head changed behind the store's back
+  (corrupt, or another valid session) is decoded from its own bytes, never
+  served from the cache; a failing decode is not cached.
+* The cache is bounded (least recently used out) and skips long snapshots.
+* ``atomic_apply`` of a chain decodes each snapshot once.
+* A snapshot is parsed once: validating the parsed object (pydantic strict
+  Python mode) gives what validating the bytes gives, sessions and errors
+  alike, over a corpus of valid, malformed-history and invalid documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agentkeep.errors import ReadFailed, WriteFailed
+from agentkeep.runtime import session_model as SM
+from agentkeep.runtime.session_model import (
+    DecodedSessionCache,
+    DecodeProblem,
+    Message,
+    decode_session,
+)
+from agentkeep.store import Store
+from tests.support import raw_exec
+
+from .builders import (
+    encode,
+    malformed_history_blob,
+    receipt,
+    session_blob,
+    session_with_compaction_intent,
+    snapshot_with_raw_intents,
+    user_session,
+)
+
+RT = "runtime-cache"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    SM.DECODED_SESSIONS.clear()
+    yield
+    SM.DECODED_SESSIONS.clear()
+
+
+def test_a_hit_equals_a_fresh_decode_and_is_shared_when_frozen() -> None:
+    data = encode(user_session("a", "b"))
+    first = decode_session(data)
+    again = decode_session(bytes(data))  # equal bytes, another object
+    assert again is first
+    assert again == SM._decode_session(data)
+    assert len(SM.DECODED_SESSIONS) == 1
+
+
+def test_opaque_metadata_is_copied_on_every_hit() -> None:
+    obj = user_session("a").to_json()
+    obj["metadata"]["note"] = {"tags": ["x"]}
+    data = session_blob(obj)
+    first = decode_session(data)
+    first.extra_metadata["note"]["tags"].append("mutated")  # type: ignore[index, union-attr]
+    first.extra_metadata["added"] = 1
+    again = decode_session(data)
+    assert again.extra_metadata == {"note": {"tags": ["x"]}}
+    assert again == SM._decode_session(data)
+
+    malformed = malformed_history_blob(user_session("a"), history={"not": ["a history"]})
+    one = decode_session(malformed)
+    assert one.malformed_history is not None
+    one.malformed_history.value["not"].append("mutated")  # type: ignore[index, union-attr]
+    two = decode_session(malformed)
+    assert two.malformed_history is not None
+    assert two.malformed_history.value == {"not": ["a history"]}
+
+
+def test_a_failing_decode_is_not_cached() -> None:
+    bad = b'{"version":2,"id":"nope","messages":[],"metadata":{}}'
+    for _ in range(2):
+        with pytest.raises(DecodeProblem):
+            decode_session(bad)
+    assert len(SM.DECODED_SESSIONS) == 0
+
+
+def test_the_cache_is_bounded_least_recently_used_out() -> None:
+    cache = DecodedSessionCache(max_entries=2, max_bytes=10_000)
+    a, b, c = (user_session(x) for x in "abc")
+    cache.put(b"a", a)
+    cache.put(b"b", b)
+    assert cache.get(b"a") is a  # a is now the newest
+    cache.put(b"c", c)
+    assert cache.get(b"b") is None and cache.get(b"a") is a and cache.get(b"c") is c
+    cache.put(b"x" * 10_001, a)  # longer than max_bytes: not kept
+    assert cache.get(b"x" * 10_001) is None and len(cache) == 2
+
+    budget = DecodedSessionCache(max_entries=10, max_bytes=100, max_total_bytes=250)
+    for key in (b"1" * 100, b"2" * 100, b"3" * 100):  # the third passes the total: 1 out
+        budget.put(key, a)
+    assert budget.get(b"1" * 100) is None and len(budget) == 2
+    budget.put(b"2" * 100, b)  # replacing an entry does not count its bytes twice
+    assert len(budget) == 2 and budget.get(b"3" * 100) is a and budget.get(b"2" * 100) is b
+
+
+def test_a_changed_stored_head_is_never_served_from_the_cache(store: Store, db_url: str) -> None:
+    base = user_session("one")
+    sid = base.id
+    first = encode(base)
+    store.runtime.atomic_apply(RT, first, receipt(0))
+    assert decode_session(first) is not None  # cached
+
+    # the stored head replaced behind the store's back by undecodable bytes
+    raw_exec(
+        db_url,
+        "UPDATE runtime_session_snapshots SET session_snapshot = :d WHERE runtime_id = :rt",
+        params={"rt": RT, "d": b'{"version":2}'},
+    )
+    nxt = encode(base.with_message("assistant", "two"))
+    with pytest.raises(ReadFailed):
+        store.runtime.atomic_apply(RT, nxt, receipt(1))
+
+    # ... and by another valid session that the incoming one does not continue
+    other = encode(user_session("something else", session_id=sid))
+    raw_exec(
+        db_url,
+        "UPDATE runtime_session_snapshots SET session_snapshot = :d WHERE runtime_id = :rt",
+        params={"rt": RT, "d": other},
+    )
+    with pytest.raises(WriteFailed):
+        store.runtime.atomic_apply(RT, nxt, receipt(2))
+    assert store.runtime.load_session_snapshot(RT) == other
+    # put back the head the incoming snapshot continues: accepted
+    raw_exec(
+        db_url,
+        "UPDATE runtime_session_snapshots SET session_snapshot = :d WHERE runtime_id = :rt",
+        params={"rt": RT, "d": first},
+    )
+    store.runtime.atomic_apply(RT, nxt, receipt(3))
+    assert store.runtime.load_session_snapshot(RT) == nxt
+
+
+def test_a_chain_of_boundaries_decodes_each_snapshot_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[bytes] = []
+    real = SM._decode_session
+
+    def counting(data: bytes) -> SM.Session:
+        decoded.append(bytes(data))
+        return real(data)
+
+    monkeypatch.setattr(SM, "_decode_session", counting)
+    session = user_session("start")
+    chain = [encode(session)]
+    for i in range(5):
+        session = session.with_message("assistant", f"reply {i}")
+        chain.append(encode(session))
+    for i, data in enumerate(chain):
+        store.runtime.atomic_apply(RT, data, receipt(i))
+    assert decoded == chain  # the stored head of call i+1 is call i's snapshot: a hit
+
+
+# --------------------------------------------------------------------------
+# One parse per document: the parsed object is validated, not the bytes again
+
+
+def _corpus() -> list[bytes]:
+    compacted, intent = session_with_compaction_intent()
+    rewritten, _ = user_session("a", "b", "c").rewrite(
+        1, 2, [Message(role="notice", content="n")], actor="me"
+    )
+    with_meta = compacted.to_json()
+    with_meta["metadata"]["opaque"] = {"x": [1, 2.5, None, True, "é"]}
+    docs = [
+        encode(user_session()),
+        encode(user_session("a", "b")),
+        encode(compacted),
+        encode(rewritten),
+        session_blob(with_meta),
+        malformed_history_blob(user_session("a")),
+        malformed_history_blob(rewritten, history={"head": "h", "commits": [], "revisions": []}),
+        malformed_history_blob(rewritten, history={"head": 1, "commits": [{}], "revisions": []}),
+        snapshot_with_raw_intents(compacted, [intent]),
+    ]
+    for bad in (
+        {"version": 2, "id": compacted.id, "messages": [], "metadata": {}, "extra": 1},
+        {"version": 2, "id": compacted.id, "messages": [{"role": "bot", "content": "x"}]},
+        {"version": 2, "id": compacted.id, "messages": "no", "metadata": {}},
+        {"version": 2, "id": 5, "messages": [], "metadata": {}},
+        {"version": 2, "id": compacted.id, "messages": [], "metadata": []},
+        {"version": 2, "id": compacted.id, "messages": [], "metadata": {"compaction_intents": 1}},
+    ):
+        docs.append(session_blob(bad))
+    docs.append(snapshot_with_raw_intents(compacted, [{"projection": {}, "summary_tokens": True}]))
+    return docs
+
+
+def _outcome(data: bytes) -> object:
+    try:
+        return SM._decode_session(data)
+    except DecodeProblem as exc:
+        return ("DecodeProblem", str(exc))
+
+
+def test_validating_the_parsed_object_equals_validating_the_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docs = _corpus()
+    fast = [_outcome(d) for d in docs]
+    monkeypatch.setattr(SM, "_wire_from", lambda obj: None)
+    monkeypatch.setattr(SM, "_history_from", lambda value: None)
+    slow = [_outcome(d) for d in docs]
+    assert fast == slow
+    decoded = [o for o in fast if isinstance(o, SM.Session)]
+    assert len(decoded) == 9 and any(s.history is not None for s in decoded)
+    assert any(s.malformed_history is not None for s in decoded)
+    assert any(s.compaction_intents for s in decoded)
