@@ -84,6 +84,7 @@ __all__ = [
     "SessionCorrupt",
     "SessionExecutionLeaseExpired",
     "SessionKeyMismatch",
+    "SessionLeaseHeld",
     "SessionSnapshotSuperseded",
     "SessionStoreError",
     "StoreBusy",

@@ -239,6 +239,11 @@ def _check_commits(
     chain = report("head: the graph is the chain of the turns' nodes 1..head")
     ledger = report("head: the usage ledger counts every turn once")
     checkpoint = report("head: the checkpoint is the head turn's")
+    # The ledger twice: the totals the commit keeps (what a load returns) and the
+    # usage rows they were summed from (the audit trail); both count each turn once.
+    audit = dict(
+        raw_rows(url, "SELECT session_id, sum(input_tokens) FROM usage_deltas GROUP BY session_id")
+    )
     for sid in SESSIONS:
         read = store.commits.load_session(sid, FullGraphScope())
         head = 0 if read is None else read.head_revision
@@ -256,6 +261,8 @@ def _check_commits(
         chain.expect(actual == expected, f"{sid}: {len(nodes)} nodes for head {head}")
         tokens = sum(e.usage.input_tokens for e in read.token_ledger)
         ledger.expect(tokens == head, f"{sid}: {tokens} input tokens for head {head}")
+        rows = int(audit.get(sid) or 0)
+        ledger.expect(rows == head, f"{sid}: {rows} input tokens in usage rows for head {head}")
         state = read.checkpoint.turn_state if read.checkpoint is not None else None
         checkpoint.expect(
             state == {"rev": head, "turn": turn_at.get(head)}, f"{sid}: checkpoint {state}"
