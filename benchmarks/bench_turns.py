@@ -60,6 +60,7 @@ import argparse
 import gc
 import json
 import multiprocessing
+import os
 import queue
 import sqlite3
 import sys
@@ -744,6 +745,8 @@ def main() -> None:
 
     out: list[str] = []
     if args.throughput:
+        load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+        out += [f"machine: {os.cpu_count()} cores, load average {load} (1/5/15 min) at start", ""]
         with tempfile.TemporaryDirectory() as d:
             out += throughput("SQLite", Path(d), args)
             if not args.no_postgres:
