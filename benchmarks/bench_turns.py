@@ -686,7 +686,7 @@ def throughput(backend: str, tmp: Path, args: argparse.Namespace) -> list[str]:
     first = table[args.processes[0]]
     lines = [
         f"{backend}: throughput, turns/s of all processes over a {args.seconds:g} s window, "
-        f"best of {args.tp_rounds} rounds; agentkeep resume read load_session({scope_name}); "
+        f"best of {args.tp_rounds} round(s); agentkeep resume read load_session({scope_name}); "
         "ratio = agentkeep turns/s / langgraph turns/s (>1: agentkeep faster); "
         f"scale = turns/s / turns/s at {args.processes[0]} proc; "
         "CPU = the workers' own CPU ms per turn",
