@@ -1,6 +1,7 @@
 """Agent-turn benchmark: per-turn cost as a session grows, against LangGraph's checkpointers.
 
     .venv/bin/python benchmarks/bench_turns.py [--quick] [--window 50] [--no-postgres]
+    .venv/bin/python benchmarks/bench_turns.py --throughput [--processes 1,4,8] [--seconds 2]
 
 One **agent turn** is what a runtime does on every step:
 
@@ -35,6 +36,22 @@ Then, on SQLite files (WAL, ``synchronous=NORMAL``):
 Postgres: ``--pg-url`` (default ``postgresql://postgres@127.0.0.1:5432``)
 names a server; two scratch databases ``agentkeep_bench_turns_ak`` and
 ``agentkeep_bench_turns_lg`` are created and dropped at the end.
+
+``--throughput`` runs only the throughput section: for each process count of
+``--processes`` (default 1, 4, 8), fresh databases (SQLite files;
+``agentkeep_bench_turns_tp_ak`` / ``_tp_lg`` on Postgres, created and dropped
+for each count) and N spawned worker processes, each opening its own ``Store``
+and its own LangGraph saver and driving its own session and thread: 10
+warm-up turns on each side, then ``--tp-rounds`` (default 2) rounds of one
+``--seconds`` (default 2) wall-clock window per side, every window started by
+a barrier of all the workers (rounds alternate which side goes first). The
+agentkeep turn reads ``load_session(HeadScope())`` (``--tp-scope tail``:
+``ActivePathScope(tail=32)``), the flat resume read of the growth table.
+Turns/s = all workers' turns / (last worker's end - first worker's start),
+best round per side; the garbage collector stays on. After the windows every
+session is checked: agentkeep's head revision equals the turns its worker
+committed (checkpoint state and ledger totals too), LangGraph's latest
+checkpoint is the last turn's, with one checkpoint and 3 writes per turn.
 """
 
 from __future__ import annotations
@@ -42,18 +59,24 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing
+import os
+import queue
 import sqlite3
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from _common import raw_connect, sqlite_form
 
 from agentkeep import Store
+from agentkeep.db import DEFAULT_BUSY_TIMEOUT_MS
 from agentkeep.migrations import upgrade
 from agentkeep.sessions import checkpoints as C
 from agentkeep.sessions import commits as K
@@ -246,7 +269,9 @@ class LangGraphLoop:
 def sqlite_saver(path: Path) -> Iterator[Any]:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    conn = sqlite3.connect(str(path), check_same_thread=False)
+    # The busy timeout agentkeep's store uses: writers of other processes wait, not fail.
+    timeout = DEFAULT_BUSY_TIMEOUT_MS / 1000
+    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=timeout)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     saver = SqliteSaver(conn)
@@ -258,11 +283,14 @@ def sqlite_saver(path: Path) -> Iterator[Any]:
 
 
 @contextmanager
-def postgres_saver(url: str) -> Iterator[Any]:
+def postgres_saver(url: str, *, setup: bool = True) -> Iterator[Any]:
+    """A ``PostgresSaver``; ``setup=False`` for a database another process set up
+    (its migrations are not safe to run from several processes at once)."""
     from langgraph.checkpoint.postgres import PostgresSaver
 
     with PostgresSaver.from_conn_string(url) as saver:
-        saver.setup()
+        if setup:
+            saver.setup()
         yield saver
 
 
@@ -405,6 +433,279 @@ def bench_atomic_apply(tmp: Path, n: int, rounds: int) -> list[str]:
     ]
 
 
+# --------------------------------------------------------------------------
+# Throughput with 1, 4 and 8 processes
+
+#: How long a worker waits at a barrier, or the parent for a worker, before giving up.
+TP_TIMEOUT_S = 120.0
+SIDES = ("agentkeep", "langgraph")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one throughput worker is told (pickled to a spawned process)."""
+
+    index: int
+    backend: str  # "SQLite" or "Postgres"
+    ak_url: str
+    lg_target: str  # SQLite file path or Postgres URL
+    scope: str  # "head" or "tail"
+    seconds: float
+    rounds: int
+    warmup: int
+
+
+@dataclass(frozen=True)
+class Window:
+    """One worker's timed window: turns done between its ``t0`` and ``t1`` (monotonic)."""
+
+    side: str
+    round: int
+    turns: int
+    t0: float
+    t1: float
+    cpu: float  # the worker's process CPU seconds in the window (the client side only)
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    index: int
+    session_id: str  # the agentkeep session and the LangGraph thread the worker drove
+    ak_turns: int  # every turn it committed: warm-up and windows
+    lg_turns: int
+    windows: tuple[Window, ...]
+
+
+def resume_scope(name: str) -> Any:
+    """The resume read of the throughput loop: ``HeadScope()`` or ``ActivePathScope(tail=32)``."""
+    if name == "head" and hasattr(R, "HeadScope"):
+        return R.HeadScope()
+    if name == "tail" and "tail" in ActivePathScope.model_fields:
+        return ActivePathScope(tail=TAIL)  # type: ignore[call-arg]
+    raise SystemExit(f"--tp-scope {name}: this agentkeep has no such resume read")
+
+
+@contextmanager
+def worker_saver(backend: str, target: str) -> Iterator[Any]:
+    """The LangGraph saver of one worker: its own connection to the set-up database."""
+    if backend == "SQLite":
+        with sqlite_saver(Path(target)) as saver:
+            yield saver
+    else:
+        with postgres_saver(target, setup=False) as saver:
+            yield saver
+
+
+def timed_turns(loop: Any, side: str, rnd: int, seconds: float) -> Window:
+    """Turns of ``loop`` until ``seconds`` of wall time have passed (at least one turn)."""
+    c0, t0 = time.process_time(), time.monotonic()
+    deadline, turns = t0 + seconds, 0
+    while True:
+        loop.turn(loop.turns)
+        turns += 1
+        t1 = time.monotonic()
+        if t1 >= deadline:
+            return Window(side, rnd, turns, t0, t1, time.process_time() - c0)
+
+
+def drive(spec: WorkerSpec, barrier: Any) -> WorkerResult:
+    """One worker: its own store, saver and session; warm up, then the timed windows.
+
+    Every window starts at a barrier of all workers: none is timed while another
+    is still starting, connecting or warming up. Rounds alternate which side
+    goes first.
+    """
+    sid = f"tp-{spec.index}"
+    with worker_saver(spec.backend, spec.lg_target) as saver:
+        store = Store.open(spec.ak_url)
+        try:
+            loops = {
+                "agentkeep": AgentkeepLoop(store, sid, resume_scope(spec.scope)),
+                "langgraph": LangGraphLoop(saver, sid),
+            }
+            for loop in loops.values():
+                for _ in range(spec.warmup):
+                    loop.turn(loop.turns)
+            windows = []
+            for rnd in range(spec.rounds):
+                for side in SIDES if rnd % 2 == 0 else SIDES[::-1]:
+                    barrier.wait(TP_TIMEOUT_S)
+                    windows.append(timed_turns(loops[side], side, rnd, spec.seconds))
+            barrier.wait(TP_TIMEOUT_S)  # nobody closes while another is still timed
+            ak, lg = loops["agentkeep"], loops["langgraph"]
+            return WorkerResult(spec.index, sid, ak.turns, lg.turns, tuple(windows))
+        finally:
+            store.close()
+
+
+def tp_worker(spec: WorkerSpec, barrier: Any, results: Any) -> None:
+    """Process entry point: put the worker's result, or its traceback, on ``results``."""
+    try:
+        results.put(drive(spec, barrier))
+    except BaseException:
+        barrier.abort()  # the others stop waiting for this one
+        results.put((spec.index, traceback.format_exc()))
+
+
+def run_workers(specs: list[WorkerSpec]) -> list[WorkerResult]:
+    """Spawn one process per spec, wait for every result; any failure fails the run."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(specs))
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=tp_worker, args=(spec, barrier, results), name=f"tp-{spec.index}")
+        for spec in specs
+    ]
+    for proc in procs:
+        proc.start()
+    got: dict[int, WorkerResult] = {}
+    failures: list[str] = []
+    budget = TP_TIMEOUT_S + max(s.seconds for s in specs) * 2 * specs[0].rounds
+    deadline = time.monotonic() + budget
+    try:
+        while len(got) + len(failures) < len(specs):
+            try:
+                item = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p.name for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    failures.append(f"workers {dead or 'timed out'} reported nothing")
+                    break
+                continue
+            if isinstance(item, WorkerResult):
+                got[item.index] = item
+            else:
+                failures.append(f"worker {item[0]}:\n{item[1]}")
+    finally:
+        for proc in procs:
+            proc.join(10.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+    if failures:
+        raise RuntimeError("throughput run failed: " + "\n".join(failures))
+    return [got[i] for i in sorted(got)]
+
+
+def verify(backend: str, ak_url: str, lg_target: str, results: list[WorkerResult]) -> None:
+    """After the windows: every session holds exactly the turns its worker committed.
+
+    agentkeep: head revision = commits, the checkpoint's state is the last turn's,
+    the ledger's output tokens are 20 per turn. LangGraph: the latest checkpoint
+    is the last turn's; the thread has one checkpoint per turn and 3 writes per turn.
+    """
+    store = Store.open(ak_url)
+    try:
+        for res in results:
+            read = store.commits.load_session(res.session_id, R.HeadScope())
+            assert read is not None, res.session_id
+            assert read.head_revision == res.ak_turns, (res, read.head_revision)
+            assert read.checkpoint is not None
+            assert read.checkpoint.turn_state["turn"] == res.ak_turns - 1, res
+            (entry,) = read.token_ledger
+            assert entry.usage.output_tokens == 20 * res.ak_turns, (res, entry)
+    finally:
+        store.close()
+    # LangGraph's own tables: SqliteSaver's ``writes``, PostgresSaver's ``checkpoint_writes``.
+    mark, writes = ("?", "writes") if backend == "SQLite" else ("%s", "checkpoint_writes")
+    with worker_saver(backend, lg_target) as saver:
+        for res in results:
+            config = {"configurable": {"thread_id": res.session_id, "checkpoint_ns": ""}}
+            got = saver.get_tuple(config)
+            assert got is not None, res.session_id
+            assert got.checkpoint["channel_values"]["state"]["turn"] == res.lg_turns - 1, res
+            for table, per_turn in (("checkpoints", 1), (writes, 3)):
+                sql = f"SELECT count(*) AS n FROM {table} WHERE thread_id = {mark}"
+                row = saver.conn.execute(sql, (res.session_id,)).fetchone()
+                count = row["n"] if isinstance(row, dict) else row[0]  # PostgresSaver: dict rows
+                assert count == per_turn * res.lg_turns, (res, table, count)
+
+
+@dataclass(frozen=True)
+class Rate:
+    turns_per_s: float
+    cpu_ms: float  # the workers' CPU per turn (client side)
+
+
+def rates(results: list[WorkerResult], side: str, rounds: int) -> list[Rate]:
+    """Each round of ``side``: all workers' turns over the span from the first
+    worker's start to the last worker's end."""
+    out = []
+    for rnd in range(rounds):
+        ws = [w for r in results for w in r.windows if w.side == side and w.round == rnd]
+        turns = sum(w.turns for w in ws)
+        span = max(w.t1 for w in ws) - min(w.t0 for w in ws)
+        out.append(Rate(turns / span, sum(w.cpu for w in ws) / turns * 1e3))
+    return out
+
+
+@contextmanager
+def tp_databases(backend: str, tmp: Path, procs: int, pg_url: str) -> Iterator[tuple[str, str]]:
+    """Fresh, set-up databases for one process count: (agentkeep URL, LangGraph target)."""
+    if backend == "SQLite":
+        ak_url, lg_target = f"sqlite:///{tmp / f'tp{procs}-ak.db'}", str(tmp / f"tp{procs}-lg.db")
+        with sqlite_saver(Path(lg_target)):
+            pass
+        upgrade(ak_url)
+        yield ak_url, lg_target
+        return
+    names = ["agentkeep_bench_turns_tp_ak", "agentkeep_bench_turns_tp_lg"]
+    with scratch_databases(pg_url, names) as (ak, lg_target):
+        ak_url = ak.replace("postgresql://", "postgresql+psycopg://", 1)
+        with postgres_saver(lg_target):
+            pass
+        upgrade(ak_url)
+        yield ak_url, lg_target
+
+
+def throughput(backend: str, tmp: Path, args: argparse.Namespace) -> list[str]:
+    """Turns/s of N processes on one backend, agentkeep and LangGraph side by side."""
+    scope_name = "HeadScope()" if args.tp_scope == "head" else f"ActivePathScope(tail={TAIL})"
+    table: dict[int, dict[str, Rate]] = {}
+    for procs in args.processes:
+        with tp_databases(backend, tmp, procs, args.pg_url) as (ak_url, lg_target):
+            specs = [
+                WorkerSpec(
+                    i, backend, ak_url, lg_target, args.tp_scope, args.seconds, args.tp_rounds, 10
+                )
+                for i in range(procs)
+            ]
+            results = run_workers(specs)
+            verify(backend, ak_url, lg_target, results)
+        table[procs] = {}
+        for side in SIDES:
+            each = rates(results, side, args.tp_rounds)
+            table[procs][side] = max(each, key=lambda r: r.turns_per_s)
+            shown = ", ".join(f"{r.turns_per_s:,.0f}" for r in each)
+            print(
+                f"  [{backend} throughput] {procs} procs {side:<9}: {shown} turns/s "
+                f"(rounds); verified {len(results)} sessions",
+                file=sys.stderr,
+                flush=True,
+            )
+    first = table[args.processes[0]]
+    lines = [
+        f"{backend}: throughput, turns/s of all processes over a {args.seconds:g} s window, "
+        f"best of {args.tp_rounds} round(s); agentkeep resume read load_session({scope_name}); "
+        "ratio = agentkeep turns/s / langgraph turns/s (>1: agentkeep faster); "
+        f"scale = turns/s / turns/s at {args.processes[0]} proc; "
+        "CPU = the workers' own CPU ms per turn",
+        f"  {'procs':>5} | {'agentkeep':>9} | {'langgraph':>9} | {'ratio':>6} | "
+        f"{'ak scale':>8} | {'lg scale':>8} | {'ak CPU':>6} | {'lg CPU':>6}",
+    ]
+    lines.append("  " + "-" * (len(lines[-1]) - 2))
+    for procs, row in table.items():
+        ak, lg = row["agentkeep"], row["langgraph"]
+        lines.append(
+            f"  {procs:>5} | {ak.turns_per_s:>9,.0f} | {lg.turns_per_s:>9,.0f} | "
+            f"{ak.turns_per_s / lg.turns_per_s:>5.2f}x | "
+            f"{ak.turns_per_s / first['agentkeep'].turns_per_s:>7.2f}x | "
+            f"{lg.turns_per_s / first['langgraph'].turns_per_s:>7.2f}x | "
+            f"{ak.cpu_ms:>6.2f} | {lg.cpu_ms:>6.2f}"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="lengths 10 and 1,000 only")
@@ -417,6 +718,25 @@ def main() -> None:
     parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432")
     parser.add_argument("--n", type=int, default=50, help="calls per round (load, apply)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--throughput",
+        action="store_true",
+        help="only the throughput section: turns/s of 1, 4 and 8 worker processes",
+    )
+    parser.add_argument(
+        "--processes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 4, 8],
+        help="throughput: comma-separated process counts (default 1,4,8)",
+    )
+    parser.add_argument("--seconds", type=float, default=2.0, help="throughput: timed window")
+    parser.add_argument("--tp-rounds", type=int, default=2, help="throughput: windows per side")
+    parser.add_argument(
+        "--tp-scope",
+        choices=["head", "tail"],
+        default="head",
+        help=f"throughput: resume read HeadScope() or ActivePathScope(tail={TAIL})",
+    )
     args = parser.parse_args()
     if args.lengths:
         lengths = [int(x) for x in args.lengths.split(",")]
@@ -424,6 +744,16 @@ def main() -> None:
         lengths = [10, 1000] if args.quick else [10, 1000, 10_000]
 
     out: list[str] = []
+    if args.throughput:
+        load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+        out += [f"machine: {os.cpu_count()} cores, load average {load} (1/5/15 min) at start", ""]
+        with tempfile.TemporaryDirectory() as d:
+            out += throughput("SQLite", Path(d), args)
+            if not args.no_postgres:
+                out += [""] + throughput("Postgres", Path(d), args)
+        print()
+        print("\n".join(out))
+        return
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if not args.no_growth:
