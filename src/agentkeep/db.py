@@ -1093,6 +1093,7 @@ class Driver:
     """
 
     __slots__ = (
+        "_cursor",
         "_error",
         "_lean",
         "_merge_begin",
@@ -1133,6 +1134,7 @@ class Driver:
         self._lean = lean and self.postgres
         self._merge_begin = self._lean and target.dialect.driver in _MERGED_BEGIN_DRIVERS
         self._pending_begin: str | None = None
+        self._cursor: Any = None  # the cursor of the last execute (see close_cursor)
 
     @classmethod
     def of(
@@ -1172,7 +1174,7 @@ class Driver:
         try:
             if self._pending_begin is not None:
                 self._send_begin()
-            cur = self.raw.cursor()
+            cur = self._cursor = self.raw.cursor()
             cur.execute(form.sql, bound)
         except self._error as exc:
             raise self.translate(exc) from exc
@@ -1334,6 +1336,24 @@ class Driver:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
         self._pending_begin = None
         self.raw.rollback()
+
+    def close_cursor(self) -> None:
+        """Close the cursor of the last :meth:`execute` (a failed or interrupted unit).
+
+        On SQLite a statement whose rows were not all read stays in progress
+        while its cursor lives, and an interrupted unit's cursor can outlive
+        it (held by the traceback of the cancelled task): a write statement
+        left in progress (``INSERT … RETURNING``) makes every later COMMIT on
+        the connection fail with "SQL statements in progress". Closing it
+        resets the statement. Errors are ignored: the connection's own
+        rollback or disposal follows.
+        """
+        cur, self._cursor = self._cursor, None
+        if cur is not None:
+            try:
+                cur.close()
+            except Exception:  # noqa: BLE001 - best effort; rollback/invalidate follows
+                pass
 
     def enter_lean(self) -> None:
         """A lean unit's connection, just checked out of the pool (see :meth:`leave_lean`).

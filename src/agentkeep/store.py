@@ -866,12 +866,21 @@ def _rollback_or_discard(driver: db.Driver, pooled: Any, error: BaseException) -
     aiosqlite finishes a statement before the rollback runs on its thread),
     and closing it would not end the transaction while a cursor of it is
     still referenced (sqlite3 then leaves the connection open, holding the
-    write lock, until the cursor is collected).
+    write lock, until the cursor is collected). Its last cursor is closed
+    first, so that no statement of the unit stays in progress; a connection
+    that refused a COMMIT because a statement of an earlier unit is still in
+    progress is rolled back, then discarded.
     """
     if not isinstance(error, Exception) and driver.postgres:
         pooled.invalidate()
         return
+    if not driver.postgres:
+        driver.close_cursor()  # no statement of the unit stays in progress on the connection
     db.rollback_after(error, driver.rollback, pooled.invalidate)
+    if not driver.postgres and "statements in progress" in str(error):
+        # A statement of an earlier unit is still in progress on this connection
+        # (its cursor lives on somewhere): never reuse it; the retry gets another.
+        pooled.invalidate()
 
 
 def _commit_failure(conn: Connection, exc: sa_exc.DBAPIError) -> DatabaseError:
