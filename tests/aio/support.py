@@ -114,6 +114,10 @@ class Observer:
         got = self._conn.execute(text(sql), params).all()
         return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in got]
 
+    def execute(self, sql: str, **params: Any) -> None:
+        """Run one statement that returns no rows (autocommitted)."""
+        self._conn.execute(text(sql), params)
+
     def scalar(self, sql: str, **params: Any) -> Any:
         """The single value of a one-row, one-column SELECT."""
         ((value,),) = self.rows(sql, **params)

@@ -1,0 +1,1 @@
+"""Cases of the async surface suite (see surface.py)."""
