@@ -150,7 +150,8 @@ class Ctx:
         assert self.stored() == before, f"{result!r} changed stored rows"
         return result
 
-    async def refused(self, error: type[BaseException], call: Awaitable[Any]) -> Any:
+    async def refused(
+        self, error: type[BaseException] | tuple[type[BaseException], ...], call: Awaitable[Any]) -> Any:
         """Await ``call``; check it raises ``error`` and that no stored row changed."""
         before = self.stored()
         with pytest.raises(error) as info:
