@@ -114,9 +114,11 @@ class Observer:
         got = self._conn.execute(text(sql), params).all()
         return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in got]
 
-    def execute(self, sql: str, **params: Any) -> None:
-        """Run one statement that returns no rows (autocommitted)."""
-        self._conn.execute(text(sql), params)
+    def execute(self, *statements: str) -> None:
+        """Run statements that return no rows, in one transaction of their own."""
+        with self._engine.begin() as conn:
+            for sql in statements:
+                conn.execute(text(sql))
 
     def scalar(self, sql: str, **params: Any) -> Any:
         """The single value of a one-row, one-column SELECT."""

@@ -34,8 +34,8 @@ from sqlalchemy import make_url
 from agentkeep.aio import AsyncStore
 from agentkeep.base import load_all_models, table_applies
 from agentkeep.clock import SettableClock
-from agentkeep.runtime.facade import RuntimeCalls
 from agentkeep.runs.facade import RunCalls
+from agentkeep.runtime.facade import RuntimeCalls
 from agentkeep.sessions.facade import (
     CatalogCalls,
     CheckpointNodeCalls,
@@ -151,7 +151,8 @@ class Ctx:
         return result
 
     async def refused(
-        self, error: type[BaseException] | tuple[type[BaseException], ...], call: Awaitable[Any]) -> Any:
+        self, error: type[BaseException] | tuple[type[BaseException], ...], call: Awaitable[Any]
+    ) -> Any:
         """Await ``call``; check it raises ``error`` and that no stored row changed."""
         before = self.stored()
         with pytest.raises(error) as info:
@@ -165,8 +166,12 @@ def is_sqlite_url(url: str) -> bool:
 
 
 def wipe(seen: Observer) -> None:
-    """Delete every agentkeep row (between the modes of one case; no transaction is open)."""
+    """Delete every agentkeep row, in one transaction (no store transaction may be open)."""
     dialect = "sqlite" if is_sqlite_url(seen.url) else "postgresql"
-    for table in reversed(load_all_models().sorted_tables):
-        if table_applies(table, dialect):
-            seen.execute(f'DELETE FROM "{table.name}"')
+    seen.execute(
+        *(
+            f'DELETE FROM "{table.name}"'
+            for table in reversed(load_all_models().sorted_tables)
+            if table_applies(table, dialect)
+        )
+    )

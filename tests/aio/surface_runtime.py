@@ -300,7 +300,9 @@ async def _load_machine_lifecycle(c: Ctx) -> None:
 async def _load_runtime_state(c: Ctx) -> None:
     load = c.op("runtime.load_runtime_state")
     assert await load(RT) is None
-    await c.astore.runtime.commit_machine_lifecycle(RT, MachineLifecycleCommit(runtime_state="stopped"))
+    await c.astore.runtime.commit_machine_lifecycle(
+        RT, MachineLifecycleCommit(runtime_state="stopped")
+    )
     assert await load(RT) == "stopped"
 
 
@@ -508,4 +510,3 @@ async def _auth_authority_key(c: Ctx) -> None:
     key = await c.op("runtime.auth_authority_key")()
     assert key == c.astore.store.runtime.auth_authority_key()  # no database access
     assert isinstance(key, str) and key.startswith(("sqlite:", "postgresql://"))
-

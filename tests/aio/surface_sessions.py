@@ -75,7 +75,7 @@ def next_input(text: str, source_key: str | None = None, **kw: object) -> Pendin
         source_key=source_key,
         ingress=NextTurnIngress(),
         input={"text": text},
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
@@ -271,7 +271,9 @@ async def _list_turn_inputs(c: Ctx) -> None:
     assert await listed(SID) == []
     one = await c.astore.turn_inputs.enqueue_pending_turn_input(next_input("1"))
     two = await c.astore.turn_inputs.enqueue_pending_turn_input(next_input("2"))
-    await c.astore.turn_inputs.cancel_pending_turn_inputs(SID, [InputIdTarget(input_id=one.input_id)])
+    await c.astore.turn_inputs.cancel_pending_turn_inputs(
+        SID, [InputIdTarget(input_id=one.input_id)]
+    )
     states = [(i.input_id, i.state) for i in await listed(SID)]
     assert states == [
         (one.input_id, TurnInputState.CANCELLED),
@@ -421,8 +423,12 @@ async def _commit_runtime_state(c: Ctx) -> None:
     replay = await c.unchanged(commit(runtime_commit(fence, "t1", 0)))  # idempotent by its stamp
     assert replay.head_revision == 1 and replay.checkpoint_ref == got.checkpoint_ref
     await c.refused(HeadRevisionConflict, commit(runtime_commit(fence, "t2", 0, parent="t1-b")))
-    await c.refused(NodeAlreadyExists, commit(runtime_commit(fence, "t1", 1, parent="t1-b")
-                                              .model_copy(update={"turn_commit": None})))
+    await c.refused(
+        NodeAlreadyExists,
+        commit(
+            runtime_commit(fence, "t1", 1, parent="t1-b").model_copy(update={"turn_commit": None})
+        ),
+    )
     await c.refused(SessionExecutionLeaseExpired, commit(runtime_commit(None, "t3", 1)))
     await take_over(c, fence)
     await c.refused(
@@ -516,7 +522,9 @@ async def _vacuum(c: Ctx) -> None:
     await two_turns(c)
     await c.astore.maintenance.tombstone_nodes(SID, ["t1-a"])
     one = await c.astore.turn_inputs.enqueue_pending_turn_input(next_input("1"))
-    await c.astore.turn_inputs.cancel_pending_turn_inputs(SID, [InputIdTarget(input_id=one.input_id)])
+    await c.astore.turn_inputs.cancel_pending_turn_inputs(
+        SID, [InputIdTarget(input_id=one.input_id)]
+    )
     report = await c.op("maintenance.vacuum")(SID)
     assert report.removed_node_count == 1
     assert report.removed_pending_turn_input_tombstone_count == 1
@@ -621,7 +629,10 @@ async def _put_pending_writes(c: Ctx) -> None:
     put = c.op("checkpoint_nodes.put_pending_writes")
     assert await put(SID, "c1", "task-1", writes()) is None
     stored = await c.astore.checkpoint_nodes.list_pending_writes(SID, "c1")
-    assert [(w.task_id, w.idx, w.value) for w in stored] == [("task-1", 0, b"1"), ("task-1", 1, b"2")]
+    assert [(w.task_id, w.idx, w.value) for w in stored] == [
+        ("task-1", 0, b"1"),
+        ("task-1", 1, b"2"),
+    ]
     await c.unchanged(put(SID, "c1", "task-1", writes()))  # stored once per task and index
     await c.refused(InvalidInput, put(SID, "c1", "task-1", ["not a write"]))
     await hold(c)

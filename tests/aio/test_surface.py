@@ -2,11 +2,12 @@
 
 One test per public operation of :class:`~agentkeep.aio.AsyncStore` (the
 table :data:`~tests.aio.surface.CASES`, cases in ``surface_*.py``), on each
-asyncio driver (``async_url``: aiosqlite in the SQLite run, asyncpg and
-psycopg_async with Postgres). A case checks the operation's returned value,
-its refusal outcomes with the stored rows unchanged, and its typed errors
-with the stored rows unchanged, once as a one-call coroutine and once inside
-an async unit of work (``async with astore.write()/read() as uow``).
+asyncio driver (:func:`surface_url`, like ``async_url``: aiosqlite in the
+SQLite run, asyncpg and psycopg_async with Postgres). A case checks the
+operation's returned value, its refusal outcomes with the stored rows
+unchanged, and its typed errors with the stored rows unchanged, once as a
+one-call coroutine and once inside an async unit of work (``async with
+astore.write()/read() as uow``).
 
 :func:`test_every_public_async_operation_has_a_case` fails when an operation
 is added to a facade, to ``AsyncStore`` or to a unit's repositories without a
@@ -26,9 +27,11 @@ from pathlib import Path
 import pytest
 
 from agentkeep import aio
+from agentkeep import migrations as migrate
 from agentkeep.aio import AsyncStore, AsyncUnitOfWork
 from agentkeep.clock import SettableClock
 from agentkeep.unit_of_work import Repositories
+from tests.conftest import ASYNC_DRIVERS, as_async_url, require_postgres
 
 from . import surface_runs, surface_runtime, surface_sessions, surface_store
 from .support import T0, Observer, open_astore
@@ -53,15 +56,31 @@ RUNTIME_PARTS = frozenset(
 )
 
 
+@pytest.fixture(scope="module", params=ASYNC_DRIVERS)
+def surface_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One migrated database per asyncio driver for the whole module (like ``async_url``).
+
+    Each case starts by emptying it (:func:`~tests.aio.surface.wipe`): a
+    migration per case would cost more than all the cases of a driver.
+    """
+    driver = str(request.param)
+    if driver == "aiosqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('surface') / 'agentkeep.db'}"
+        migrate.upgrade(url)
+    else:
+        require_postgres()
+        url = request.getfixturevalue("_pg_session_url")
+    return as_async_url(url, driver)
+
+
 async def _run_case(url: str, operation: str, entry: Entry) -> None:
     clock = SettableClock(T0)
     astore = await open_astore(url, clock)
     try:
         with Observer(url) as seen:
-            for i, mode in enumerate(entry.modes):
-                if i:
-                    wipe(seen)
-                    clock.set(T0)
+            for mode in entry.modes:
+                wipe(seen)
+                clock.set(T0)
                 await entry.case(Ctx(astore, url, clock, mode, seen))
                 assert astore.engine.pool.checkedout() == 0, (operation, mode)
     finally:
@@ -69,8 +88,8 @@ async def _run_case(url: str, operation: str, entry: Entry) -> None:
 
 
 @pytest.mark.parametrize("operation", sorted(CASES))
-def test_async_operation(operation: str, async_url: str) -> None:
-    asyncio.run(_run_case(async_url, operation, CASES[operation]))
+def test_async_operation(operation: str, surface_url: str) -> None:
+    asyncio.run(_run_case(surface_url, operation, CASES[operation]))
 
 
 # --------------------------------------------------------------------------
