@@ -6,6 +6,7 @@ from agentkeep.errors import (
     AssigneeDescRequired,
     AssigneeSlotRequired,
     InvalidInput,
+    RunCorrupt,
     RunDuplicate,
     RunNotFound,
     SessionExecutionLeaseExpired,
@@ -53,6 +54,8 @@ async def _get(c: Ctx) -> None:
     await c.astore.runs.create(record)
     assert await c.op("runs.get")("R-1") == record
     await c.refused(RunNotFound, c.op("runs.get")("R-missing"))
+    c.seen.execute("UPDATE runs SET step_entries_json = '[1]' WHERE id = 'R-1'")
+    await c.refused(RunCorrupt, c.op("runs.get")("R-1"))
 
 
 @covers("runs.list_by_task")
@@ -90,6 +93,8 @@ async def _append_step_entry(c: Ctx) -> None:
     await c.op("runs.append_step_entry")("R-1", second)
     assert (await stored_run(c, "R-1")).step_entries == (first, second)
     await c.refused(RunNotFound, c.op("runs.append_step_entry")("R-missing", first))
+    c.seen.execute("UPDATE runs SET step_entries_json = '{' WHERE id = 'R-1'")
+    await c.refused(RunCorrupt, c.op("runs.append_step_entry")("R-1", first))
 
 
 @covers("runs.append_degradation")

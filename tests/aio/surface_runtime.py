@@ -7,6 +7,8 @@ finalization, mob-host bindings and the OAuth flow state.
 
 from __future__ import annotations
 
+import uuid
+
 from agentkeep.errors import InvalidInput
 from agentkeep.runtime import (
     InputStatePersistenceRecord,
@@ -20,6 +22,7 @@ from agentkeep.runtime import (
 from agentkeep.runtime.errors import (
     InvalidInputStateBatchCas,
     OpsLifecycleEpochRetired,
+    ReadFailed,
     WriteFailed,
 )
 from agentkeep.runtime.input_cas import InputStateCasOutcome
@@ -212,6 +215,19 @@ async def _load_input_states(c: Ctx) -> None:
     await c.astore.runtime.persist_input_states_atomically(RT, [record(s) for s in states])
     assert await load(RT) == states  # ordered by input id
     assert await load("runtime-other") == []
+    raw_input(c, str(uuid.uuid4()), b"not json")
+    await c.refused(ReadFailed, load(RT))
+
+
+def raw_input(c: Ctx, input_id: str, data: bytes) -> None:
+    """Store ``data`` as the input state ``input_id`` of RT, bypassing the store."""
+    c.seen.execute(
+        "INSERT INTO runtime_input_states (runtime_id, input_id, state_json)"
+        " VALUES (:rt, :iid, :data)",
+        rt=RT,
+        iid=input_id,
+        data=data,
+    )
 
 
 @covers("runtime.load_input_state")
@@ -222,6 +238,9 @@ async def _load_input_state(c: Ctx) -> None:
     await c.astore.runtime.persist_input_state(RT, record(state))
     assert await load(RT, state.input_id) == state
     await c.refused(InvalidInput, load(RT, "not-a-uuid"))
+    corrupt = str(uuid.uuid4())
+    raw_input(c, corrupt, b"[]")
+    await c.refused(ReadFailed, load(RT, corrupt))
 
 
 @covers("runtime.persist_input_state")

@@ -15,6 +15,7 @@ from agentkeep.errors import (
     PendingTurnInputSourceKeyConflict,
     QueuedWorkClaimSuperseded,
     QueuedWorkSourceKeyConflict,
+    SessionCorrupt,
     SessionExecutionLeaseExpired,
     SessionLeaseHeld,
     TurnInputClaimSuperseded,
@@ -207,6 +208,9 @@ async def _cancel_queued_work_batch(c: Ctx) -> None:
     assert await c.astore.queue.claim_ready_queued_work(SID, fence, A, ClaimBoundary.IDLE, 8)
     assert await c.unchanged(cancel(SID, second.batch_id)) is None  # live-claimed
     await c.refused(InvalidInput, cancel(SID, " "))
+    third = await c.astore.queue.enqueue_queued_work(work(3))
+    corrupt(c, third.batch_id)
+    await c.refused(SessionCorrupt, cancel(SID, third.batch_id))  # nothing is deleted
 
 
 @covers("queue.list_queued_work")
@@ -221,6 +225,17 @@ async def _list_queued_work(c: Ctx) -> None:
     )
     assert [b.batch_id for b in await listed(SID)] == [one.batch_id, two.batch_id]
     await c.refused(InvalidInput, listed(" "))
+    corrupt(c, two.batch_id)
+    error = await c.refused(SessionCorrupt, listed(SID))
+    assert (error.table, error.key) == ("queued_work_batches", two.batch_id)
+
+
+def corrupt(c: Ctx, batch_id: str) -> None:
+    """Make the stored batch ``batch_id`` undecodable."""
+    c.seen.execute(
+        "UPDATE queued_work_batches SET merge_key_json = '{not json' WHERE batch_id = :b",
+        b=batch_id,
+    )
 
 
 @covers("queue.list_pending_queued_work")
