@@ -8,16 +8,21 @@ host's AsyncSession or AsyncConnection, and the host's own ORM rows in
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import text
+import pytest
+from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agentkeep.aio import AsyncStore
-from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, RunNotFound
+from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, RunNotFound, SchemaBehind
 from agentkeep.runs.domain import RunStatus
+from tests.conftest import as_async_url, create_pg_database, drop_pg_database
 
-from .support import new_run, run_status
+from .support import is_sqlite, new_run, run_status
 from .surface import Ctx, covers
 
 CALL = ("call",)
@@ -43,6 +48,29 @@ async def _open(c: Ctx) -> None:
         await c.refused(InvalidInput, AsyncStore.open(engine, pool_size=1))
     finally:
         await engine.dispose()
+    with fresh_database(c.url) as fresh:
+        with pytest.raises(SchemaBehind):
+            await AsyncStore.open(fresh)  # not migrated
+        migrated = await AsyncStore.open(fresh, migrate=True)
+        try:
+            assert await migrated.runs.list() == []
+        finally:
+            await migrated.close()
+
+
+@contextmanager
+def fresh_database(url: str) -> Iterator[str]:
+    """An empty, unmigrated database on ``url``'s driver (a new file or Postgres database)."""
+    driver = make_url(url).get_driver_name()
+    if is_sqlite(url):
+        with tempfile.TemporaryDirectory() as tmp:
+            yield f"sqlite+{driver}:///{tmp}/fresh.db"
+        return
+    plain = create_pg_database("agentkeep_fresh")
+    try:
+        yield as_async_url(plain, driver)
+    finally:
+        drop_pg_database(plain)
 
 
 @covers("store.close", modes=CALL)
