@@ -2,7 +2,9 @@
 
 The runtime store's async facade and the cancellation contract are tested in
 tests/runtime/test_async.py; here: every one-call operation of the other
-stores has its coroutine, and they reach the same repositories.
+stores has its coroutine, and they reach the same repositories (thread mode:
+``db_url`` is a synchronous URL). Every operation's outcomes on the asyncio
+drivers: tests/aio/test_surface.py.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import pytest
 
 from agentkeep import RunRecord, RunStatus
 from agentkeep.aio import (
+    AsyncCatalogCalls,
+    AsyncCheckpointNodeCalls,
     AsyncLeaseCalls,
     AsyncMaintenanceCalls,
     AsyncQueueCalls,
@@ -25,6 +29,8 @@ from agentkeep.errors import RunNotFound
 from agentkeep.runs.facade import RunCalls
 from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity
 from agentkeep.sessions.facade import (
+    CatalogCalls,
+    CheckpointNodeCalls,
     LeaseCalls,
     MaintenanceCalls,
     QueueCalls,
@@ -42,6 +48,8 @@ from agentkeep.sessions.facade import (
         (TurnInputCalls, AsyncTurnInputCalls),
         (SessionCalls, AsyncSessionCalls),
         (MaintenanceCalls, AsyncMaintenanceCalls),
+        (CatalogCalls, AsyncCatalogCalls),
+        (CheckpointNodeCalls, AsyncCheckpointNodeCalls),
     ],
 )
 def test_every_one_call_operation_has_its_coroutine(sync: type, wrapped: type) -> None:

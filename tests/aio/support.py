@@ -114,6 +114,15 @@ class Observer:
         got = self._conn.execute(text(sql), params).all()
         return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in got]
 
+    def execute(self, *statements: str, **params: Any) -> None:
+        """Run statements that return no rows, in one transaction of their own.
+
+        ``params`` are bound in every statement (raw setup of corrupt rows).
+        """
+        with self._engine.begin() as conn:
+            for sql in statements:
+                conn.execute(text(sql), params)
+
     def scalar(self, sql: str, **params: Any) -> Any:
         """The single value of a one-row, one-column SELECT."""
         ((value,),) = self.rows(sql, **params)

@@ -1,7 +1,10 @@
 """Fences under real concurrency in the native mode: exactly one winner, on every asyncio driver.
 
 * 50 tasks of one event loop race ``runs.try_transition(PENDING → RUNNING)``
-  through one AsyncStore (its pool of connections): exactly one True.
+  through one AsyncStore (its pool of connections): exactly one True. The
+  same race with each task in its own ``async with astore.write()`` unit that
+  also creates a run of its own: one winner, and only the winner's unit
+  wrote its run (the losers' units rolled back).
 * The same race split over two OS processes, each with its own event loop
   and AsyncStore, started together on a barrier: one winner overall.
 * Lease takeover: worker A's lease expires, worker B reclaims it; zombie A's
@@ -10,7 +13,8 @@
   concurrently; B's claims and commit succeed.
 * Head compare-and-set: N tasks commit against the same expected head
   revision; one succeeds, the others get ``HeadRevisionConflict``, and the
-  head moved by exactly one.
+  head moved by exactly one. The same with each committer in its own unit
+  that also creates a run: only the winner's unit committed anything.
 """
 
 from __future__ import annotations
@@ -80,6 +84,41 @@ def test_fifty_tasks_of_one_loop_one_transition_wins(async_url: str) -> None:
 
     asyncio.run(scenario())
     assert run_status(async_url, "R-race") == RunStatus.RUNNING.value
+
+
+class Lost(Exception):
+    """Raised by a racing unit whose transition lost: its unit rolls back."""
+
+
+def test_fifty_units_of_one_loop_one_transition_wins(async_url: str) -> None:
+    async def racer(astore: Any, i: int) -> bool:
+        try:
+            async with astore.write() as uow:
+                await uow.runs.create(new_run(f"R-unit-{i}"))
+                if not await uow.runs.try_transition(
+                    "R-race", RunStatus.PENDING, RunStatus.RUNNING
+                ):
+                    raise Lost
+            return True
+        except Lost:
+            return False
+
+    async def scenario() -> list[bool]:
+        astore = await open_astore(async_url)
+        try:
+            await astore.runs.create(new_run("R-race"))
+            results = await asyncio.gather(*(racer(astore, i) for i in range(RACERS)))
+            assert astore.engine.pool.checkedout() == 0
+            return list(results)
+        finally:
+            await astore.close()
+
+    results = asyncio.run(scenario())
+    assert results.count(True) == 1, results
+    winner = results.index(True)
+    assert run_status(async_url, "R-race") == RunStatus.RUNNING.value
+    created = rows(async_url, "SELECT id FROM runs WHERE id LIKE 'R-unit-%'")
+    assert created == [(f"R-unit-{winner}",)]
 
 
 def test_two_processes_each_with_its_loop_one_transition_wins(async_url: str) -> None:
@@ -262,3 +301,38 @@ def test_concurrent_commits_against_one_head_one_wins(async_url: str) -> None:
         assert committed == sorted(["base", f"c{return_value}"])
 
     asyncio.run(scenario())
+
+
+def test_concurrent_committing_units_against_one_head_one_wins(async_url: str) -> None:
+    """Each committer commits its turn and creates a run in one unit: one unit commits."""
+
+    async def committer(astore: Any, fence: Any, head: int, i: int) -> BaseException | None:
+        try:
+            async with astore.write() as uow:
+                await uow.runs.create(new_run(f"R-c{i}"))
+                await uow.commits.commit_runtime_state(
+                    runtime_commit(fence, f"c{i}", head, parent="base-b")
+                )
+        except HeadRevisionConflict as lost:
+            return lost
+        return None
+
+    async def scenario() -> int:
+        astore = await open_astore(async_url)
+        try:
+            fence = acquired(await astore.leases.try_claim_session_execution_lease(SID, A, TTL))
+            await astore.commits.commit_runtime_state(runtime_commit(fence, "base", 0))
+            results = await asyncio.gather(
+                *(committer(astore, fence, 1, i) for i in range(COMMITTERS))
+            )
+            won = [i for i, r in enumerate(results) if r is None]
+            assert len(won) == 1, results
+            assert await astore.commits.get_head_revision(SID) == 2
+            return won[0]
+        finally:
+            await astore.close()
+
+    winner = asyncio.run(scenario())
+    with Observer(async_url) as seen:
+        assert seen.turns() == sorted(["base", f"c{winner}"])
+    assert rows(async_url, "SELECT id FROM runs") == [(f"R-c{winner}",)]
