@@ -1459,7 +1459,10 @@ class Driver:
         On psycopg the statement is queued, and the queue goes out in one
         pipelined round trip (:meth:`flush`) before the next statement that
         is not deferred, before a savepoint ends, before COMMIT, or when the
-        caller flushes; elsewhere it runs at once. Either way ``check`` gets
+        caller flushes; elsewhere it runs at once. A repository method that
+        defers flushes before it returns (an error raised in between:
+        :meth:`deferred_first`): a unit's own commit path, and a host's ORM
+        session on the same connection, do not see the queue. Either way ``check`` gets
         the statement's result (``fetchone`` / ``fetchall`` / ``rowcount``)
         and raises the caller's typed error, the statements run in the order
         they were deferred, and the checks run in that order before anything
@@ -1515,6 +1518,23 @@ class Driver:
         for d, result in zip(deferred, out, strict=True):
             if d.check is not None:
                 d.check(result)
+
+    @contextmanager
+    def deferred_first(self) -> Iterator[None]:
+        """Let the checks of writes deferred in the block come before an error raised in it.
+
+        An error the caller raises itself (no statement sent) while writes
+        are queued would otherwise skip their checks: the queue is flushed
+        first, so a failing check is the error, as if the writes had run one
+        by one. Cancellation (a ``BaseException`` that is not an
+        ``Exception``) sends nothing.
+        """
+        try:
+            yield
+        except Exception:
+            if self._deferred:
+                self.flush()
+            raise
 
     def _take_prefetched(self, stmt: Statement, params: Mapping[str, Any]) -> _Fetched | None:
         for i, (s, p, result) in enumerate(self._prefetched):
@@ -1601,8 +1621,9 @@ class Driver:
         name = f"ak_sp_{next(_SAVEPOINTS)}"
         self._plain(f"SAVEPOINT {name}")
         try:
-            yield
-            self.flush()  # the block's deferred writes, checked inside its savepoint
+            with self.deferred_first():
+                yield
+                self.flush()  # the block's deferred writes, checked inside its savepoint
         except BaseException:
             self._deferred = []  # the block's unsent writes: rolled back by not sending them
             self._plain(f"ROLLBACK TO SAVEPOINT {name}")

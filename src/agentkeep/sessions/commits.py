@@ -974,7 +974,8 @@ class SessionCommitRepository:
         db.prefetch(_fence_reads(commit))  # psycopg: sent with the lock, in its round trip
         now = begin_session_write(db, self._clock, self._writable, sid, blobs=True)
         if not self._nested:  # a one-call unit: an error rolls its whole transaction back
-            return self._commit(commit, prepared, blob_profile, now)
+            with db.deferred_first():
+                return self._commit(commit, prepared, blob_profile, now)
         with db.savepoint():
             return self._commit(commit, prepared, blob_profile, now)
 

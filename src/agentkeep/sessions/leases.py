@@ -248,7 +248,7 @@ def release_locked(db: Driver, completion: LeaseFence) -> None:
     Without taking the lock: for a caller that holds ``session:<id>`` already
     (a commit's step 21). The write is deferred (:meth:`Driver.defer`): it
     returns nothing and a mismatch is a silent no-op, so it can go out with
-    the caller's other writes.
+    the caller's other writes; the caller flushes before it returns.
 
     Raises:
         InvalidInput: bad fence.
@@ -598,6 +598,7 @@ class SessionLeaseRepository:
         check_id(completion.session_id, "completion.session_id")
         begin_session_write(self._db, self._clock, self._writable, completion.session_id)
         release_locked(self._db, completion)
+        self._db.flush()
 
     def ensure_session_execution_lease(self, fence: LeaseFence) -> None:
         """Check that ``fence`` is the live lease now (FENCE_OK); writes nothing.
