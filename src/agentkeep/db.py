@@ -44,6 +44,7 @@ file: ``app.db`` with ``schema="agentkeep"`` keeps agentkeep's tables in
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
@@ -1141,7 +1142,9 @@ class Driver:
         self._pending_begin: str | None = None
         self._cursor: Any = None  # the cursor of the last execute (see close_cursor)
         # psycopg (sync or async): several statements per round trip (see defer, prefetch).
-        self._pipeline = self.postgres and target.dialect.driver in _MERGED_BEGIN_DRIVERS
+        self._pipeline = (
+            self.postgres and target.dialect.driver in _MERGED_BEGIN_DRIVERS and _libpq_pipelines()
+        )
         self._deferred: list[_Deferred] = []
         self._prefetch: list[tuple[Statement, Mapping[str, Any]]] = []
         self._prefetched: list[tuple[Statement, Mapping[str, Any], _Fetched]] = []
@@ -1640,6 +1643,14 @@ class Driver:
             self.raw.execute(sql)
         except self._error as exc:
             raise self.translate(exc) from exc
+
+
+@functools.cache
+def _libpq_pipelines() -> bool:
+    """True if psycopg's libpq has pipeline mode (libpq 14 or later)."""
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
 
 
 class _Deferred(NamedTuple):
