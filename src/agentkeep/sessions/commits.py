@@ -80,6 +80,17 @@ caller's ``store.write()`` block, an error that propagates out of the block
 rolls the whole unit back; a caller that *catches* a typed error from the
 commit keeps the work it did earlier in the unit, and the commit left nothing.
 
+Round trips. The fence reads of steps 3–6 and the ledger totals of step 10
+are prefetched (:meth:`Driver.prefetch`): on psycopg they go out with the
+write locks, in their round trip. The writes of steps 9–13, 17 and 19–21 are
+deferred (:meth:`Driver.defer`) with their checks (a node id that exists, a
+head fence that misses) and go out together at the end of the commit, or
+before the next statement that reads; the checks then run in step order, so
+the error precedence is the one above. A small fenced commit on psycopg is
+three round trips: locks and reads, writes, ``COMMIT`` (alone, so a lost
+connection during it is still ``CommitOutcomeUnknown``). SQLite and asyncpg
+run the same code one statement at a time.
+
 Reads (:meth:`~SessionCommitRepository.load_session`,
 :meth:`~SessionCommitRepository.load_node`,
 :meth:`~SessionCommitRepository.get_head_revision`,
