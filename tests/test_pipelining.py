@@ -149,17 +149,23 @@ def test_a_write_left_deferred_in_a_write_block_is_committed(store: Store) -> No
     assert _rows(store) == [("a", "first"), ("b", "b")]
 
 
-def test_prefetched_reads_answer_the_same_statement_once(store: Store) -> None:
+def test_prefetched_reads_answer_the_same_statement_once_inside_the_block(store: Store) -> None:
     def unit(r: Any) -> list[Any]:
         d = r.driver
-        d.prefetch([(_NAME, {"sid": "a"}), (_NAME, {"sid": "zz"})])
-        d.defer(_PUT, {"sid": "b", "name": "b"})
-        out = [
-            d.execute(_NAME, {"sid": "a"}).fetchone(),
-            d.execute(_NAME, {"sid": "zz"}).fetchone(),
-        ]
-        # a read not prefetched sees the unit's writes (the queue goes out first)
-        out.append(d.execute(_NAME, {"sid": "b"}).fetchone())
+        with d.prefetching([(_NAME, {"sid": "a"}), (_NAME, {"sid": "zz"})]):
+            d.defer(_PUT, {"sid": "b", "name": "b"})
+            out = [
+                d.execute(_NAME, {"sid": "a"}).fetchone(),
+                d.execute(_NAME, {"sid": "zz"}).fetchone(),
+            ]
+            # a read not prefetched sees the unit's writes (the queue goes out first)
+            out.append(d.execute(_NAME, {"sid": "b"}).fetchone())
+            d.defer(_PUT, {"sid": "zz", "name": "late"})
+        # after the block, a read prefetched but not asked for runs as usual
+        with d.prefetching([(_NAME, {"sid": "q"})]):
+            d.execute(_PUT, {"sid": "c", "name": "c"})  # q's read goes out with it: no row
+        d.execute(_PUT, {"sid": "q", "name": "q"})
+        out.append(d.execute(_NAME, {"sid": "q"}).fetchone())
         return out
 
-    assert store.call_write(unit) == [("first",), None, ("b",)]
+    assert store.call_write(unit) == [("first",), None, ("b",), ("q",)]

@@ -1429,27 +1429,35 @@ class Driver:
 
     # ------------------------------------------------------------------ pipelining
 
-    def prefetch(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> None:
-        """Send ``reads`` with the next statement sent, in its round trip (psycopg).
+    @contextmanager
+    def prefetching(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> Iterator[None]:
+        """Send ``reads`` with the next statement sent in the block, in its round trip (psycopg).
 
         For a repository that knows the reads it will make right after its
         first statement (a commit: the fence reads after the write lock). The
         reads go out after that statement, in one pipelined round trip
         (psycopg pipeline mode), and each result is kept for the first
-        :meth:`execute` of the same statement with equal parameters, which
-        then sends nothing. The caller vouches that nothing it writes before
-        such a read changes what the read returns. Results not asked for are
-        dropped when the unit ends. A no-op on SQLite and asyncpg (each read
-        runs when executed), so both paths run the same repository code.
+        :meth:`execute` of the same statement with equal parameters in the
+        block, which then sends nothing. The caller vouches that nothing it
+        writes before such a read changes what the read returns. Results not
+        asked for are dropped when the block ends (a later read, say after
+        the caller caught the block's error, runs as usual). On SQLite and
+        asyncpg nothing is sent early: each read runs when executed, so both
+        paths run the same repository code.
 
         Raises:
             InvalidInput, PayloadTooLarge: as :meth:`execute`, for a read's parameters.
         """
         if not self._pipeline:
+            yield
             return
         for stmt, params in reads:
             self._check(stmt.compiled(self.target), params)
-        self._prefetch = [*self._prefetch, *reads]
+        self._prefetch, self._prefetched = list(reads), []
+        try:
+            yield
+        finally:
+            self._prefetch, self._prefetched = [], []
 
     def defer(
         self,

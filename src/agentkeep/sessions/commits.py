@@ -81,7 +81,7 @@ rolls the whole unit back; a caller that *catches* a typed error from the
 commit keeps the work it did earlier in the unit, and the commit left nothing.
 
 Round trips. The fence reads of steps 3–6 and the ledger totals of step 10
-are prefetched (:meth:`Driver.prefetch`): on psycopg they go out with the
+are prefetched (:meth:`Driver.prefetching`): on psycopg they go out with the
 write locks, in their round trip. The writes of steps 9–13, 17 and 19–21 are
 deferred (:meth:`Driver.defer`) with their checks (a node id that exists, a
 head fence that misses) and go out together at the end of the commit, or
@@ -863,7 +863,7 @@ def _check_revision(session_id: str, value: object) -> int:
 
 
 def _fence_reads(commit: RuntimeCommit) -> list[tuple[Statement, dict[str, Any]]]:
-    """The reads of steps 3, 4–5, 6 and 10b, for :meth:`Driver.prefetch`.
+    """The reads of steps 3, 4–5, 6 and 10b, for :meth:`Driver.prefetching`.
 
     They go out with the write lock (one round trip on psycopg). None of the
     commit's writes before them touches what they read (step 10b's totals
@@ -982,13 +982,14 @@ class SessionCommitRepository:
         prepared = _Prepared(commit)
         sid = commit.session_id
         db = self._db
-        db.prefetch(_fence_reads(commit))  # psycopg: sent with the lock, in its round trip
-        now = begin_session_write(db, self._clock, self._writable, sid, blobs=True)
-        if not self._nested:  # a one-call unit: an error rolls its whole transaction back
-            with db.deferred_first():
+        # psycopg: the fence reads go out with the locks, in their round trip.
+        with db.prefetching(_fence_reads(commit)):
+            now = begin_session_write(db, self._clock, self._writable, sid, blobs=True)
+            if not self._nested:  # a one-call unit: an error rolls its whole transaction back
+                with db.deferred_first():
+                    return self._commit(commit, prepared, blob_profile, now)
+            with db.savepoint():
                 return self._commit(commit, prepared, blob_profile, now)
-        with db.savepoint():
-            return self._commit(commit, prepared, blob_profile, now)
 
     def _commit(
         self, commit: RuntimeCommit, prepared: _Prepared, profile: BlobProfile, now: int

@@ -238,7 +238,7 @@ def _load(db: Driver, session_id: str) -> _Row | None:
 
 
 def lease_read(session_id: str) -> tuple[Statement, dict[str, Any]]:
-    """The read FENCE_OK makes of ``session_id``'s lease, for :meth:`Driver.prefetch`."""
+    """The read FENCE_OK makes of ``session_id``'s lease, for :meth:`Driver.prefetching`."""
     return _GET, {"sid": session_id}
 
 
