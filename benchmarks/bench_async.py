@@ -372,12 +372,24 @@ def driver_calls() -> Iterator[list[str]]:
             "rollback",
             "_plain",
             "send_with_begin",
+            "defer",
         )
     }
+    deferring = [False]  # an execute made by defer (SQLite, asyncpg) is that defer's call
 
     def execute(self: Any, stmt: Any, params: Any) -> Any:
-        seen.append(f"execute {_driver_label(stmt)}")
+        if not deferring[0]:
+            seen.append(f"execute {_driver_label(stmt)}")
         return real["execute"](self, stmt, params)
+
+    def defer(self: Any, stmt: Any, params: Any, check: Any = None) -> None:
+        # a deferred write is the same call as an execute of it, sent now or pipelined
+        seen.append(f"execute {_driver_label(stmt)}")
+        deferring[0] = True
+        try:
+            real["defer"](self, stmt, params, check)
+        finally:
+            deferring[0] = False
 
     def executemany(self: Any, stmt: Any, params: Any) -> Any:
         seen.append(f"executemany {_driver_label(stmt)} x{len(params)}")
@@ -414,6 +426,7 @@ def driver_calls() -> Iterator[list[str]]:
         ("rollback", rollback),
         ("_plain", plain),
         ("send_with_begin", send_with_begin),
+        ("defer", defer),
     ):
         setattr(D, name, fn)
     try:

@@ -44,6 +44,7 @@ file: ``app.db`` with ``schema="agentkeep"`` keeps agentkeep's tables in
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
@@ -58,13 +59,14 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Engine, bindparam, event, false, func, select, update
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.util import await_
 
 from agentkeep import observability
 from agentkeep.errors import (
@@ -1094,11 +1096,15 @@ class Driver:
 
     __slots__ = (
         "_cursor",
+        "_deferred",
         "_error",
         "_lean",
         "_merge_begin",
         "_multi_rowcount",
         "_pending_begin",
+        "_pipeline",
+        "_prefetch",
+        "_prefetched",
         "limits",
         "_pg_read_committed",
         "postgres",
@@ -1135,6 +1141,13 @@ class Driver:
         self._merge_begin = self._lean and target.dialect.driver in _MERGED_BEGIN_DRIVERS
         self._pending_begin: str | None = None
         self._cursor: Any = None  # the cursor of the last execute (see close_cursor)
+        # psycopg (sync or async): several statements per round trip (see defer, prefetch).
+        self._pipeline = (
+            self.postgres and target.dialect.driver in _MERGED_BEGIN_DRIVERS and _libpq_pipelines()
+        )
+        self._deferred: list[_Deferred] = []
+        self._prefetch: list[tuple[Statement, Mapping[str, Any]]] = []
+        self._prefetched: list[tuple[Statement, Mapping[str, Any], _Fetched]] = []
 
     @classmethod
     def of(
@@ -1168,9 +1181,15 @@ class Driver:
         """
         form = stmt.compiled(self.target)
         self._check(form, params)
+        if self._prefetched and (hit := self._take_prefetched(stmt, params)) is not None:
+            return hit
+        if self._deferred:
+            self.flush()
         # The common case (a named or pyformat driver, nothing fixed in the
         # construct) binds the caller's dict as it is.
         bound = params if form.plain else form.bind(params)
+        if self._prefetch:
+            return self._execute_with_prefetch(form.sql, bound)
         try:
             if self._pending_begin is not None:
                 self._send_begin()
@@ -1197,6 +1216,8 @@ class Driver:
         form = stmt.compiled(self.target)
         for one in params:
             self._check(form, one)
+        if self._deferred:
+            self.flush()
         rows: Any = params if form.plain else [form.bind(p) for p in params]
         try:
             if self._pending_begin is not None:
@@ -1283,6 +1304,9 @@ class Driver:
         async facade lets a cancelled caller's operation finish instead of
         interrupting it, so its outcome is never left unknown.
         """
+        if self._deferred:
+            self.flush()
+        self._prefetch, self._prefetched = [], []
         if self._pending_begin is not None:  # the unit sent nothing: nothing to commit
             self._pending_begin = None
             return
@@ -1335,6 +1359,7 @@ class Driver:
     def rollback(self) -> None:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
         self._pending_begin = None
+        self._deferred, self._prefetch, self._prefetched = [], [], []
         self.raw.rollback()
 
     def close_cursor(self) -> None:
@@ -1377,6 +1402,7 @@ class Driver:
                 must discard the connection, never pool it in autocommit mode.
         """
         self._pending_begin = None
+        self._deferred, self._prefetch, self._prefetched = [], [], []
         if self._lean:
             self._autocommit(False)
 
@@ -1389,7 +1415,7 @@ class Driver:
         usual when this returns False.
         """
         pending = self._pending_begin
-        if pending is None:
+        if pending is None or self._prefetch:  # reads to go with it: execute pipelines them
             return False
         form = stmt.compiled(self.target)
         literal = {k: int(v) for k, v in (params if form.plain else form.bind(params)).items()}
@@ -1400,6 +1426,187 @@ class Driver:
         except self._error as exc:
             raise self.translate(exc) from exc
         return True
+
+    # ------------------------------------------------------------------ pipelining
+
+    @contextmanager
+    def prefetching(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> Iterator[None]:
+        """Send ``reads`` with the next statement sent in the block, in its round trip (psycopg).
+
+        For a repository that knows the reads it will make right after its
+        first statement (a commit: the fence reads after the write lock). The
+        reads go out after that statement, in one pipelined round trip
+        (psycopg pipeline mode), and each result is kept for the first
+        :meth:`execute` of the same statement with equal parameters in the
+        block, which then sends nothing. The caller vouches that nothing it
+        writes before such a read changes what the read returns. Results not
+        asked for are dropped when the block ends (a later read, say after
+        the caller caught the block's error, runs as usual). On SQLite and
+        asyncpg nothing is sent early: each read runs when executed, so both
+        paths run the same repository code.
+
+        Raises:
+            InvalidInput, PayloadTooLarge: as :meth:`execute`, for a read's parameters.
+        """
+        if not self._pipeline:
+            yield
+            return
+        for stmt, params in reads:
+            self._check(stmt.compiled(self.target), params)
+        self._prefetch, self._prefetched = list(reads), []
+        try:
+            yield
+        finally:
+            self._prefetch, self._prefetched = [], []
+
+    def defer(
+        self,
+        stmt: Statement,
+        params: Mapping[str, Any],
+        check: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Run a write whose result is not needed yet; ``check`` judges its result later.
+
+        On psycopg the statement is queued, and the queue goes out in one
+        pipelined round trip (:meth:`flush`) before the next statement that
+        is not deferred, before a savepoint ends, before COMMIT, or when the
+        caller flushes; elsewhere it runs at once. A repository method that
+        defers flushes before it returns (an error raised in between:
+        :meth:`deferred_first`): a unit's own commit path, and a host's ORM
+        session on the same connection, do not see the queue. Either way ``check`` gets
+        the statement's result (``fetchone`` / ``fetchall`` / ``rowcount``)
+        and raises the caller's typed error, the statements run in the order
+        they were deferred, and the checks run in that order before anything
+        later is sent: the first failing check (or database error) is the
+        error, as if the statements had run one by one.
+
+        Raises:
+            InvalidInput, PayloadTooLarge: as :meth:`execute`, at once (after
+                the queued statements are flushed and checked, so that an
+                earlier statement's error comes first).
+            DatabaseError, StoreBusy, ConnectionLost: on SQLite and asyncpg,
+                at once; on psycopg, from the flush.
+        """
+        if not self._pipeline:
+            cur = self.execute(stmt, params)
+            if check is not None:
+                check(cur)
+            return
+        form = stmt.compiled(self.target)
+        try:
+            self._check(form, params)
+        except BaseException:
+            self.flush()
+            raise
+        bound = params if form.plain else form.bind(params)
+        self._deferred.append(_Deferred(form.sql, bound, check))
+
+    def flush(self) -> None:
+        """Send the deferred writes (one round trip) and run their checks in order.
+
+        A database error in statement ``k`` comes after the checks of the
+        statements before it (their results arrived): the first failing
+        check is raised instead, as it would have been had they run one by
+        one. Nothing is left queued either way.
+
+        Raises:
+            whatever a check raises; DatabaseError, StoreBusy or
+            ConnectionLost for a statement the server refused.
+        """
+        deferred, self._deferred = self._deferred, []
+        if not deferred:
+            return
+        out: list[_Fetched | None] = []
+        try:
+            self._round_trip([(d.sql, d.params) for d in deferred], out)
+        except self._error as exc:
+            error = self.translate(exc)
+            if not isinstance(error, ConnectionLost):
+                for d, result in zip(deferred, out, strict=False):
+                    if result is not None and d.check is not None:
+                        d.check(result)
+            raise error from exc
+        for d, result in zip(deferred, out, strict=True):
+            if d.check is not None:
+                d.check(result)
+
+    @contextmanager
+    def deferred_first(self) -> Iterator[None]:
+        """Let the checks of writes deferred in the block come before an error raised in it.
+
+        An error the caller raises itself (no statement sent) while writes
+        are queued would otherwise skip their checks: the queue is flushed
+        first, so a failing check is the error, as if the writes had run one
+        by one. Cancellation (a ``BaseException`` that is not an
+        ``Exception``) sends nothing.
+        """
+        try:
+            yield
+        except Exception:
+            if self._deferred:
+                self.flush()
+            raise
+
+    def _take_prefetched(self, stmt: Statement, params: Mapping[str, Any]) -> _Fetched | None:
+        for i, (s, p, result) in enumerate(self._prefetched):
+            if s is stmt and p == params:
+                del self._prefetched[i]
+                return result
+        return None
+
+    def _execute_with_prefetch(self, sql: str, bound: Any) -> _Fetched:
+        reads, self._prefetch = self._prefetch, []
+        items = [(sql, bound)]
+        for stmt, params in reads:
+            form = stmt.compiled(self.target)
+            items.append((form.sql, params if form.plain else form.bind(params)))
+        out: list[_Fetched | None] = []
+        try:
+            self._round_trip(items, out)
+        except self._error as exc:
+            raise self.translate(exc) from exc
+        self._prefetched = [
+            (stmt, params, result)
+            for (stmt, params), result in zip(reads, out[1:], strict=True)
+            if result is not None
+        ]
+        first = out[0]
+        assert first is not None
+        return first
+
+    def _round_trip(self, items: list[tuple[str, Any]], out: list[_Fetched | None]) -> None:
+        """Run ``items`` (after a pending BEGIN) in one pipelined round trip.
+
+        Appends one result per item to ``out``, None for an item the server
+        did not run (it came after a failing one); driver errors propagate
+        (the results before the failing item are in ``out``).
+        """
+        batch: list[tuple[str, Any]] = []
+        if self._pending_begin is not None:
+            batch = [(part, None) for part in self._pending_begin.split("; ")]
+            self._pending_begin = None
+        skip = len(batch)
+        batch.extend(items)
+        raw = self.raw
+        conn = getattr(raw, "_connection", None)  # SQLAlchemy's adapter of an async connection
+        if conn is None:
+            curs = []
+            try:
+                with raw.pipeline():
+                    for sql, params in batch:
+                        cur = raw.cursor()
+                        curs.append(cur)
+                        cur.execute(sql, params)
+            finally:
+                for cur in curs[skip:]:
+                    if cur.pgresult is None:
+                        out.append(None)
+                    else:
+                        rows = cur.fetchall() if cur.description is not None else []
+                        out.append(_Fetched(rows, cur.rowcount))
+                        cur.close()
+        else:
+            await_(_async_round_trip(conn, batch, skip, out))
 
     def _send_begin(self) -> None:
         # Called inside the callers' try blocks: a driver error is translated there.
@@ -1425,20 +1632,82 @@ class Driver:
         name = f"ak_sp_{next(_SAVEPOINTS)}"
         self._plain(f"SAVEPOINT {name}")
         try:
-            yield
+            with self.deferred_first():
+                yield
+                self.flush()  # the block's deferred writes, checked inside its savepoint
         except BaseException:
+            self._deferred = []  # the block's unsent writes: rolled back by not sending them
             self._plain(f"ROLLBACK TO SAVEPOINT {name}")
             self._plain(f"RELEASE SAVEPOINT {name}")
             raise
         self._plain(f"RELEASE SAVEPOINT {name}")
 
     def _plain(self, sql: str) -> None:
+        if self._deferred:
+            self.flush()
         try:
             if self._pending_begin is not None:
                 self._send_begin()
             self.raw.execute(sql)
         except self._error as exc:
             raise self.translate(exc) from exc
+
+
+@functools.cache
+def _libpq_pipelines() -> bool:
+    """True if psycopg's libpq has pipeline mode (libpq 14 or later)."""
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
+
+
+class _Deferred(NamedTuple):
+    """A write queued by :meth:`Driver.defer`: its SQL, bound parameters and check."""
+
+    sql: str
+    params: Any
+    check: Callable[[Any], None] | None
+
+
+class _Fetched:
+    """A statement's result read in a pipelined round trip (a cursor's read side)."""
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def fetchone(self) -> Any:
+        return self._rows.pop(0) if self._rows else None
+
+    def fetchall(self) -> list[Any]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def close(self) -> None:
+        self._rows = []
+
+
+async def _async_round_trip(
+    conn: Any, batch: list[tuple[str, Any]], skip: int, out: list[_Fetched | None]
+) -> None:
+    """:meth:`Driver._round_trip` on a psycopg ``AsyncConnection``."""
+    curs = []
+    try:
+        async with conn.pipeline():
+            for sql, params in batch:
+                cur = conn.cursor()
+                curs.append(cur)
+                await cur.execute(sql, params)
+    finally:
+        for cur in curs[skip:]:
+            if cur.pgresult is None:
+                out.append(None)
+            else:
+                rows = await cur.fetchall() if cur.description is not None else []
+                out.append(_Fetched(rows, cur.rowcount))
+                await cur.close()
 
 
 # --------------------------------------------------------------------------

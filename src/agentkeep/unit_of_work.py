@@ -249,7 +249,12 @@ class UnitOfWork(Repositories):
         return self._session
 
     def _flush(self) -> None:
-        """Flush the host's ORM changes before the transaction commits."""
+        """Flush the host's ORM changes before the transaction commits.
+
+        And any write a repository left deferred (:meth:`Driver.defer`; each
+        flushes its own before it returns: this only guards the rule).
+        """
+        self.driver.flush()
         if self._session is not None and self._own_session:
             self._session.commit()
             self._session.close()

@@ -167,7 +167,17 @@ def _doomed_committer(url: str, point: str, commit_json: str, ready: Any) -> Non
                 signal.pause()  # killed here, inside the open write unit
             return cur
 
+        # On psycopg, deferred writes and prefetched reads go out pipelined (Driver._round_trip).
+        real_trip = dbmod.Driver._round_trip
+
+        def paused_trip(self: Any, items: Any, out: Any) -> None:
+            real_trip(self, items, out)
+            if any(sql.startswith(point) for sql, _ in items):
+                ready.set()
+                signal.pause()  # killed here, inside the open write unit
+
         dbmod.Driver.execute = paused  # type: ignore[method-assign]
+        dbmod.Driver._round_trip = paused_trip  # type: ignore[method-assign]
     with store.write() as uow:
         uow.commits.commit_runtime_state(c)
     ready.set()

@@ -88,8 +88,13 @@ def _encode(value: Any, field: str) -> bytes:
         raise InvalidInput(field, str(exc)) from None
 
 
-def put_blob(db: Driver, kind: str, value: Any, profile: BlobProfile) -> str:
+def put_blob(
+    db: Driver, kind: str, value: Any, profile: BlobProfile, *, defer: bool = False
+) -> str:
     """Store ``value`` as a blob (idempotent); return its hash.
+
+    With ``defer``, the insert (whose result nobody reads) is deferred
+    (:meth:`Driver.defer`): the caller flushes before it returns.
 
     Raises:
         InvalidInput: ``value`` is not a JSON value.
@@ -101,7 +106,11 @@ def put_blob(db: Driver, kind: str, value: Any, profile: BlobProfile) -> str:
         content, compression = zlib.compress(raw), "zlib"
     else:
         content, compression = raw, "none"
-    db.execute(_PUT, {"hash": digest, "kind": kind, "compression": compression, "content": content})
+    params = {"hash": digest, "kind": kind, "compression": compression, "content": content}
+    if defer:
+        db.defer(_PUT, params)
+    else:
+        db.execute(_PUT, params)
     return digest
 
 
@@ -146,11 +155,12 @@ def put_checkpoint(
     """Store a checkpoint's component blobs and its manifest; return ``(checkpoint_ref, manifest)``.
 
     For each component, a body (not None) is stored and its hash becomes the
-    reference; otherwise the caller's reference is kept.
+    reference; otherwise the caller's reference is kept. The inserts are
+    deferred (:meth:`Driver.defer`): the caller flushes before it returns.
     """
 
     def component(body: Any, ref: str | None, kind: str) -> str | None:
-        return put_blob(db, kind, body, profile) if body is not None else ref
+        return put_blob(db, kind, body, profile, defer=True) if body is not None else ref
 
     manifest = CheckpointManifest(
         schema_version=MANIFEST_SCHEMA_VERSION,
@@ -164,7 +174,7 @@ def put_checkpoint(
             checkpoint.execution_state, checkpoint.execution_state_ref, KIND_EXECUTION_STATE
         ),
     )
-    ref = put_blob(db, KIND_MANIFEST, manifest.model_dump(mode="json"), profile)
+    ref = put_blob(db, KIND_MANIFEST, manifest.model_dump(mode="json"), profile, defer=True)
     return ref, manifest
 
 

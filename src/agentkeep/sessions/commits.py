@@ -80,6 +80,17 @@ caller's ``store.write()`` block, an error that propagates out of the block
 rolls the whole unit back; a caller that *catches* a typed error from the
 commit keeps the work it did earlier in the unit, and the commit left nothing.
 
+Round trips. The fence reads of steps 3–6 and the ledger totals of step 10
+are prefetched (:meth:`Driver.prefetching`): on psycopg they go out with the
+write locks, in their round trip. The writes of steps 9–13, 17 and 19–21 are
+deferred (:meth:`Driver.defer`) with their checks (a node id that exists, a
+head fence that misses) and go out together at the end of the commit, or
+before the next statement that reads; the checks then run in step order, so
+the error precedence is the one above. A small fenced commit on psycopg is
+three round trips: locks and reads, writes, ``COMMIT`` (alone, so a lost
+connection during it is still ``CommitOutcomeUnknown``). SQLite and asyncpg
+run the same code one statement at a time.
+
 Reads (:meth:`~SessionCommitRepository.load_session`,
 :meth:`~SessionCommitRepository.load_node`,
 :meth:`~SessionCommitRepository.get_head_revision`,
@@ -192,9 +203,10 @@ from agentkeep.sessions.domain import (
     check_json,
 )
 from agentkeep.sessions.leases import (
-    SessionLeaseRepository,
     begin_session_write,
     ensure_session_execution_lease,
+    lease_read,
+    release_locked,
 )
 from agentkeep.sessions.models import (
     AttachmentManifestRow,
@@ -850,6 +862,55 @@ def _check_revision(session_id: str, value: object) -> int:
     return value
 
 
+def _fence_reads(commit: RuntimeCommit) -> list[tuple[Statement, dict[str, Any]]]:
+    """The reads of steps 3, 4–5, 6 and 10b, for :meth:`Driver.prefetching`.
+
+    They go out with the write lock (one round trip on psycopg). None of the
+    commit's writes before them touches what they read (step 10b's totals
+    are read after the blob and usage-delta inserts, which do not change them).
+    """
+    sid = commit.session_id
+    reads: list[tuple[Statement, dict[str, Any]]] = []
+    stamp = commit.turn_commit
+    if stamp is not None and stamp.session_id == sid:
+        reads.append((_GET_TURN_COMMIT, {"sid": sid, "tid": stamp.turn_id}))
+    fence = commit.session_execution_lease
+    if fence is not None and fence.session_id == sid:
+        reads.append(lease_read(sid))
+    reads.append((_GET_HEAD_COUNTERS, {"sid": sid}))
+    if commit.usage_deltas:
+        reads.append((_GET_TOTALS, {"sid": sid}))
+    return reads
+
+
+class _NodeInserted:
+    """Step 11's check of a node insert: no row returned is :class:`NodeAlreadyExists`."""
+
+    __slots__ = ("node_id", "session_id")
+
+    def __init__(self, session_id: str, node_id: str) -> None:
+        self.session_id, self.node_id = session_id, node_id
+
+    def __call__(self, result: Any) -> None:
+        if result.fetchone() is None:
+            raise NodeAlreadyExists(self.session_id, self.node_id)
+
+
+class _HeadWritten:
+    """Step 13's check of the fenced head upsert: no row is :class:`ConcurrentModification`."""
+
+    __slots__ = ("session_id",)
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+
+    def __call__(self, result: Any) -> None:
+        if result.fetchone() is None:
+            raise ConcurrentModification(
+                f"session {self.session_id}: head changed under the write lock"
+            )
+
+
 # --------------------------------------------------------------------------
 # The repository
 
@@ -921,11 +982,14 @@ class SessionCommitRepository:
         prepared = _Prepared(commit)
         sid = commit.session_id
         db = self._db
-        now = begin_session_write(db, self._clock, self._writable, sid, blobs=True)
-        if not self._nested:  # a one-call unit: an error rolls its whole transaction back
-            return self._commit(commit, prepared, blob_profile, now)
-        with db.savepoint():
-            return self._commit(commit, prepared, blob_profile, now)
+        # psycopg: the fence reads go out with the locks, in their round trip.
+        with db.prefetching(_fence_reads(commit)):
+            now = begin_session_write(db, self._clock, self._writable, sid, blobs=True)
+            if not self._nested:  # a one-call unit: an error rolls its whole transaction back
+                with db.deferred_first():
+                    return self._commit(commit, prepared, blob_profile, now)
+            with db.savepoint():
+                return self._commit(commit, prepared, blob_profile, now)
 
     def _commit(
         self, commit: RuntimeCommit, prepared: _Prepared, profile: BlobProfile, now: int
@@ -949,6 +1013,7 @@ class SessionCommitRepository:
                         "runtime_turn_commits", f"{sid}/{stamp.turn_id}", "result_json", str(exc)
                     ) from None
                 self._release(commit)
+                db.flush()
                 return stored
 
         # 4.–5. The lease fence.
@@ -981,7 +1046,7 @@ class SessionCommitRepository:
         # 10. Usage deltas, in order.
         for delta in commit.usage_deltas:
             u = delta.usage
-            db.execute(
+            db.defer(
                 _PUT_USAGE,
                 {
                     "sid": sid,
@@ -999,11 +1064,10 @@ class SessionCommitRepository:
 
         # 11. Graph delta.
         if prepared.replace:
-            db.execute(_DELETE_NODES, {"sid": sid})
+            db.defer(_DELETE_NODES, {"sid": sid})
         for node_id, parent, text in prepared.nodes:
             params = {"sid": sid, "nid": node_id, "parent": parent, "json": text}
-            if db.execute(_PUT_NODE, params).fetchone() is None:
-                raise NodeAlreadyExists(sid, node_id)
+            db.defer(_PUT_NODE, params, _NodeInserted(sid, node_id))
 
         # 12. Live node count, kept incrementally so a commit costs O(its delta),
         # not O(graph): tombstone_nodes decrements it in the same transaction.
@@ -1023,8 +1087,7 @@ class SessionCommitRepository:
             "count": count,
             "actual": actual,
         }
-        if db.execute(_PUT_HEAD, head).fetchone() is None:
-            raise ConcurrentModification(f"session {sid}: head changed under the write lock")
+        db.defer(_PUT_HEAD, head, _HeadWritten(sid))
 
         # 14.–15. Complete the claims.
         for qc in commit.completed_queue_claims:
@@ -1052,7 +1115,7 @@ class SessionCommitRepository:
 
         # 17. Attachments: the first commit's time wins.
         for attachment_id in commit.committed_attachment_ids:
-            db.execute(_COMMIT_ATTACHMENT, {"sid": sid, "aid": attachment_id, "now": now})
+            db.defer(_COMMIT_ATTACHMENT, {"sid": sid, "aid": attachment_id, "now": now})
 
         # 18. Enqueue new work.
         batches = []
@@ -1069,7 +1132,7 @@ class SessionCommitRepository:
             enqueued_queue_batches=tuple(batches),
         )
         if stamp is not None:
-            db.execute(
+            db.defer(
                 _PUT_TURN_COMMIT,
                 {
                     "sid": sid,
@@ -1083,6 +1146,9 @@ class SessionCommitRepository:
 
         # 21. The fenced lease release.
         self._release(commit)
+        # The deferred writes go out (one round trip on psycopg) and are checked here,
+        # inside the commit's savepoint.
+        db.flush()
         return result
 
     def _add_to_totals(self, commit: RuntimeCommit) -> None:
@@ -1118,7 +1184,7 @@ class SessionCommitRepository:
                     raise UsageLedgerOverflow(sid, delta.source, delta.model, name)
             changed[key] = row
         for (source, model), (ordinal, *counts) in changed.items():
-            db.execute(
+            db.defer(
                 _PUT_TOTAL,
                 {
                     "sid": sid,
@@ -1136,9 +1202,7 @@ class SessionCommitRepository:
             return
         if completion.session_id != commit.session_id:
             raise SessionBindingMismatch(commit.session_id, completion.session_id)
-        SessionLeaseRepository(
-            self._db, self._clock, writable=self._writable
-        ).release_session_execution_lease(completion)
+        release_locked(self._db, completion)  # the commit holds the session's lock
 
     # ------------------------------------------------------------------ reads
 

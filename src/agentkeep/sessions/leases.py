@@ -78,6 +78,8 @@ __all__ = [
     "begin_session_write",
     "ensure_session_execution_lease",
     "guard_session_write",
+    "lease_read",
+    "release_locked",
 ]
 
 _L = SessionLeaseRow
@@ -233,6 +235,36 @@ class _Row:
 def _load(db: Driver, session_id: str) -> _Row | None:
     row = db.execute(_GET, {"sid": session_id}).fetchone()
     return None if row is None else _Row(session_id, row)
+
+
+def lease_read(session_id: str) -> tuple[Statement, dict[str, Any]]:
+    """The read FENCE_OK makes of ``session_id``'s lease, for :meth:`Driver.prefetching`."""
+    return _GET, {"sid": session_id}
+
+
+def release_locked(db: Driver, completion: LeaseFence) -> None:
+    """The fenced release of :meth:`SessionLeaseRepository.release_session_execution_lease`.
+
+    Without taking the lock: for a caller that holds ``session:<id>`` already
+    (a commit's step 21). The write is deferred (:meth:`Driver.defer`): it
+    returns nothing and a mismatch is a silent no-op, so it can go out with
+    the caller's other writes; the caller flushes before it returns.
+
+    Raises:
+        InvalidInput: bad fence.
+    """
+    _check_fence(completion, "completion")
+    check_id(completion.session_id, "completion.session_id")
+    db.defer(
+        _RELEASE,
+        {
+            "sid": completion.session_id,
+            "owner": completion.owner.owner_id,
+            "inc": completion.owner.incarnation_id,
+            "token": completion.lease_token,
+            "fencing": completion.fencing_token,
+        },
+    )
 
 
 def _check_fence(value: object, field: str) -> LeaseFence:
@@ -565,16 +597,8 @@ class SessionLeaseRepository:
         _check_fence(completion, "completion")
         check_id(completion.session_id, "completion.session_id")
         begin_session_write(self._db, self._clock, self._writable, completion.session_id)
-        self._db.execute(
-            _RELEASE,
-            {
-                "sid": completion.session_id,
-                "owner": completion.owner.owner_id,
-                "inc": completion.owner.incarnation_id,
-                "token": completion.lease_token,
-                "fencing": completion.fencing_token,
-            },
-        )
+        release_locked(self._db, completion)
+        self._db.flush()
 
     def ensure_session_execution_lease(self, fence: LeaseFence) -> None:
         """Check that ``fence`` is the live lease now (FENCE_OK); writes nothing.
