@@ -1,13 +1,12 @@
-"""Lean one-call write units: queued last writes (``Driver.write_at_commit``) and the
-SQLite writer queue (``Store._lean``).
+"""Lean one-call write units: the SQLite writer queue (``Store._lean``), and
+single-row batches (``Driver.executemany``) on both backends.
 
-* ``write_at_commit``: on psycopg the queued writes go out with the unit's
-  COMMIT (or before its next statement), elsewhere at once; either way a read
-  after them in the same unit sees them, and a queued write that fails fails
-  the unit with its typed error and leaves nothing (both backends).
 * SQLite: one-call writers of one process queue on the store's mutex; a
   writer still queued when the busy timeout passes gets ``StoreBusy`` and
-  writes nothing (real threads).
+  writes nothing; writers racing in real threads all commit.
+* ``executemany`` of one parameter set runs it as one execute: it writes the
+  row, reports its row count, and a refused row fails the unit with nothing
+  written (SQLite and Postgres).
 """
 
 from __future__ import annotations
@@ -19,9 +18,10 @@ from typing import Any
 import pytest
 
 from agentkeep import migrations as migrate
-from agentkeep.errors import CommitOutcomeUnknown, DatabaseError, RunNotFound, StoreBusy
+from agentkeep.errors import DatabaseError, RunNotFound, StoreBusy
 from agentkeep.runs.domain import RunRecord
-from agentkeep.sessions.checkpoint_nodes import _ADD_WRITE
+from agentkeep.sessions.checkpoint_nodes import _ADD_WRITE, _DELETE_NODE_WRITES
+from agentkeep.sessions.maintenance import _in_params
 from agentkeep.store import Store
 from agentkeep.unit_of_work import Repositories
 
@@ -39,33 +39,34 @@ def _write_row(node: str, value: Any) -> dict[str, Any]:
     }
 
 
-def test_queued_writes_are_seen_by_the_units_next_read_and_committed(store: Store) -> None:
-    def unit(r: Repositories) -> list[str]:
-        r.checkpoint_nodes.put_checkpoint_node("S-1", "n-1", b"body", node_json='{"a":1}')
-        r.driver.write_at_commit(_ADD_WRITE, [_write_row("n-1", b"v1"), _write_row("n-2", b"v2")])
-        node = r.checkpoint_nodes.get_checkpoint_node("S-1", "n-1")  # after the queued writes
-        assert node is not None and node.body == b"body"
-        return [w.channel for w in node.writes]
+def test_a_batch_of_one_writes_its_row_and_counts_it(store: Store) -> None:
+    def unit(r: Repositories) -> int:
+        r.driver.executemany(_ADD_WRITE, [_write_row("n-1", b"v1")])
+        return r.driver.executemany(
+            _DELETE_NODE_WRITES, [{"sid": "S-1", **_in_params(["n-0", "n-2"])}]
+        )
 
-    assert store.call_write(unit) == ["c"]
-    node = store.checkpoint_nodes.get_checkpoint_node("S-1", "n-1")
-    assert node is not None and node.node_json == '{"a":1}'
-    assert [w.value for w in store.checkpoint_nodes.list_pending_writes("S-1", "n-2")] == [b"v2"]
+    assert store.call_write(unit) == 0  # nothing of n-0 / n-2 to delete
+    writes = store.checkpoint_nodes.list_pending_writes("S-1", "n-1")
+    assert [(w.channel, w.value) for w in writes] == [("c", b"v1")]
+    deleted = store.call_write(
+        lambda r: r.driver.executemany(_DELETE_NODE_WRITES, [{"sid": "S-1", **_in_params(["n-1"])}])
+    )
+    assert deleted == 1
+    assert store.checkpoint_nodes.list_pending_writes("S-1", "n-1") == []
 
 
-def test_a_queued_write_that_fails_fails_the_unit_and_leaves_nothing(store: Store) -> None:
+def test_a_refused_batch_of_one_fails_the_unit_and_leaves_nothing(store: Store) -> None:
     def unit(r: Repositories) -> None:
         r.runs.create(RunRecord.new("R-1", "T-1", 10))
-        r.checkpoint_nodes.put_checkpoint_node("S-1", "n-1", b"body")
-        r.driver.write_at_commit(_ADD_WRITE, [_write_row("n-1", None)])  # NOT NULL: refused
+        r.driver.executemany(_ADD_WRITE, [_write_row("n-1", None)])  # NOT NULL: refused
 
     with pytest.raises(DatabaseError) as info:
         store.call_write(unit)
-    assert not isinstance(info.value, StoreBusy | CommitOutcomeUnknown)  # a definite failure
+    assert not isinstance(info.value, StoreBusy)
     with pytest.raises(RunNotFound):
         store.runs.get("R-1")
-    assert store.checkpoint_nodes.get_checkpoint_node("S-1", "n-1") is None
-    # the pooled connection came back clean: the next unit writes
+    assert store.checkpoint_nodes.list_pending_writes("S-1", "n-1") == []
     store.call_write(lambda r: r.runs.create(RunRecord.new("R-2", "T-1", 10)))
     assert store.runs.get("R-2").id == "R-2"
 

@@ -1094,13 +1094,11 @@ class Driver:
 
     __slots__ = (
         "_cursor",
-        "_at_commit",
         "_error",
         "_lean",
         "_merge_begin",
         "_multi_rowcount",
         "_pending_begin",
-        "_pipeline",
         "limits",
         "_pg_read_committed",
         "postgres",
@@ -1135,17 +1133,7 @@ class Driver:
         # into one round trip with an aggregate lock).
         self._lean = lean and self.postgres
         self._merge_begin = self._lean and target.dialect.driver in _MERGED_BEGIN_DRIVERS
-        # The statements that wait for the unit's next round trip: the BEGIN,
-        # its SET LOCAL, the aggregate locks (their parameters written into
-        # the text).
-        self._pending_begin: list[str] | None = None
-        # Sync psycopg also pipelines: the pending statements, then a statement
-        # with parameters (the unit's first read), in one round trip; and the
-        # unit's last writes (write_at_commit) with its COMMIT.
-        self._pipeline = (
-            self._merge_begin and target.dialect.driver == "psycopg" and hasattr(raw, "pipeline")
-        )
-        self._at_commit: list[tuple[str, Any]] = []
+        self._pending_begin: str | None = None
         self._cursor: Any = None  # the cursor of the last execute (see close_cursor)
 
     @classmethod
@@ -1184,72 +1172,13 @@ class Driver:
         # construct) binds the caller's dict as it is.
         bound = params if form.plain else form.bind(params)
         try:
-            if self._at_commit:
-                self._send_at_commit()
             if self._pending_begin is not None:
-                if self._pipeline:
-                    return self._pipelined(form.sql, bound)
                 self._send_begin()
             cur = self._cursor = self.raw.cursor()
             cur.execute(form.sql, bound)
         except self._error as exc:
             raise self.translate(exc) from exc
         return cur
-
-    def _pipelined(self, sql: str, bound: Any) -> Any:
-        """psycopg: the pending statements, then ``sql``, in one round trip (pipeline mode).
-
-        Called inside the callers' try blocks: a driver error (of any of the
-        statements; the later ones are then skipped) is translated there.
-        """
-        pending, self._pending_begin = self._pending_begin, None
-        assert pending is not None
-        raw = self.raw
-        with raw.pipeline():
-            for plain in pending:
-                raw.execute(plain)
-            cur = self._cursor = raw.cursor()
-            cur.execute(sql, bound)
-        return cur
-
-    def write_at_commit(self, stmt: Statement, params: Sequence[Mapping[str, Any]]) -> None:
-        """Run a write whose result the unit does not need, at the latest with its COMMIT.
-
-        For a unit's last writes (INSERT / upsert, one parameter set per row):
-        on a lean psycopg unit they are queued and go out with the COMMIT in
-        one round trip (pipeline mode), or before the unit's next statement,
-        in order; elsewhere they run at once (:meth:`executemany`). The
-        parameters are checked now (text rule, size limits), so a refused
-        value raises here and nothing is queued. A write that fails when it
-        runs fails the COMMIT with the same typed error (nothing committed);
-        a connection lost then leaves the outcome unknown, as for any COMMIT.
-        """
-        if not params:
-            return
-        if not self._pipeline:
-            self.executemany(stmt, params)
-            return
-        form = stmt.compiled(self.target)
-        for one in params:
-            self._check(form, one)
-            self._at_commit.append((form.sql, one if form.plain else form.bind(one)))
-
-    def _send_at_commit(self, *, commit: bool = False) -> None:
-        """Send the pending statements and the queued writes (then ``COMMIT``) in one round trip.
-
-        Called inside the callers' try blocks, like :meth:`_pipelined`. A
-        failing statement makes the server skip the rest (the COMMIT too).
-        """
-        queued, self._at_commit = self._at_commit, []
-        pending, self._pending_begin = self._pending_begin, None
-        raw = self.raw
-        with raw.pipeline():
-            for plain in pending or ():
-                raw.execute(plain)
-            for sql, bound in queued:
-                raw.cursor().execute(sql, bound)
-            if commit:
-                raw.execute("COMMIT")
 
     def executemany(self, stmt: Statement, params: Sequence[Mapping[str, Any]]) -> int:
         """Run ``stmt`` once per parameter set (one driver call: no per-row Python overhead).
@@ -1270,17 +1199,18 @@ class Driver:
             self._check(form, one)
         rows: Any = params if form.plain else [form.bind(p) for p in params]
         try:
-            if self._at_commit:
-                self._send_at_commit()
             if self._pending_begin is not None:
                 self._send_begin()
             cur = self.raw.cursor()
         except self._error as exc:
             raise self.translate(exc) from exc
         try:
-            if self._multi_rowcount:
-                cur.executemany(form.sql, rows)
+            if len(rows) == 1:  # one set: a plain execute (psycopg's executemany pipelines)
+                cur.execute(form.sql, rows[0])
                 changed: int = cur.rowcount
+            elif self._multi_rowcount:
+                cur.executemany(form.sql, rows)
+                changed = cur.rowcount
             else:  # asyncpg reports no row count for executemany: one execute per set
                 changed = 0
                 for row in rows:
@@ -1311,7 +1241,7 @@ class Driver:
         ms = max(1, int(ms))
         try:
             if self.postgres and self._pending_begin is not None:
-                self._pending_begin.append(f"SET LOCAL lock_timeout = {ms}")
+                self._pending_begin += f"; SET LOCAL lock_timeout = {ms}"
             elif self.postgres:
                 self.raw.execute(f"SET LOCAL lock_timeout = {ms}")
             else:
@@ -1333,7 +1263,7 @@ class Driver:
         COMMITTED asks for READ COMMITTED.
         """
         if self._merge_begin:  # sent with the unit's first statement (see send_with_begin)
-            self._pending_begin = [_BEGIN_WRITE_PG if write else _BEGIN_READ_PG]
+            self._pending_begin = _BEGIN_WRITE_PG if write else _BEGIN_READ_PG
             return
         if self._lean:  # asyncpg: its adapter begins at the unit's first statement
             self._autocommit(False)
@@ -1356,17 +1286,14 @@ class Driver:
         async facade lets a cancelled caller's operation finish instead of
         interrupting it, so its outcome is never left unknown.
         """
-        if self._pending_begin is not None and not self._at_commit:
-            self._pending_begin = None  # the unit sent nothing: nothing to commit
+        if self._pending_begin is not None:  # the unit sent nothing: nothing to commit
+            self._pending_begin = None
             return
         watch = _COMMIT_WATCH.get()
         if watch is not None:
             watch.committing = True
         try:
-            if self._at_commit:  # the queued writes, then COMMIT: one round trip
-                self._send_at_commit(commit=True)
-            else:
-                self.raw.commit()
+            self.raw.commit()
         except self._error as exc:
             raise self.commit_failure(exc) from exc
 
@@ -1411,7 +1338,6 @@ class Driver:
     def rollback(self) -> None:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
         self._pending_begin = None
-        self._at_commit = []
         self.raw.rollback()
 
     def close_cursor(self) -> None:
@@ -1454,7 +1380,6 @@ class Driver:
                 must discard the connection, never pool it in autocommit mode.
         """
         self._pending_begin = None
-        self._at_commit = []
         if self._lean:
             self._autocommit(False)
 
@@ -1463,23 +1388,18 @@ class Driver:
 
         For statements whose parameters are all integers (the aggregate
         locks): they are written into the text, so that ``BEGIN`` and the
-        statement go out as one simple query. On sync psycopg the statement
-        waits instead and goes out, in order, with the unit's next statement
-        (pipeline mode: ``BEGIN``, the lock and the unit's first read in one
-        round trip); the lock is still taken before that statement runs. The
-        caller runs ``stmt`` as usual when this returns False.
+        statement go out as one simple query. The caller runs ``stmt`` as
+        usual when this returns False.
         """
         pending = self._pending_begin
-        if pending is None or self._at_commit:  # queued writes go first: execute sends them
+        if pending is None:
             return False
         form = stmt.compiled(self.target)
         literal = {k: int(v) for k, v in (params if form.plain else form.bind(params)).items()}
-        pending.append(form.sql % literal)
-        if self._pipeline:
-            return True  # goes out with the unit's next statement, in its round trip
+        sql = f"{pending}; {form.sql % literal}"
         self._pending_begin = None
         try:
-            self.raw.execute("; ".join(pending))
+            self.raw.execute(sql)
         except self._error as exc:
             raise self.translate(exc) from exc
         return True
@@ -1488,7 +1408,7 @@ class Driver:
         # Called inside the callers' try blocks: a driver error is translated there.
         pending, self._pending_begin = self._pending_begin, None
         assert pending is not None
-        self.raw.execute("; ".join(pending))
+        self.raw.execute(pending)
 
     def _autocommit(self, on: bool) -> None:
         try:
@@ -1517,8 +1437,6 @@ class Driver:
 
     def _plain(self, sql: str) -> None:
         try:
-            if self._at_commit:
-                self._send_at_commit()
             if self._pending_begin is not None:
                 self._send_begin()
             self.raw.execute(sql)

@@ -32,10 +32,7 @@ channels: errors, interrupts, resumes) is replaced.
 Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
 NOTHING``) and one node upsert (on Postgres one statement: the blob insert is
 a data-modifying CTE of the upsert); a pending-write put: the lease read and
-one batched insert. Nothing written is read back. In a one-call unit on
-psycopg that is two round trips: ``BEGIN``, the locks and the lease read in
-one (pipeline mode), the writes and ``COMMIT`` in the other
-(:meth:`agentkeep.db.Driver.write_at_commit`).
+one batched insert. Nothing written is read back.
 
 Corrupt data fails loudly: a node whose blob is missing, stored with a
 compression other than ``none``, or whose bytes do not match its hash, is
@@ -431,7 +428,7 @@ class CheckpointNodeRepository:
             "compression": "none",
             "content": raw,
         }
-        self._db.write_at_commit(_PUT_NODE_AND_BLOB, [node])
+        self._db.execute(_PUT_NODE_AND_BLOB, node)
         return digest
 
     def put_pending_writes(
@@ -487,8 +484,8 @@ class CheckpointNodeRepository:
         if not add and not replace:
             return
         self._guard(session_id, lease_session_id, fence, renew_ms, blobs=False)
-        self._db.write_at_commit(_ADD_WRITE, add)
-        self._db.write_at_commit(_REPLACE_WRITE, replace)
+        self._db.executemany(_ADD_WRITE, add)
+        self._db.executemany(_REPLACE_WRITE, replace)
 
     def delete_nodes_for_runs(self, run_ids: Sequence[str]) -> int:
         """Delete every checkpoint node written by one of ``run_ids``, with its pending writes.
