@@ -1,7 +1,7 @@
 """Lean one-call write units: the SQLite writer queue (``Store._lean``), and
 single-row batches (``Driver.executemany``) on both backends.
 
-* SQLite: one-call writers of one process queue on the store's mutex; a
+* SQLite: one-call writers of one store queue on its mutex; a
   writer still queued when the busy timeout passes gets ``StoreBusy`` and
   writes nothing; writers racing in real threads all commit.
 * ``executemany`` of one parameter set runs it as one execute: it writes the

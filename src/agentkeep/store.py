@@ -144,7 +144,7 @@ class Store:
             self._mutex = lambda: lock
         else:
             self._mutex = nullcontext
-        #: SQLite file: the queue of this process's one-call write units (see _lean).
+        #: SQLite file: the queue of this store's one-call write units (see _lean).
         #: None elsewhere (Postgres, in-memory, a native AsyncStore's event loop).
         self._writers: threading.Lock | None = (
             threading.Lock() if engine.dialect.name == "sqlite" and not memory else None
@@ -713,13 +713,14 @@ class Store:
         if writers is None:
             return self._lean_unit(fn, write=write, snapshot=snapshot, deadline=deadline)
         # SQLite: one writer at a time holds the database write lock. A second
-        # BEGIN IMMEDIATE of this process would wait in SQLite's busy handler,
+        # BEGIN IMMEDIATE of this store would wait in SQLite's busy handler,
         # which polls in sleeps of 1, 2, 5, 10 ... ms; queued here it starts as
-        # soon as the writer before it commits. Writers of other processes
-        # still meet in the busy handler. The wait counts against the deadline.
+        # soon as the writer before it commits. Writers of other processes and
+        # other stores still meet in the busy handler. The wait counts against
+        # the deadline.
         wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
         if not writers.acquire(timeout=wait):
-            raise StoreBusy("this process's other writers held the database past the busy timeout")
+            raise StoreBusy("this store's other writers held the database past the busy timeout")
         try:
             return self._lean_unit(fn, write=write, snapshot=snapshot, deadline=deadline)
         finally:
