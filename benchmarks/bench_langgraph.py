@@ -4,8 +4,9 @@
 
 One real ``StateGraph`` (three nodes, ``plan -> act -> review -> plan ...``,
 a ``messages`` state that grows by one message per step) runs ``--steps``
-super-steps in one ``invoke`` on a fresh thread, once per saver and round;
-the best round is reported. Every step is one checkpoint ``put`` and one
+super-steps in one ``invoke`` on a fresh thread, once per saver and round
+(the rounds go round-robin over the savers, all open at once); the best round
+is reported. Every step is one checkpoint ``put`` and one
 ``put_writes`` (plus the input checkpoint), so the figure is the saver's cost
 per step under a real graph, LangGraph's own work included.
 
@@ -31,7 +32,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -128,14 +129,6 @@ def stock_sqlite(path: Path, normal: bool) -> Iterator[SqliteSaver]:
         conn.close()
 
 
-def best(
-    make: Callable[[], AbstractContextManager[Any]], steps: int, rounds: int, owning: bool
-) -> float:
-    with make() as saver:
-        run_once(saver, 5, owning)  # warm-up: statements compiled, connections open
-        return min(run_once(saver, steps, owning) for _ in range(rounds))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -146,37 +139,37 @@ def main() -> None:
     )
     args = ap.parse_args()
     steps, rounds = args.steps, args.rounds
-    results: list[tuple[str, str, float]] = []
-
-    def agentkeep_both(backend: str, url: str) -> None:
-        for owning in (False, True):
-            name = "AgentkeepSaver + owning" if owning else "AgentkeepSaver"
-            results.append(
-                (backend, name, best(lambda: agentkeep_saver(url), steps, rounds, owning))
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        # (backend, name, saver, owning), every saver open at once: the rounds
+        # go round-robin over them, so a slow spell of the machine hits all alike.
+        runs: list[tuple[str, str, Any, bool]] = []
+        ak_sqlite = stack.enter_context(agentkeep_saver(f"sqlite:///{Path(tmp) / 'ak.db'}"))
+        runs.append(("sqlite", "AgentkeepSaver", ak_sqlite, False))
+        runs.append(("sqlite", "AgentkeepSaver + owning", ak_sqlite, True))
+        stock = stack.enter_context(stock_sqlite(Path(tmp) / "stock.db", args.stock_normal))
+        runs.append(("sqlite", "SqliteSaver (stock)", stock, False))
+        if not args.no_postgres:
+            url = stack.enter_context(pg_database())
+            ak_pg = stack.enter_context(
+                agentkeep_saver(url.replace("postgresql://", "postgresql+psycopg://"))
             )
-
-    with tempfile.TemporaryDirectory() as tmp:
-        agentkeep_both("sqlite", f"sqlite:///{Path(tmp) / 'agentkeep.db'}")
-        stock = Path(tmp) / "stock.db"
-        stock_time = best(lambda: stock_sqlite(stock, args.stock_normal), steps, rounds, False)
-        results.append(("sqlite", "SqliteSaver (stock)", stock_time))
-    if not args.no_postgres:
-        with pg_database() as url:
-            agentkeep_both("postgres", url.replace("postgresql://", "postgresql+psycopg://"))
-        with pg_database() as url:
-
-            @contextmanager
-            def stock_pg() -> Iterator[PostgresSaver]:
-                with PostgresSaver.from_conn_string(url) as saver:
-                    saver.setup()
-                    yield saver
-
-            results.append(
-                ("postgres", "PostgresSaver (stock)", best(stock_pg, steps, rounds, False))
-            )
+            runs.append(("postgres", "AgentkeepSaver", ak_pg, False))
+            runs.append(("postgres", "AgentkeepSaver + owning", ak_pg, True))
+            stock_url = stack.enter_context(pg_database())
+            stock_pg = stack.enter_context(PostgresSaver.from_conn_string(stock_url))
+            stock_pg.setup()
+            runs.append(("postgres", "PostgresSaver (stock)", stock_pg, False))
+        for _, _, saver, owning in runs:
+            run_once(saver, 5, owning)  # warm-up: statements compiled, connections open
+        best = [float("inf")] * len(runs)
+        for _ in range(rounds):
+            for i, (_, _, saver, owning) in enumerate(runs):
+                best[i] = min(best[i], run_once(saver, steps, owning))
+    results = [(b, name, t) for (b, name, _, _), t in zip(runs, best, strict=True)]
 
     print(
-        f"LangGraph StateGraph, 3 nodes, messages state, {steps} steps per invoke, best of {rounds}"
+        f"LangGraph StateGraph, 3 nodes, messages state, {steps} steps per invoke, "
+        f"best of {rounds} (round-robin)"
     )
     print(f"{'backend':<10} {'saver':<26} {'total ms':>10} {'ms/step':>9} {'stock/this':>11}")
     stock_time = {b: t for b, name, t in results if "stock" in name}

@@ -670,6 +670,9 @@ class AsyncStore:
         self._serial: asyncio.Lock | None = None
         if async_engine is not None:
             store._sleep = _sleep_on_loop
+            # Units of one loop interleave on it: a thread lock held by one
+            # would block the loop for the others (they wait in the database).
+            store._writers = None
             if store.memory:
                 # One shared connection: units of one loop take turns (an
                 # asyncio lock; the sync store's thread lock cannot tell tasks apart).

@@ -1226,9 +1226,12 @@ class Driver:
         except self._error as exc:
             raise self.translate(exc) from exc
         try:
-            if self._multi_rowcount:
-                cur.executemany(form.sql, rows)
+            if len(rows) == 1:  # one set: a plain execute (psycopg's executemany pipelines)
+                cur.execute(form.sql, rows[0])
                 changed: int = cur.rowcount
+            elif self._multi_rowcount:
+                cur.executemany(form.sql, rows)
+                changed = cur.rowcount
             else:  # asyncpg reports no row count for executemany: one execute per set
                 changed = 0
                 for row in rows:

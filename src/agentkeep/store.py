@@ -144,6 +144,11 @@ class Store:
             self._mutex = lambda: lock
         else:
             self._mutex = nullcontext
+        #: SQLite file: the queue of this store's one-call write units (see _lean).
+        #: None elsewhere (Postgres, in-memory, a native AsyncStore's event loop).
+        self._writers: threading.Lock | None = (
+            threading.Lock() if engine.dialect.name == "sqlite" and not memory else None
+        )
         self.runs = RunCalls(self)
         self.leases = LeaseCalls(self)
         self.queue = QueueCalls(self)
@@ -703,6 +708,31 @@ class Store:
         write: bool,
         snapshot: bool = True,
         deadline: float | None = None,
+    ) -> T:
+        writers = self._writers if write else None
+        if writers is None:
+            return self._lean_unit(fn, write=write, snapshot=snapshot, deadline=deadline)
+        # SQLite: one writer at a time holds the database write lock. A second
+        # BEGIN IMMEDIATE of this store would wait in SQLite's busy handler,
+        # which polls in sleeps of 1, 2, 5, 10 ... ms; queued here it starts as
+        # soon as the writer before it commits. Writers of other processes and
+        # other stores still meet in the busy handler. The wait counts against
+        # the deadline.
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not writers.acquire(timeout=wait):
+            raise StoreBusy("this store's other writers held the database past the busy timeout")
+        try:
+            return self._lean_unit(fn, write=write, snapshot=snapshot, deadline=deadline)
+        finally:
+            writers.release()
+
+    def _lean_unit(
+        self,
+        fn: Callable[[Repositories], T],
+        *,
+        write: bool,
+        snapshot: bool,
+        deadline: float | None,
     ) -> T:
         with self.pooled_driver() as (driver, pooled):
             busy = self._settings.busy_timeout_ms

@@ -85,6 +85,8 @@ T = TypeVar("T")
 DEFAULT_LEASE_TTL_MS = 60_000
 #: Sessions listed per catalog page while enumerating a thread's namespaces.
 _PAGE = 1000
+#: Encoded session ids a saver keeps (then it starts over).
+_IDS_KEPT = 4096
 
 
 def _part(value: object) -> str:
@@ -132,6 +134,8 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         self.session_prefix = session_prefix
         self.owner_id = owner_id or f"agentkeep-saver-{uuid.uuid4().hex}"
         self.lease_ttl_ms = lease_ttl_ms
+        #: Session ids already encoded, by (thread, namespace): every put names two.
+        self._ids: dict[tuple[str, str], str] = {}
         self._owned: contextvars.ContextVar[dict[str, SessionExecutionLease] | None] = (
             contextvars.ContextVar(f"agentkeep_saver_{id(self)}", default=None)
         )
@@ -144,7 +148,13 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
 
     def session_id(self, thread_id: object, checkpoint_ns: str = "") -> str:
         """The session id of a thread's namespace."""
-        return f"{self.session_prefix}/{_part(thread_id)}/{_part(checkpoint_ns)}"
+        key = (str(thread_id), str(checkpoint_ns))
+        sid = self._ids.get(key)
+        if sid is None:
+            if len(self._ids) >= _IDS_KEPT:
+                self._ids.clear()
+            sid = self._ids[key] = f"{self.session_prefix}/{_part(key[0])}/{_part(key[1])}"
+        return sid
 
     def _thread_prefix(self, thread_id: object) -> str:
         return f"{self.session_prefix}/{_part(thread_id)}/"

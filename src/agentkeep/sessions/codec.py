@@ -24,6 +24,7 @@ holds no fence: it only supplies the claim-column expressions
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any, Final
@@ -151,16 +152,30 @@ def encode_liveness(owner: LeaseOwnerIdentity) -> str:
 def _decode_liveness(raw: object) -> Any:
     if raw is None:
         return Opaque()
+    if not isinstance(raw, str):
+        return _undecodable(raw, ValueError(f"{type(raw).__name__} instead of text"))
+    return _decode_liveness_text(raw)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_liveness_text(raw: str) -> Any:
+    """The liveness a column's text holds, decoded once per distinct text.
+
+    The values are frozen models, shared by every lease row that holds the
+    same text (a fenced write reads its own lease's row on every call).
+    """
     try:
-        if not isinstance(raw, str):
-            raise ValueError(f"{type(raw).__name__} instead of text")
         return _LIVENESS.validate_python(loads(raw))
     except (ValueError, ValidationError) as exc:
-        key = repr(raw)[:200]
-        if key not in _warned:
-            _warned.add(key)
-            log.warning("undecodable lease owner liveness %s read as opaque: %s", key, exc)
-        return Opaque()
+        return _undecodable(raw, exc)
+
+
+def _undecodable(raw: object, exc: Exception) -> Any:
+    key = repr(raw)[:200]
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("undecodable lease owner liveness %s read as opaque: %s", key, exc)
+    return Opaque()
 
 
 def decode_owner(
