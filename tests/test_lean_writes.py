@@ -142,3 +142,43 @@ def test_sqlite_writers_of_one_process_all_commit(tmp_path: Path) -> None:
         assert len(found) == 120
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("busy_timeout_ms", [300, 0], ids=["timeout-300ms", "timeout-0ms"])
+def test_sqlite_a_one_call_write_inside_a_queued_write_is_store_busy(
+    tmp_path: Path, busy_timeout_ms: int
+) -> None:
+    """SQLite only: a one-call write made inside this thread's own queued write does not
+    wait for itself on the queue; SQLite's busy handler refuses it (``StoreBusy``) as it did before the queue, and
+    the outer write still commits."""
+    url = f"sqlite:///{tmp_path / 'agentkeep.db'}"
+    migrate.upgrade(url)
+    store = Store.open(url, busy_timeout_ms=busy_timeout_ms, retry_attempts=2)
+    inner: dict[str, Any] = {}
+
+    def outer(r: Repositories) -> None:
+        r.runs.create(RunRecord.new("R-1", "T-1", 10))
+        try:
+            store.runs.create(RunRecord.new("R-2", "T-1", 10))
+        except StoreBusy as exc:
+            inner["error"] = exc
+
+    def run() -> None:
+        try:
+            store.call_write(outer)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            inner["outer"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    try:
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), "the inner one-call write waited for its own thread"
+        assert "outer" not in inner, inner.get("outer")
+        assert isinstance(inner.get("error"), StoreBusy)
+        assert store.runs.get("R-1").id == "R-1"
+        with pytest.raises(RunNotFound):
+            store.runs.get("R-2")
+    finally:
+        if not thread.is_alive():
+            store.close()

@@ -146,6 +146,7 @@ class Store:
             self._mutex = nullcontext
         #: SQLite file: the queue of this store's one-call write units (see _lean).
         #: None elsewhere (Postgres, in-memory, a native AsyncStore's event loop).
+        self._writer_thread: int | None = None  # the thread holding _writers
         self._writers: threading.Lock | None = (
             threading.Lock() if engine.dialect.name == "sqlite" and not memory else None
         )
@@ -710,7 +711,13 @@ class Store:
         deadline: float | None = None,
     ) -> T:
         writers = self._writers if write else None
-        if writers is None:
+        me = threading.get_ident()
+        if writers is None or deadline is None or self._writer_thread == me:
+            # No queue: Postgres, memory, a native AsyncStore; no deadline (an
+            # adopted engine whose busy timeout is not known: the queue could
+            # not bound its wait); or a one-call write made inside this
+            # thread's own queued write (it would wait for itself; SQLite's
+            # busy handler refuses it with StoreBusy, as before the queue).
             return self._lean_unit(fn, write=write, snapshot=snapshot, deadline=deadline)
         # SQLite: one writer at a time holds the database write lock. A second
         # BEGIN IMMEDIATE of this store would wait in SQLite's busy handler,
@@ -718,12 +725,13 @@ class Store:
         # soon as the writer before it commits. Writers of other processes and
         # other stores still meet in the busy handler. The wait counts against
         # the deadline.
-        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        if not writers.acquire(timeout=wait):
+        if not writers.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise StoreBusy("this store's other writers held the database past the busy timeout")
+        self._writer_thread = me
         try:
             return self._lean_unit(fn, write=write, snapshot=snapshot, deadline=deadline)
         finally:
+            self._writer_thread = None
             writers.release()
 
     def _lean_unit(
