@@ -149,8 +149,8 @@ def test_sqlite_a_one_call_write_inside_a_queued_write_is_store_busy(
     tmp_path: Path, busy_timeout_ms: int
 ) -> None:
     """SQLite only: a one-call write made inside this thread's own queued write does not
-    wait for itself on the queue; SQLite's busy handler refuses it (``StoreBusy``) as it did before the queue, and
-    the outer write still commits."""
+    wait for itself on the queue; SQLite's busy handler refuses it (``StoreBusy``) as
+    it did before the queue, and the outer write still commits."""
     url = f"sqlite:///{tmp_path / 'agentkeep.db'}"
     migrate.upgrade(url)
     store = Store.open(url, busy_timeout_ms=busy_timeout_ms, retry_attempts=2)
