@@ -381,21 +381,30 @@ def json_value_problem(value: object) -> str | None:
     return _json_problem(value, 0)
 
 
+# Leaves of these exact types are always storable; the walk skips them inline.
+_PLAIN_LEAVES: Final = frozenset({type(None), bool, int})
+_SURROGATE_STRING: Final = "a string contains a lone UTF-16 surrogate"
+
+
 def _json_problem(value: object, depth: int) -> str | None:
-    if value is None or value is True or value is False:
+    # Exact types first (the common case), a plain leaf inside a container
+    # without a call of its own; subclasses (a str enum, an IntEnum) take the
+    # isinstance chain at the end. Items are checked in order, a key before
+    # its value, so the first problem is the one a plain recursive walk finds.
+    if type(value) in _PLAIN_LEAVES:
         return None
-    if isinstance(value, str):
-        if not value.isascii() and _not_utf8(value):
-            return "a string contains a lone UTF-16 surrogate"
-        return None
-    if isinstance(value, int):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
+    if type(value) is str:
+        return None if value.isascii() or not _not_utf8(value) else _SURROGATE_STRING
     if isinstance(value, list | tuple):
         if depth >= JSON_MAX_DEPTH:
             return f"nested deeper than {JSON_MAX_DEPTH} levels"
         for item in value:
+            if type(item) in _PLAIN_LEAVES:
+                continue
+            if type(item) is str:
+                if item.isascii() or not _not_utf8(item):
+                    continue
+                return _SURROGATE_STRING
             problem = _json_problem(item, depth + 1)
             if problem is not None:
                 return problem
@@ -408,10 +417,24 @@ def _json_problem(value: object, depth: int) -> str | None:
                 return f"object key {key!r} is not a string"
             if not key.isascii() and _not_utf8(key):
                 return "an object key contains a lone UTF-16 surrogate"
+            if type(item) in _PLAIN_LEAVES:
+                continue
+            if type(item) is str:
+                if item.isascii() or not _not_utf8(item):
+                    continue
+                return _SURROGATE_STRING
             problem = _json_problem(item, depth + 1)
             if problem is not None:
                 return problem
         return None
+    if value is True or value is False or value is None:
+        return None
+    if isinstance(value, str):
+        return None if value.isascii() or not _not_utf8(value) else _SURROGATE_STRING
+    if isinstance(value, int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
     return f"{type(value).__name__} is not a JSON type"
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -183,12 +184,20 @@ def revision_of(messages: Sequence[Message]) -> str:
     return "sha256:" + hashlib.sha256(canonical_bytes(body)).hexdigest()
 
 
+_CANONICAL_UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def canonical_uuid(text: str, kind: str) -> str:
     """Check that ``text`` is a canonical (lower-case, hyphenated) UUID and return it.
 
     Raises:
         InvalidInput: ``text`` is not in canonical UUID form.
     """
+    # The canonical form is exactly 8-4-4-4-12 lower-case hex digits (what
+    # ``str(uuid.UUID(text))`` gives back); anything else is parsed to say
+    # whether it is no UUID or a non-canonical one.
+    if type(text) is str and _CANONICAL_UUID.fullmatch(text):
+        return text
     try:
         parsed = uuid.UUID(text)
     except (ValueError, AttributeError, TypeError) as exc:
