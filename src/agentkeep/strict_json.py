@@ -395,7 +395,7 @@ def _json_problem(value: object, depth: int) -> str | None:
         return None
     if type(value) is str:
         return None if value.isascii() or not _not_utf8(value) else _SURROGATE_STRING
-    if isinstance(value, list | tuple):
+    if type(value) is list or type(value) is tuple or isinstance(value, list | tuple):
         if depth >= JSON_MAX_DEPTH:
             return f"nested deeper than {JSON_MAX_DEPTH} levels"
         for item in value:
@@ -409,11 +409,11 @@ def _json_problem(value: object, depth: int) -> str | None:
             if problem is not None:
                 return problem
         return None
-    if isinstance(value, dict):
+    if type(value) is dict or isinstance(value, dict):
         if depth >= JSON_MAX_DEPTH:
             return f"nested deeper than {JSON_MAX_DEPTH} levels"
         for key, item in value.items():
-            if not isinstance(key, str):
+            if type(key) is not str and not isinstance(key, str):
                 return f"object key {key!r} is not a string"
             if not key.isascii() and _not_utf8(key):
                 return "an object key contains a lone UTF-16 surrogate"
