@@ -346,6 +346,10 @@ def test_canonical_text_round_trips_through_the_strict_decoder(value: Any) -> No
     assert _same(back, value)
     assert _same(loads(canonical_bytes(value)), value)
     assert canonical_json(back) == text  # canonical text is a fixed point
+    # the encoder built once is json's own, with the canonical options
+    assert text == json.dumps(
+        value, ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+    )
 
 
 def _depth(value: object) -> int:

@@ -362,6 +362,51 @@ _ENCODE_IN_ORDER: Final = json.JSONEncoder(
 ).encode
 
 
+def _walked_encoder() -> Any:
+    """``_ENCODE_SORTED`` for values :func:`json_value_problem` accepted, or None.
+
+    ``JSONEncoder.encode`` builds its C encoder on every call; this one is
+    built once, without the circular-reference bookkeeping, which a walked
+    value does not need (it is at most 128 levels deep, so it has no cycle).
+    The C encoder is the one ``JSONEncoder.encode`` uses, with its
+    arguments; if this Python has none, or builds it otherwise, None.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has the C encoder
+        return None
+    try:
+        scan = make(
+            None,
+            _reject_unknown,
+            json.encoder.encode_basestring,
+            None,
+            ":",
+            ",",
+            True,
+            False,
+            False,
+        )
+        sample = {"b": [1, 2.5, "é\n", None, True], "a": {"z": -0.0, "y": 10**30}}
+        if "".join(scan(sample, 0)) != _ENCODE_SORTED(sample):  # pragma: no cover
+            return None
+    except Exception:  # pragma: no cover - another signature
+        return None
+
+    def encode(value: Any) -> str:
+        if isinstance(value, str):
+            return _ENCODE_SORTED(value)
+        return "".join(scan(value, 0))
+
+    return encode
+
+
+def _reject_unknown(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_ENCODE_WALKED: Final = _walked_encoder() or _ENCODE_SORTED
+
+
 def json_value_problem(value: object) -> str | None:
     """Say why ``value`` is not a storable JSON value, or return None if it is.
 
@@ -449,7 +494,7 @@ def canonical_json(value: Any) -> str:
     if problem is not None:
         raise JsonError("value", problem)
     try:
-        return _ENCODE_SORTED(value)
+        return _ENCODE_WALKED(value)
     except ValueError as exc:  # an integer beyond Python's digit limit
         raise JsonError("value", str(exc)) from None
 
