@@ -40,7 +40,11 @@ Choices where the original store was open
   each snapshot once (docs/runtime.md#decoded-snapshot-cache). A decoded
   :class:`Session` is frozen; its two parts that hold opaque JSON
   (``extra_metadata``, ``malformed_history.value``) are deep-copied on every
-  cache hit, so no caller ever holds the cached value's mutable parts.
+  cache hit, so no caller ever holds the cached value's mutable parts. A
+  snapshot that repeats a cached one's bytes up to its last message and
+  appends messages is decoded from its new part only, the cached messages
+  reused (:meth:`DecodedSessionCache.continued_by`); the result and the
+  errors are those of a full decode.
 * A snapshot is parsed once: the object the strict parser returns is
   validated in pydantic's strict Python mode (JSON arrays turned into the
   tuples the models hold), not the bytes again; the history likewise, not
