@@ -346,6 +346,10 @@ def test_canonical_text_round_trips_through_the_strict_decoder(value: Any) -> No
     assert _same(back, value)
     assert _same(loads(canonical_bytes(value)), value)
     assert canonical_json(back) == text  # canonical text is a fixed point
+    # the encoder built once is json's own, with the canonical options
+    assert text == json.dumps(
+        value, ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+    )
 
 
 def _depth(value: object) -> int:
@@ -441,3 +445,75 @@ def test_old_names_are_the_single_definitions() -> None:
     assert sessions_codec.loads is strict_json.loads
     assert session_model.canonical_bytes is strict_json.canonical_bytes
     assert sessions_domain.check_json(["ok"], "f") == ["ok"]
+
+
+def _reference_problem(value: object, depth: int = 0) -> str | None:
+    """The value check as one plain recursive walk (the rule :func:`json_value_problem` keeps)."""
+    if value is None or isinstance(value, bool | int):
+        return None
+    if isinstance(value, str):
+        return "a string contains a lone UTF-16 surrogate" if has_lone_surrogate(value) else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
+    if isinstance(value, list | tuple | dict):
+        if depth >= JSON_MAX_DEPTH:
+            return f"nested deeper than {JSON_MAX_DEPTH} levels"
+        if not isinstance(value, dict):
+            return next((p for p in (_reference_problem(v, depth + 1) for v in value) if p), None)
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"object key {key!r} is not a string"
+            if has_lone_surrogate(key):
+                return "an object key contains a lone UTF-16 surrogate"
+            problem = _reference_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    return f"{type(value).__name__} is not a JSON type"
+
+
+class _Text(str):
+    pass
+
+
+class _Number(int):
+    pass
+
+
+_any_leaves = (
+    _json_scalars
+    | st.sampled_from([float("nan"), float("-inf"), "\ud800", b"x", {1}, _Text("t"), _Number(3)])
+    | st.sampled_from([_Text("\udc00"), 1.5, True])
+)
+_any_values = st.recursive(
+    _any_leaves,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(
+            st.text() | st.sampled_from(["\ud800", _Text("k")]) | st.integers(0, 3),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_any_values)
+def test_json_value_problem_reports_the_first_problem_of_a_plain_walk(value: Any) -> None:
+    assert json_value_problem(value) == _reference_problem(value)
+
+
+def test_json_value_problem_reports_a_key_before_later_values() -> None:
+    assert json_value_problem({"a": float("nan"), 1: 2}) == "nan is not a JSON number"
+    assert json_value_problem({1: 2, "a": float("nan")}) == "object key 1 is not a string"
+    assert json_value_problem([1, "\ud800", [float("inf")]]) == (
+        "a string contains a lone UTF-16 surrogate"
+    )
+    deep: Any = 1
+    for _ in range(JSON_MAX_DEPTH):
+        deep = [deep]
+    assert json_value_problem(deep) is None
+    assert json_value_problem([deep]) == f"nested deeper than {JSON_MAX_DEPTH} levels"

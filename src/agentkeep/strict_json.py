@@ -362,6 +362,51 @@ _ENCODE_IN_ORDER: Final = json.JSONEncoder(
 ).encode
 
 
+def _walked_encoder() -> Any:
+    """``_ENCODE_SORTED`` for values :func:`json_value_problem` accepted, or None.
+
+    ``JSONEncoder.encode`` builds its C encoder on every call; this one is
+    built once, without the circular-reference bookkeeping, which a walked
+    value does not need (it is at most 128 levels deep, so it has no cycle).
+    The C encoder is the one ``JSONEncoder.encode`` uses, with its
+    arguments; if this Python has none, or builds it otherwise, None.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has the C encoder
+        return None
+    try:
+        scan = make(
+            None,
+            _reject_unknown,
+            json.encoder.encode_basestring,
+            None,
+            ":",
+            ",",
+            True,
+            False,
+            False,
+        )
+        sample = {"b": [1, 2.5, "é\n", None, True], "a": {"z": -0.0, "y": 10**30}}
+        if "".join(scan(sample, 0)) != _ENCODE_SORTED(sample):  # pragma: no cover
+            return None
+    except Exception:  # pragma: no cover - another signature
+        return None
+
+    def encode(value: Any) -> str:
+        if isinstance(value, str):
+            return _ENCODE_SORTED(value)
+        return "".join(scan(value, 0))
+
+    return encode
+
+
+def _reject_unknown(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_ENCODE_WALKED: Final = _walked_encoder() or _ENCODE_SORTED
+
+
 def json_value_problem(value: object) -> str | None:
     """Say why ``value`` is not a storable JSON value, or return None if it is.
 
@@ -381,37 +426,60 @@ def json_value_problem(value: object) -> str | None:
     return _json_problem(value, 0)
 
 
+# Leaves of these exact types are always storable; the walk skips them inline.
+_PLAIN_LEAVES: Final = frozenset({type(None), bool, int})
+_SURROGATE_STRING: Final = "a string contains a lone UTF-16 surrogate"
+
+
 def _json_problem(value: object, depth: int) -> str | None:
-    if value is None or value is True or value is False:
+    # Exact types first (the common case), a plain leaf inside a container
+    # without a call of its own; subclasses (a str enum, an IntEnum) take the
+    # isinstance chain at the end. Items are checked in order, a key before
+    # its value, so the first problem is the one a plain recursive walk finds.
+    if type(value) in _PLAIN_LEAVES:
+        return None
+    if type(value) is str:
+        return None if value.isascii() or not _not_utf8(value) else _SURROGATE_STRING
+    if type(value) is list or type(value) is tuple or isinstance(value, list | tuple):
+        if depth >= JSON_MAX_DEPTH:
+            return f"nested deeper than {JSON_MAX_DEPTH} levels"
+        for item in value:
+            if type(item) in _PLAIN_LEAVES:
+                continue
+            if type(item) is str:
+                if item.isascii() or not _not_utf8(item):
+                    continue
+                return _SURROGATE_STRING
+            problem = _json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if type(value) is dict or isinstance(value, dict):
+        if depth >= JSON_MAX_DEPTH:
+            return f"nested deeper than {JSON_MAX_DEPTH} levels"
+        for key, item in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                return f"object key {key!r} is not a string"
+            if not key.isascii() and _not_utf8(key):
+                return "an object key contains a lone UTF-16 surrogate"
+            if type(item) in _PLAIN_LEAVES:
+                continue
+            if type(item) is str:
+                if item.isascii() or not _not_utf8(item):
+                    continue
+                return _SURROGATE_STRING
+            problem = _json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if value is True or value is False or value is None:
         return None
     if isinstance(value, str):
-        if not value.isascii() and _not_utf8(value):
-            return "a string contains a lone UTF-16 surrogate"
-        return None
+        return None if value.isascii() or not _not_utf8(value) else _SURROGATE_STRING
     if isinstance(value, int):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value!r} is not a JSON number"
-    if isinstance(value, list | tuple):
-        if depth >= JSON_MAX_DEPTH:
-            return f"nested deeper than {JSON_MAX_DEPTH} levels"
-        for item in value:
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    if isinstance(value, dict):
-        if depth >= JSON_MAX_DEPTH:
-            return f"nested deeper than {JSON_MAX_DEPTH} levels"
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"object key {key!r} is not a string"
-            if not key.isascii() and _not_utf8(key):
-                return "an object key contains a lone UTF-16 surrogate"
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
     return f"{type(value).__name__} is not a JSON type"
 
 
@@ -426,7 +494,7 @@ def canonical_json(value: Any) -> str:
     if problem is not None:
         raise JsonError("value", problem)
     try:
-        return _ENCODE_SORTED(value)
+        return _ENCODE_WALKED(value)
     except ValueError as exc:  # an integer beyond Python's digit limit
         raise JsonError("value", str(exc)) from None
 

@@ -64,7 +64,7 @@ def test_opaque_metadata_is_copied_on_every_hit() -> None:
     obj["metadata"]["note"] = {"tags": ["x"]}
     data = session_blob(obj)
     first = decode_session(data)
-    first.extra_metadata["note"]["tags"].append("mutated")  # type: ignore[index, union-attr]
+    first.extra_metadata["note"]["tags"].append("mutated")  # type: ignore[index, union-attr, call-overload]
     first.extra_metadata["added"] = 1
     again = decode_session(data)
     assert again.extra_metadata == {"note": {"tags": ["x"]}}
@@ -73,7 +73,7 @@ def test_opaque_metadata_is_copied_on_every_hit() -> None:
     malformed = malformed_history_blob(user_session("a"), history={"not": ["a history"]})
     one = decode_session(malformed)
     assert one.malformed_history is not None
-    one.malformed_history.value["not"].append("mutated")  # type: ignore[index, union-attr]
+    one.malformed_history.value["not"].append("mutated")  # type: ignore[index, union-attr, call-overload]
     two = decode_session(malformed)
     assert two.malformed_history is not None
     assert two.malformed_history.value == {"not": ["a history"]}
@@ -219,3 +219,113 @@ def test_validating_the_parsed_object_equals_validating_the_bytes(
     assert len(decoded) == 9 and any(s.history is not None for s in decoded)
     assert any(s.malformed_history is not None for s in decoded)
     assert any(s.compaction_intents for s in decoded)
+
+
+# --------------------------------------------------------------------------
+# A continuation of a cached snapshot is decoded from its new part only
+
+
+def _continuations(base: bytes) -> list[bytes]:
+    """Documents that repeat ``base`` up to its last message's end, valid and not."""
+    end = base.index(b'],"metadata":')
+    head, after = base[:end], base[end:]  # after: '],"metadata":{...},"version":2}'
+    new = b'{"content":"next","role":"assistant"}'
+
+    def meta(entry: bytes) -> bytes:  # ``after`` with one more metadata entry first
+        comma = b"" if after.startswith(b'],"metadata":{}') else b","
+        return after.replace(b'"metadata":{', b'"metadata":{' + entry + comma, 1)
+
+    return [
+        head + b"," + new + after,  # one more message
+        head + b"," + new + b"," + new + after,  # two more
+        head + after,  # the same messages
+        head + meta(b'"note":[1,2.5,"\\u00e9"]'),
+        head + b"," + new.replace(b"assistant", b"bot") + after,  # a bad role
+        head + b"," + new.replace(b'"role"', b'"content":"x","role"') + after,  # dup key
+        head + b"," + new + b',"messages":[]' + after,  # the envelope repeats a key
+        head + b"," + new + after.replace(b'"version":2', b'"id":"x","version":2'),
+        head + b"," + new.replace(b"next", b"\\ud800") + after,  # a lone surrogate
+        head + b"," + new + meta(b'"n":NaN'),
+        head + b"," + new + meta(b'"d":' + b"[" * 130 + b"]" * 130),
+        head + b",]" + after[1:],  # a trailing comma
+        head + b"," + after,  # an empty element
+        head + b"," + new + after + b" x",  # trailing text
+        head + b"," + new + after.replace(b'"version":2', b'"version":1'),
+        head + b"," + new + b"\xff" + after,  # not UTF-8
+        head + b" ," + new + after,  # whitespace first: decoded in full
+    ]
+
+
+def _decoded(data: bytes) -> object:
+    try:
+        return SM._decode_session(data)
+    except DecodeProblem as exc:
+        return ("DecodeProblem", str(exc))
+
+
+def _full(data: bytes) -> object:
+    try:
+        return SM._decode_document(data)
+    except DecodeProblem as exc:
+        return ("DecodeProblem", str(exc))
+
+
+@pytest.mark.parametrize(
+    "base_session",
+    [
+        user_session("a", 'tricky ],"metadata":{ "quoted" \\ ]'),
+        session_with_compaction_intent()[0],
+        user_session("a", "b", "c").rewrite(
+            1, 2, [Message(role="notice", content="n")], actor="me"
+        )[0],
+    ],
+    ids=["plain", "compacted", "rewritten"],
+)
+def test_a_continuation_decodes_as_the_whole_document(base_session: SM.Session) -> None:
+    base = encode(base_session)
+    decode_session(base)  # cached: the base of every continuation below
+    docs = _continuations(base)
+    assert all(SM.DECODED_SESSIONS.continued_by(d) is not None for d in docs[:-1])
+    assert SM.DECODED_SESSIONS.continued_by(docs[-1]) is None
+    outcomes = [_decoded(d) for d in docs]
+    assert outcomes == [_full(d) for d in docs]
+    sessions = [o for o in outcomes if isinstance(o, SM.Session)]
+    assert len(sessions) == 5
+    assert sessions[0].messages[:-1] == base_session.messages
+    assert sessions[0].messages[-1] == Message(role="assistant", content="next")
+
+
+def test_a_continuation_needs_the_cached_bytes_and_canonical_layout() -> None:
+    session = user_session("a", "b")
+    base = encode(session)
+    nxt = encode(session.with_message("user", "c"))
+    assert SM.DECODED_SESSIONS.continued_by(nxt) is None  # nothing cached
+    decode_session(base)
+    assert SM.DECODED_SESSIONS.continued_by(nxt) is not None
+    # another session's id, a changed message, an unsorted envelope: no base
+    other = encode(user_session("a", "b").with_message("user", "c"))
+    changed = nxt.replace(b'"b"', b'"B"')
+    unsorted = session_blob({"messages": [], **session.with_message("user", "c").to_json()})
+    for data in (other, changed, unsorted):
+        assert SM.DECODED_SESSIONS.continued_by(data) is None
+        assert decode_session(data) == SM._decode_document(data)
+    # an evicted base is forgotten; a session without messages is never a base
+    SM.DECODED_SESSIONS.clear()
+    assert SM.DECODED_SESSIONS.continued_by(nxt) is None
+    empty = encode(user_session())
+    decode_session(empty)
+    assert (
+        SM.DECODED_SESSIONS.continued_by(
+            encode(user_session("a", session_id=SM.decode_session(empty).id))
+        )
+        is None
+    )
+
+
+def test_an_evicted_base_is_not_used() -> None:
+    cache = DecodedSessionCache(max_entries=1)
+    first, second = user_session("a"), user_session("b")
+    cache.put(encode(first), first)
+    cache.put(encode(second), second)  # evicts the first
+    assert cache.continued_by(encode(first.with_message("user", "x"))) is None
+    assert cache.continued_by(encode(second.with_message("user", "x"))) is not None

@@ -216,3 +216,36 @@ def test_identifiers() -> None:
         canonical_uuid(sid.replace("-", ""), "session_id")
     with pytest.raises(InvalidInput):
         Session.new("nope")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "6f1c5a52-1a8a-4b43-9a0c-1f0f6f1b4a11",
+        "6F1C5A52-1A8A-4B43-9A0C-1F0F6F1B4A11",
+        "6f1c5a521a8a4b439a0c1f0f6f1b4a11",
+        "{6f1c5a52-1a8a-4b43-9a0c-1f0f6f1b4a11}",
+        "urn:uuid:6f1c5a52-1a8a-4b43-9a0c-1f0f6f1b4a11",
+        "6f1c5a52-1a8a-4b43-9a0c-1f0f6f1b4a11\n",
+        " 6f1c5a52-1a8a-4b43-9a0c-1f0f6f1b4a11",
+        "6f1c5a52-1a8a-4b43-9a0c-1f0f6f1b4a1g",
+        "6f1c5a521-a8a-4b43-9a0c-1f0f6f1b4a11",
+        "6f1c5a52-1a8a-4b43-9a0c-1f0f6f1b4a1\u0661",
+        "",
+        "nope",
+        None,
+        5,
+    ],
+)
+def test_canonical_uuid_accepts_exactly_what_uuid_prints(text: Any) -> None:
+    try:
+        canonical = str(uuid.UUID(text)) == text
+        message = f"{text!r} is not a canonical hyphenated lower-case UUID"
+    except (ValueError, AttributeError, TypeError):
+        canonical, message = False, f"{text!r} is not a UUID"
+    if canonical:
+        assert canonical_uuid(text, "id") == text
+    else:
+        with pytest.raises(InvalidInput) as info:
+            canonical_uuid(text, "id")
+        assert message in str(info.value)

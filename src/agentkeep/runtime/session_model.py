@@ -40,7 +40,11 @@ Choices where the original store was open
   each snapshot once (docs/runtime.md#decoded-snapshot-cache). A decoded
   :class:`Session` is frozen; its two parts that hold opaque JSON
   (``extra_metadata``, ``malformed_history.value``) are deep-copied on every
-  cache hit, so no caller ever holds the cached value's mutable parts.
+  cache hit, so no caller ever holds the cached value's mutable parts. A
+  snapshot that repeats a cached one's bytes up to its last message and
+  appends messages is decoded from its new part only, the cached messages
+  reused (:meth:`DecodedSessionCache.continued_by`); the result and the
+  errors are those of a full decode.
 * A snapshot is parsed once: the object the strict parser returns is
   validated in pydantic's strict Python mode (JSON arrays turned into the
   tuples the models hold), not the bytes again; the history likewise, not
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -183,12 +188,20 @@ def revision_of(messages: Sequence[Message]) -> str:
     return "sha256:" + hashlib.sha256(canonical_bytes(body)).hexdigest()
 
 
+_CANONICAL_UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def canonical_uuid(text: str, kind: str) -> str:
     """Check that ``text`` is a canonical (lower-case, hyphenated) UUID and return it.
 
     Raises:
         InvalidInput: ``text`` is not in canonical UUID form.
     """
+    # The canonical form is exactly 8-4-4-4-12 lower-case hex digits (what
+    # ``str(uuid.UUID(text))`` gives back); anything else is parsed to say
+    # whether it is no UUID or a non-canonical one.
+    if type(text) is str and _CANONICAL_UUID.fullmatch(text):
+        return text
     try:
         parsed = uuid.UUID(text)
     except (ValueError, AttributeError, TypeError) as exc:
@@ -601,6 +614,10 @@ class DecodedSessionCache:
     fails is decoded (and fails) again every time. At most ``max_entries``
     sessions whose snapshots total at most ``max_total_bytes`` are kept, least
     recently used out first; a snapshot longer than ``max_bytes`` is not kept.
+
+    Each session id also names its most recently kept snapshot, when that
+    snapshot has the layout a continuation can be decoded against (see
+    :meth:`continued_by`).
     """
 
     def __init__(
@@ -609,35 +626,68 @@ class DecodedSessionCache:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.max_total_bytes = max_total_bytes
-        self._entries: OrderedDict[bytes, Session] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[Session, int]] = OrderedDict()
+        self._latest: dict[str, bytes] = {}
         self._total = 0
         self._lock = threading.Lock()
 
     def get(self, data: bytes) -> Session | None:
         """The session cached for exactly ``data``, or None (the entry becomes the newest)."""
         with self._lock:
-            session = self._entries.get(data)
-            if session is not None:
-                self._entries.move_to_end(data)
-            return session
+            entry = self._entries.get(data)
+            if entry is None:
+                return None
+            self._entries.move_to_end(data)
+            return entry[0]
 
     def put(self, data: bytes, session: Session) -> None:
-        """Keep ``session`` as the decode of ``data`` (unless ``data`` is too long)."""
+        """Keep ``session`` as the decode of ``data`` (unless ``data`` is too long).
+
+        ``session`` must be the decode of ``data``: :meth:`continued_by` relies on it.
+        """
         if len(data) > self.max_bytes or self.max_entries <= 0:
             return
+        end = _messages_end(data, session)
         with self._lock:
             if data not in self._entries:
                 self._total += len(data)
-            self._entries[data] = session
+            self._entries[data] = (session, end)
             self._entries.move_to_end(data)
+            if end > 0:
+                self._latest[session.id] = data
             while len(self._entries) > self.max_entries or self._total > self.max_total_bytes:
-                old, _ = self._entries.popitem(last=False)
+                old, (gone, _) = self._entries.popitem(last=False)
                 self._total -= len(old)
+                if self._latest.get(gone.id) == old:
+                    del self._latest[gone.id]
+
+    def continued_by(self, data: bytes) -> tuple[Session, int] | None:
+        """The cached session ``data`` may continue, and where its messages end, or None.
+
+        The candidate is the most recently kept snapshot of the session id
+        ``data`` starts with; it is returned only if ``data`` repeats its bytes
+        up to the end of its last message and then goes on with ``,`` (more
+        messages) or ``]`` (no more).
+        """
+        if not data.startswith(_ID_OPEN) or data[_ID_END : _ID_END + len(_MESSAGES_OPEN)] != (
+            _MESSAGES_OPEN
+        ):
+            return None
+        sid = data[len(_ID_OPEN) : _ID_END].decode("ascii", "replace")
+        with self._lock:
+            base = self._latest.get(sid)
+            if base is None:
+                return None
+            session, end = self._entries[base]
+        if data[end : end + 1] not in (b",", b"]") or data[:end] != base[:end]:
+            return None
+        return session, end
 
     def clear(self) -> None:
         """Forget every entry."""
         with self._lock:
             self._entries.clear()
+            self._latest.clear()
             self._total = 0
 
     def __len__(self) -> int:
@@ -682,7 +732,68 @@ def decode_session(data: bytes) -> Session:
     return _handed_out(session)
 
 
+# A continuation: the snapshot that appends messages to a cached one.
+#
+# A boundary's snapshot is, most often, the previous boundary's with messages
+# appended. When the previous snapshot is cached and starts, byte for byte,
+# ``{"id":"<its id>","messages":[`` (the canonical layout: keys sorted, no
+# whitespace), its messages end at the first ``],"metadata":`` after that: a
+# message is an object of two strings, and ``"`` cannot occur inside a JSON
+# string, so that text cannot occur before the array closes. A snapshot that
+# repeats those bytes and goes on with ``,`` or ``]`` holds the cached
+# messages, then its own. Those are decoded from the document with the
+# cached messages (and the comma after them) cut out: ``{"id":"<id>",
+# "messages":[`` + the rest. A JSON array with its first elements (complete
+# values, each valid in the same place of the cached document) removed is
+# valid under every rule of :mod:`agentkeep.strict_json` iff the whole is,
+# provided an element still follows the cut comma (``[m, ]`` is not JSON); the envelope, metadata,
+# history and intents are all in the rest; and a message validates on its own.
+# So the decode equals the full one. If the shortened document does not
+# decode, the full document is decoded instead, whose error names the problem.
+
+_ID_OPEN: Final = b'{"id":"'
+_ID_END: Final = len(_ID_OPEN) + 36  # a canonical UUID
+_MESSAGES_OPEN: Final = b'","messages":['
+_MESSAGES_CLOSE: Final = b'],"metadata":'
+
+
+def _messages_end(data: bytes, session: Session) -> int:
+    """Where ``session``'s last message ends in ``data`` (its decode), or -1 if not canonical."""
+    if not session.messages:
+        return -1
+    opening = b"".join((_ID_OPEN, session.id.encode("ascii"), _MESSAGES_OPEN))
+    if not data.startswith(opening):
+        return -1
+    end = data.find(_MESSAGES_CLOSE, len(opening))
+    return end if end > 0 and data[end - 1 : end] == b"}" else -1
+
+
+def _decode_continuation(data: bytes) -> Session | None:
+    """Decode ``data`` as a continuation of a cached snapshot, or None if it is not one."""
+    found = DECODED_SESSIONS.continued_by(data)
+    if found is None:
+        return None
+    base, end = found
+    more = data[end : end + 1] == b","
+    try:
+        tail = _decode_document(data[: _ID_END + len(_MESSAGES_OPEN)] + data[end + more :])
+    except DecodeProblem:
+        return None  # the full decode names the problem
+    if more and not tail.messages:
+        return None  # "[m, ]": the comma has no element after it
+    return tail.model_copy(update={"messages": base.messages + tail.messages})
+
+
 def _decode_session(data: bytes) -> Session:
+    """Decode ``data``: as a continuation of a cached snapshot if it is one, else in full."""
+    if type(data) is bytes:
+        session = _decode_continuation(data)
+        if session is not None:
+            return session
+    return _decode_document(data)
+
+
+def _decode_document(data: bytes) -> Session:
     obj = load_object(data, "session")
     if "version" not in obj:
         raise DecodeProblem("missing session version (unversioned v0 session rows are not read)")
