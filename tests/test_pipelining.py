@@ -8,6 +8,7 @@ rolls back whole.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -15,7 +16,8 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import insert, select
 
 from agentkeep import Store
-from agentkeep.errors import DatabaseError
+from agentkeep.db import LockNamespace, lock_aggregate
+from agentkeep.errors import DatabaseError, StoreBusy
 from agentkeep.sessions.models import SessionMetaRow
 from agentkeep.statements import Statement, upsert
 
@@ -169,3 +171,28 @@ def test_prefetched_reads_answer_the_same_statement_once_inside_the_block(store:
         return out
 
     assert store.call_write(unit) == [("first",), None, ("b",), ("q",)]
+
+
+def test_a_write_deferred_before_a_lock_goes_out_before_it(db_url: str, backend: str) -> None:
+    """A lock is a statement like any other: the queue goes out first.
+
+    The deferred write is a unique violation; the lock is held by another
+    unit. One by one (SQLite, where the lock is free anyway) the write fails
+    at once; pipelined it must too, not wait for the lock and come out as
+    ``StoreBusy`` (a BEGIN merged with the lock used to skip the queue).
+    """
+    with Store.open(db_url, busy_timeout_ms=300, retry_attempts=1) as s:
+        s.call_write(lambda r: r.driver.execute(_PUT, {"sid": "a", "name": "first"}))
+
+        def unit(r: Any) -> None:
+            r.driver.defer(_PUT, {"sid": "a", "name": "dup"})
+            lock_aggregate(r.driver, LockNamespace.SESSION, "held")
+
+        holder = s.write() if backend == "postgres" else nullcontext()
+        with holder as uow:
+            if uow is not None:
+                lock_aggregate(uow.driver, LockNamespace.SESSION, "held")
+            with pytest.raises(DatabaseError) as caught:
+                s.call_write(unit)
+        assert not isinstance(caught.value, StoreBusy), caught.value
+        assert _rows(s) == [("a", "first")]

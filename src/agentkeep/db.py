@@ -1415,10 +1415,11 @@ class Driver:
         For statements whose parameters are all integers (the aggregate
         locks): they are written into the text, so that ``BEGIN`` and the
         statement go out as one simple query. The caller runs ``stmt`` as
-        usual when this returns False.
+        usual when this returns False: also when reads are to go with it or
+        writes are deferred (:meth:`execute` sends them first, with the BEGIN).
         """
         pending = self._pending_begin
-        if pending is None or self._prefetch:  # reads to go with it: execute pipelines them
+        if pending is None or self._prefetch or self._deferred:
             return False
         form = stmt.compiled(self.target)
         literal = {k: int(v) for k, v in (params if form.plain else form.bind(params)).items()}
