@@ -328,7 +328,7 @@ def test_a_lost_commit_answer_is_logged_as_unknown(caplog: pytest.LogCaptureFixt
 def test_an_unknown_outcome_resolved_by_replay_is_logged(
     store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    real = store.call_write
+    real = store._call_operation  # the one-call forms' write units
     lost = []
 
     def lose_first_answer(fn: Any) -> Any:
@@ -338,7 +338,7 @@ def test_an_unknown_outcome_resolved_by_replay_is_logged(
             raise CommitOutcomeUnknown("transaction", detail="connection lost during COMMIT")
         return result
 
-    monkeypatch.setattr(store, "call_write", lose_first_answer)
+    monkeypatch.setattr(store, "_call_operation", lose_first_answer)
     draft = QueuedWorkDraft(
         session_id="S", source_key="k-1", payloads=(QueuedWorkPayload(kind="k", body=1),)
     )

@@ -28,7 +28,7 @@ def sqlite_store(tmp_path: Path) -> Any:
 
 def _record_units(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     seen: list[tuple[str, bool]] = []
-    real_write, real_read = store.call_write, store.call_read
+    real_write, real_read = store._call_operation, store.call_read
 
     def call_write(fn: Any) -> Any:
         seen.append(("write", False))
@@ -38,7 +38,7 @@ def _record_units(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple[s
         seen.append(("read", single_statement))
         return real_read(fn, single_statement=single_statement)
 
-    monkeypatch.setattr(store, "call_write", call_write)
+    monkeypatch.setattr(store, "_call_operation", call_write)  # the one-call forms' writes
     monkeypatch.setattr(store, "call_read", call_read)
     return seen
 

@@ -125,7 +125,7 @@ class OneCalls:
 
     def _call_write(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(repositories)`` in a one-call write unit (:meth:`Store.call_write`)."""
-        return self._store.call_write(fn)
+        return self._store._call_operation(fn)
 
     def _call_read(self, fn: Callable[[Any], T], *, single_statement: bool) -> T:
         """Run ``fn(repositories)`` in a one-call read unit (:meth:`Store.call_read`)."""

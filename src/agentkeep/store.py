@@ -648,8 +648,10 @@ class Store:
 
         The unit is a pooled driver connection whose transaction is opened
         (``BEGIN IMMEDIATE`` on SQLite) and committed directly; ``fn`` gets its
-        repositories. Every one-call operation (``store.runs.<op>``) goes
-        through here.
+        repositories. Each operation of ``fn`` that can fail after writing
+        runs in a SAVEPOINT, so an error ``fn`` catches leaves nothing of
+        that operation behind (the one-call forms, whose errors always
+        propagate, skip it: :meth:`_call_operation`).
 
         One deadline: the operation ends within the busy timeout (plus the
         statement running when it passes), retries included, after at most
@@ -664,9 +666,27 @@ class Store:
                 in flight (named ``"transaction"``; the one-call forms name
                 the operation).
         """
+        return self._call_write(fn, operation=False)
+
+    def _call_operation(self, fn: Callable[[Repositories], T]) -> T:
+        """:meth:`call_write` for ``fn`` that is one repository operation whose errors propagate.
+
+        The one-call forms (``store.runs.<op>``, ``store.commits.<op>``, ...)
+        run here. An operation that can fail after some of its writes (a
+        session commit whose head compare-and-set loses, a runtime operation
+        whose guard refuses) then needs no SAVEPOINT of its own: its error
+        leaves ``fn`` and rolls the whole unit back. :meth:`call_write` keeps
+        the SAVEPOINT, because its ``fn`` may catch an operation's error and
+        go on to commit. Never pass a ``fn`` that catches an operation's
+        error here: the writes that operation made before failing would be
+        committed. Raises what :meth:`call_write` raises.
+        """
+        return self._call_write(fn, operation=True)
+
+    def _call_write(self, fn: Callable[[Repositories], T], *, operation: bool) -> T:
         deadline = self._deadline()
         return db.retry_transient(
-            lambda: self._lean(fn, write=True, deadline=deadline),
+            lambda: self._lean(fn, write=True, deadline=deadline, operation=operation),
             attempts=self._retry_attempts,
             sleep=self._sleep,
             deadline=deadline,
@@ -709,6 +729,7 @@ class Store:
         write: bool,
         snapshot: bool = True,
         deadline: float | None = None,
+        operation: bool = True,
     ) -> T:
         writers = self._writers if write else None
         me = threading.get_ident()
@@ -718,7 +739,9 @@ class Store:
             # not bound its wait); or a one-call write made inside this
             # thread's own queued write (it would wait for itself; SQLite's
             # busy handler refuses it with StoreBusy, as before the queue).
-            return self._lean_unit(fn, write=write, snapshot=snapshot, deadline=deadline)
+            return self._lean_unit(
+                fn, write=write, snapshot=snapshot, deadline=deadline, operation=operation
+            )
         # SQLite: one writer at a time holds the database write lock. A second
         # BEGIN IMMEDIATE of this store would wait in SQLite's busy handler,
         # which polls in sleeps of 1, 2, 5, 10 ... ms; queued here it starts as
@@ -729,7 +752,9 @@ class Store:
             raise StoreBusy("this store's other writers held the database past the busy timeout")
         self._writer_thread = me
         try:
-            return self._lean_unit(fn, write=write, snapshot=snapshot, deadline=deadline)
+            return self._lean_unit(
+                fn, write=write, snapshot=snapshot, deadline=deadline, operation=operation
+            )
         finally:
             self._writer_thread = None
             writers.release()
@@ -741,6 +766,7 @@ class Store:
         write: bool,
         snapshot: bool,
         deadline: float | None,
+        operation: bool,
     ) -> T:
         with self.pooled_driver() as (driver, pooled):
             busy = self._settings.busy_timeout_ms
@@ -758,7 +784,7 @@ class Store:
                     driver.begin(write=write)  # may open the driver's transaction
                 if limit is not None and driver.postgres:
                     driver.limit_lock_wait(limit)
-                result = fn(self.repositories(driver, write=write))
+                result = fn(self.repositories(driver, write=write, nested=not operation))
                 if write:
                     driver.commit()
                 else:
@@ -812,12 +838,19 @@ class Store:
             finally:
                 pooled.close()
 
-    def repositories(self, driver: db.Driver, *, write: bool) -> Repositories:
-        """The repositories of a one-call unit on ``driver`` (see :meth:`pooled_driver`)."""
+    def repositories(
+        self, driver: db.Driver, *, write: bool, nested: bool = False
+    ) -> Repositories:
+        """The repositories of a one-call unit on ``driver`` (see :meth:`pooled_driver`).
+
+        ``nested``: operations that can fail after writing run in a SAVEPOINT
+        (for a caller that may catch their errors and still commit).
+        """
         return Repositories(
             driver,
             self.clock,
             writable=write,
+            nested=nested,
             runtime_domain=self.runtime_domain,
             oauth_codec=self.oauth_codec,
         )

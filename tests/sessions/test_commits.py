@@ -786,6 +786,38 @@ def test_c_18_appending_an_existing_node_id_fails_typed(store: Store) -> None:
     assert head_revision(store) == 1
 
 
+def test_a_failed_commit_caught_inside_call_write_leaves_nothing(store: Store) -> None:
+    """``store.call_write(fn)``: ``fn`` may catch an operation's error and still commit.
+    A commit that fails after some of its writes (here the last of its nodes is a
+    duplicate, found after the blob, usage and first node were written) must leave
+    none of them: the commit runs in a SAVEPOINT there, while the one-call form,
+    whose error always ends the unit, needs none."""
+    fence = hold(store)
+    commit(store, mk(fence, nodes=(node("n1"),)))
+    add_attachment(store)
+    before = snapshot(store)
+    caught: list[BaseException] = []
+
+    def fn(r: Any) -> str:
+        try:
+            r.commits.commit_runtime_state(
+                _loaded_commit(fence, nodes=(node("n2", "n1"), node("n1")))
+            )
+        except NodeAlreadyExists as exc:
+            caught.append(exc)
+        return "committed"
+
+    assert store.call_write(fn) == "committed"
+    assert len(caught) == 1
+    assert snapshot(store) == before
+    assert head_revision(store) == 1
+    with pytest.raises(NodeAlreadyExists):  # the one-call form: the unit rolls back
+        store.commits.commit_runtime_state(
+            _loaded_commit(fence, nodes=(node("n2", "n1"), node("n1")))
+        )
+    assert snapshot(store) == before
+
+
 def test_c_19_replace_full_replaces_the_sessions_nodes_only(store: Store) -> None:
     fence = hold(store)
     other = hold(store, B, sid=OTHER)

@@ -50,7 +50,7 @@ class RuntimeCallsBase(OneCalls):
 
     def _call_write(self, fn: Callable[[Any], T]) -> T:
         try:
-            return self._store.call_write(fn)
+            return self._store._call_operation(fn)
         except (ConcurrentModification, CommitOutcomeUnknown):
             raise
         except DatabaseError as exc:

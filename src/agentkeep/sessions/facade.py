@@ -173,7 +173,7 @@ class SessionCalls(OneCalls):
         """
 
         def once() -> RuntimeCommitResult:
-            return self._store.call_write(
+            return self._store._call_operation(
                 lambda r: r.commits.commit_runtime_state(commit, blob_profile=blob_profile)
             )
 
