@@ -387,7 +387,7 @@ class RunRepository:
             codec.encode_step_entry(entry),
             _GET_STEPS,
             _SET_STEPS,
-            codec.decode_step_entries,
+            codec.check_step_entries,
             "step_entries",
         )
 
@@ -404,7 +404,7 @@ class RunRepository:
             codec.encode_degradation(entry),
             _GET_DEGRADATIONS,
             _SET_DEGRADATIONS,
-            codec.decode_degradations,
+            codec.check_degradations,
             "degradations",
         )
 
@@ -414,7 +414,7 @@ class RunRepository:
         item_json: str,
         read: Statement,
         write: Statement,
-        decode: Callable[[object], object],
+        check: Callable[[object], None],
         field: str,
     ) -> None:
         now = self._begin_write(run_id)
@@ -422,7 +422,7 @@ class RunRepository:
         if row is None:
             raise RunNotFound(run_id)
         old = row[0]
-        self._decode(run_id, lambda: decode(old))
+        self._decode(run_id, lambda: check(old))  # a corrupt array is refused, never extended
         new = codec.append_json_array(old, item_json)
         result = self._db.execute(write, {"id": run_id, "new": new, "now": now, "old": old})
         if result.rowcount != 1:
@@ -505,7 +505,7 @@ class RunRepository:
             raise GenerationOverflow(run_id, gen)
         new_gen = gen + 1
         previous = current.get(slot)
-        current[slot] = Assignee.model_construct(op=op, desc=desc, gen=new_gen)
+        current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": new_gen})
         self._write_slots(run_id, current, gen, new_gen, now)
         return new_gen, previous
 
