@@ -612,6 +612,8 @@ class RunRepository:
 
 def _encode_status(value: object, field: str) -> str:
     """Encode a status argument; anything that is not a RunStatus value is InvalidInput."""
+    if type(value) is RunStatus:  # the common case: no Enum lookup
+        return codec.encode_status(value)
     try:
         return codec.encode_status(RunStatus(value))  # type: ignore[arg-type]
     except ValueError:
