@@ -247,11 +247,27 @@ class RunRepository:
             result = codec.decode_result_ref(row[8])
             run_id = codec.decode_id(raw_id, RunId, "id")
             task_id = codec.decode_id(row[1], TaskId, "task_id")
-            gen = codec.decode_u63(row[7], "next_generation")
-            created_at = codec.decode_u63(row[10], "created_at")
-            updated_at = codec.decode_u63(row[11], "updated_at")
-            operator_sid = codec.decode_text_or_none(row[5], "operator_sid")
-            input_json = codec.decode_text_or_none(row[9], "input_json")
+            # The plain columns' checks inlined (a list decodes every row); the
+            # codec's functions name what is wrong when one fails.
+            gen, created_at, updated_at = row[7], row[10], row[11]
+            if not (
+                type(gen) is int
+                and type(created_at) is int
+                and type(updated_at) is int
+                and 0 <= gen <= I64_MAX
+                and 0 <= created_at <= I64_MAX
+                and 0 <= updated_at <= I64_MAX
+            ):
+                gen = codec.decode_u63(gen, "next_generation")
+                created_at = codec.decode_u63(created_at, "created_at")
+                updated_at = codec.decode_u63(updated_at, "updated_at")
+            operator_sid, input_json = row[5], row[9]
+            if not (
+                (operator_sid is None or type(operator_sid) is str)
+                and (input_json is None or type(input_json) is str)
+            ):
+                operator_sid = codec.decode_text_or_none(operator_sid, "operator_sid")
+                input_json = codec.decode_text_or_none(input_json, "input_json")
         except CodecError as exc:
             column = _FIELD_COLUMN.get(exc.field, exc.field)
             raise RunCorrupt(_TABLE, key, column, exc.detail, field=exc.field) from exc
