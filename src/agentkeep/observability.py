@@ -39,7 +39,9 @@ every public operation (``store.runs.get``, ``astore.leases.try_claim_...``,
 An operation is measured once: where it is public (the one-call layer, or
 the async facade for ``AsyncStore``), and an operation called by another is
 part of the outer one. The tracer and meter come from OpenTelemetry's global
-providers unless :func:`configure` is given others. Without
+providers unless :func:`configure` is given others. With the API but no
+SDK behind it (no meter, no tracer) an operation only sets its name (no
+clock read, no record). Without
 ``opentelemetry-api`` the operations are not wrapped at all (no cost);
 ``AGENTKEEP_OTEL=0`` in the environment, or ``configure(enabled=False)``,
 turns the wrapped path off (one attribute check per call).
