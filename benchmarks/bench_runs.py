@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sqlalchemy  # noqa: E402
 from _common import (  # noqa: E402
+    CLOCK,
     SEED_SQL,
     SQL,
     STATUS_TEXT,
@@ -544,7 +545,8 @@ def run_sqlite(args: argparse.Namespace, workdir: Path) -> int:
     )
     print(
         f"N={plan.n} calls per round, {plan.rounds} rounds (best kept), {plan.warmup} warm-up "
-        f"calls; table seeded with {SEED_RUNS} runs; synchronous=NORMAL, WAL"
+        f"calls; table seeded with {SEED_RUNS} runs; synchronous=NORMAL, WAL; "
+        f"clock: {'thread CPU time' if CLOCK[0] is time.thread_time else 'wall time'}"
     )
 
     if args.check:
@@ -910,7 +912,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--profile-only", action="store_true", help="only the --profile/--layers output")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the same-SQL check")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="time with the thread's CPU clock, not the wall clock (a busy, shared machine)",
+    )
     args = p.parse_args(argv)
+    if args.cpu:
+        CLOCK[0] = time.thread_time
     postgres = bool(args.url) and make_url(args.url).get_backend_name() == "postgresql"
     if args.n is None:
         args.n = 300 if postgres else 1000

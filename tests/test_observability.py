@@ -389,3 +389,32 @@ def test_without_a_tracer_provider_only_metrics_are_recorded(store: Store) -> No
         assert names == [DURATION]
     finally:
         observability.configure()
+
+
+def test_without_a_meter_or_tracer_nothing_is_measured_but_the_operation_is_named(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API's no-op defaults: no clock read, no record; ``current_operation`` still set."""
+    observability.configure()  # the global providers: no SDK is set globally in the tests
+    instruments = observability._state.instruments
+    assert instruments is not None
+    assert not instruments._metering() and not instruments._tracing()
+    recorded: list[float] = []
+    monkeypatch.setattr(instruments.duration, "record", lambda v, *a, **k: recorded.append(v))
+    store.runs.create(RunRecord.new("R-1", "T-1", 100))
+    seen: list[str | None] = []
+    now_ms = store.clock.now_ms
+
+    def named_now() -> int:  # the write samples the clock inside the operation
+        seen.append(observability.current_operation())
+        return now_ms()
+
+    monkeypatch.setattr(store.clock, "now_ms", named_now)
+    assert store.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.RUNNING)
+    assert seen == ["runs.try_transition"]
+    assert observability.current_operation() is None
+    assert recorded == []
+    # A real instrument behind the proxy (an SDK set later): recorded from then on.
+    monkeypatch.setattr(instruments.duration, "_real_instrument", object())
+    store.runs.create(RunRecord.new("R-2", "T-1", 100))
+    assert len(recorded) == 1

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from agentkeep.errors import InvalidInput
 
-__all__ = ["argument_check", "check_methods", "checked"]
+__all__ = ["argument_check", "check_methods", "checked", "no_check"]
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
@@ -176,7 +176,8 @@ def argument_check(fn: Callable[..., Any], *, skip_first: bool = False) -> Calla
     The check raises :class:`~agentkeep.errors.InvalidInput` (field: the
     parameter's name). Parameters whose annotation cannot be resolved are
     not checked; arguments that do not bind are left to the call (which
-    raises ``TypeError`` as Python does).
+    raises ``TypeError`` as Python does). When no parameter is checked (all
+    scalars) the check is :func:`no_check`, which a hot caller may skip.
     """
     params = list(inspect.signature(fn).parameters.values())
     hints = _hints(fn, params)
@@ -206,6 +207,9 @@ def argument_check(fn: Callable[..., Any], *, skip_first: bool = False) -> Calla
                     )
         return InvalidInput(name, f"expected {_describe(annotation)}, got {type(value).__name__}")
 
+    if not named:  # no parameter is checked: the shared no-op (callers may skip it)
+        return no_check
+
     def check_arguments(*args: Any, **kwargs: Any) -> None:
         for (name, check, annotation), value in zip(positional, args, strict=False):
             if check is not None and not check(value):
@@ -216,6 +220,10 @@ def argument_check(fn: Callable[..., Any], *, skip_first: bool = False) -> Calla
                 raise refuse(name, entry[1], value)
 
     return check_arguments
+
+
+def no_check(*args: Any, **kwargs: Any) -> None:
+    """The check of a function none of whose parameters is checked (see :func:`argument_check`)."""
 
 
 def checked(method: Callable[..., T]) -> Callable[..., T]:

@@ -39,7 +39,9 @@ every public operation (``store.runs.get``, ``astore.leases.try_claim_...``,
 An operation is measured once: where it is public (the one-call layer, or
 the async facade for ``AsyncStore``), and an operation called by another is
 part of the outer one. The tracer and meter come from OpenTelemetry's global
-providers unless :func:`configure` is given others. Without
+providers unless :func:`configure` is given others. With the API but no
+SDK behind it (no meter, no tracer) an operation only sets its name (no
+clock read, no record). Without
 ``opentelemetry-api`` the operations are not wrapped at all (no cost);
 ``AGENTKEEP_OTEL=0`` in the environment, or ``configure(enabled=False)``,
 turns the wrapped path off (one attribute check per call).
@@ -146,8 +148,19 @@ class _Instruments:
         )
 
     def run(self, operation: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` as the public operation ``operation`` (the hot path)."""
+        """``fn(*args, **kwargs)`` as the public operation ``operation`` (the hot path).
+
+        While neither a tracer nor a meter is behind OpenTelemetry's API (its
+        no-op defaults), only the operation's name is set: there is nothing
+        to record, and a clock read and a no-op record per call cost more
+        than some operations' SQL.
+        """
         token = _current.set(operation)
+        if not self._metering() and not self._tracing():
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _current.reset(token)
         start = time.perf_counter()
         attributes = {"operation": operation}
         try:
@@ -161,6 +174,17 @@ class _Instruments:
         finally:
             self.duration.record(time.perf_counter() - start, attributes)
             _current.reset(token)
+
+    def _metering(self) -> bool:
+        """False while the duration histogram is the API's proxy with no meter behind it.
+
+        The API's global meter provider hands out proxy instruments until an
+        application sets a real provider (the SDK's); a proxy's
+        ``_real_instrument`` is set then, and every record counts from that
+        call on. An instrument of a provider given to :func:`configure` (or
+        set before it) is not a proxy: always recorded.
+        """
+        return getattr(self.duration, "_real_instrument", self) is not None
 
     def _tracing(self) -> bool:
         """False while the global tracer provider is OpenTelemetry's no-op default.
@@ -179,6 +203,12 @@ class _Instruments:
     @contextmanager
     def operation(self, operation: str) -> Iterator[None]:
         token = _current.set(operation)
+        if not self._metering() and not self._tracing():  # nothing to record (see run)
+            try:
+                yield
+            finally:
+                _current.reset(token)
+            return
         start = time.perf_counter()
         attributes: dict[str, str] = {"operation": operation}
         try:

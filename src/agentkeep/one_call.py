@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from agentkeep import observability
-from agentkeep.arguments import argument_check, check_methods
+from agentkeep.arguments import argument_check, check_methods, no_check
 from agentkeep.errors import CommitOutcomeUnknown
 
 if TYPE_CHECKING:
@@ -202,15 +202,22 @@ class _Forwarder(Generic[P, T]):
             self._signature = sig.replace(parameters=list(sig.parameters.values())[1:])
         signature = self._signature
         check = argument_check(method, skip_first=True)
+        checking = check is not no_check
+        store = obj._store
         if self._kind == "write":
+            # A facade that does not report errors its own way calls the store itself.
             run = obj._call_write
+            direct = type(obj)._call_write is OneCalls._call_write
             resolve = self._resolve
             operation = self._operation
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
-                check(*args, **kwargs)
+                if checking:
+                    check(*args, **kwargs)
 
                 def once() -> T:
+                    if direct:
+                        return store.call_write(lambda r: method(part(r), *args, **kwargs))
                     return run(lambda r: method(part(r), *args, **kwargs))
 
                 try:
@@ -231,9 +238,15 @@ class _Forwarder(Generic[P, T]):
         else:
             single = bool(self._single)
             run_read = obj._call_read
+            direct_read = type(obj)._call_read is OneCalls._call_read
 
             def call(*args: P.args, **kwargs: P.kwargs) -> T:
-                check(*args, **kwargs)
+                if checking:
+                    check(*args, **kwargs)
+                if direct_read:
+                    return store.call_read(
+                        lambda r: method(part(r), *args, **kwargs), single_statement=single
+                    )
                 return run_read(lambda r: method(part(r), *args, **kwargs), single_statement=single)
 
         functools.update_wrapper(call, method)

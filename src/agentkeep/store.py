@@ -768,7 +768,7 @@ class Store:
         deadline: float | None,
         operation: bool,
     ) -> T:
-        with self.pooled_driver() as (driver, pooled):
+        with _PooledDriver(self) as (driver, pooled):
             busy = self._settings.busy_timeout_ms
             limit = None
             if deadline is not None and write and busy is not None:
@@ -806,8 +806,7 @@ class Store:
                     driver.restore_lock_wait(busy)  # type: ignore[arg-type]
             return result
 
-    @contextmanager
-    def pooled_driver(self) -> Iterator[tuple[db.Driver, Any]]:
+    def pooled_driver(self) -> AbstractContextManager[tuple[db.Driver, Any]]:
         """A pooled connection's :class:`~agentkeep.db.Driver`, outside any transaction.
 
         For operations that own their transaction's end (unregister
@@ -819,24 +818,7 @@ class Store:
         Raises:
             DatabaseError: connecting failed (StoreBusy if transient).
         """
-        with self._mutex():
-            try:
-                pooled = self.engine.raw_connection()
-            except sa_exc.DBAPIError as exc:
-                raise db.translate_db_error(exc) from exc
-            try:
-                driver = self._driver(pooled.dbapi_connection, lean=True)
-                driver.enter_lean()
-                try:
-                    yield driver, pooled
-                finally:
-                    if pooled.is_valid:
-                        try:
-                            driver.leave_lean()
-                        except DatabaseError:  # dead: never pooled in autocommit mode
-                            pooled.invalidate()
-            finally:
-                pooled.close()
+        return _PooledDriver(self)
 
     def repositories(
         self, driver: db.Driver, *, write: bool, nested: bool = False
@@ -900,6 +882,71 @@ class Store:
 #: A one-call attempt that starts with less than the busy timeout minus this
 #: left before its deadline is a retry: its lock waits are cut to what is left.
 _LOCK_WAIT_SLACK_MS = 50
+
+
+class _PooledDriver:
+    """:meth:`Store.pooled_driver`: a pooled connection and its lean driver, for one unit.
+
+    A plain class rather than a generator context manager: every one-call
+    unit enters one (:meth:`Store._lean`), and this is the cheaper of the two.
+
+    Enter: takes the store's mutex (in-memory SQLite only), checks a
+    connection out of the engine's pool and switches it to the lean mode
+    (:meth:`agentkeep.db.Driver.enter_lean`). Exit: switches it back (a
+    connection that refuses is discarded, never pooled in autocommit mode)
+    and returns it to the pool. The unit's transaction is the caller's: it is
+    ended (committed or rolled back) before the exit.
+    """
+
+    __slots__ = ("_mutex", "_pooled", "_driver", "_store")
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._mutex: AbstractContextManager[Any] | None = None
+        self._pooled: Any = None
+        self._driver: db.Driver | None = None
+
+    def __enter__(self) -> tuple[db.Driver, Any]:
+        store = self._store
+        if store._mutex is not nullcontext:
+            self._mutex = mutex = store._mutex()
+            mutex.__enter__()
+        try:
+            try:
+                pooled = store.engine.raw_connection()
+            except sa_exc.DBAPIError as exc:
+                raise db.translate_db_error(exc) from exc
+            try:
+                driver = store._driver(pooled.dbapi_connection, lean=True)
+                driver.enter_lean()
+            except BaseException:
+                pooled.close()
+                raise
+        except BaseException:
+            self._release_mutex()
+            raise
+        self._pooled = pooled
+        self._driver = driver
+        return driver, pooled
+
+    def __exit__(self, *exc: object) -> None:
+        pooled = self._pooled
+        try:
+            if pooled.is_valid:
+                try:
+                    self._driver.leave_lean()  # type: ignore[union-attr]
+                except DatabaseError:  # dead: never pooled in autocommit mode
+                    pooled.invalidate()
+        finally:
+            try:
+                pooled.close()
+            finally:
+                self._release_mutex()
+
+    def _release_mutex(self) -> None:
+        mutex, self._mutex = self._mutex, None
+        if mutex is not None:
+            mutex.__exit__(None, None, None)
 
 
 def _end_read(driver: db.Driver, pooled: Any) -> None:

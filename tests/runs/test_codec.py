@@ -241,12 +241,29 @@ def test_step_entry_unknown_keys_are_ignored() -> None:
     ],
 )
 def test_step_entries_corrupt(raw: str) -> None:
-    assert_codec_error("step_entries", codec.decode_step_entries, raw)
+    err = assert_codec_error("step_entries", codec.decode_step_entries, raw)
+    # An append's check (no entry built) refuses the same text with the same error.
+    assert assert_codec_error("step_entries", codec.check_step_entries, raw).detail == err.detail
 
 
 @pytest.mark.parametrize("raw", [None, b"[]", bytearray(b"[]"), 5, 1.5])
 def test_step_entries_not_text(raw: object) -> None:
     assert_codec_error("step_entries", codec.decode_step_entries, raw)
+    assert_codec_error("step_entries", codec.check_step_entries, raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[]",
+        '[{"step_id":"ST-1","at":1}]',
+        '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1},{"step_id":"ST-2","at":2}]',
+        '[{"step_id":"ST-1","at":1,"attempt":2,"usage":{"input_tokens":3},"adapter_data":{"a":1}}]',
+    ],
+)
+def test_step_entries_check_passes_what_decodes(raw: str) -> None:
+    assert codec.decode_step_entries(raw) is not None
+    assert codec.check_step_entries(raw) is None
 
 
 def test_step_entry_error_names_the_entry_and_key() -> None:
@@ -438,7 +455,10 @@ def test_degradations_round_trip() -> None:
     ],
 )
 def test_degradations_corrupt(raw: str) -> None:
-    assert_codec_error("degradations", codec.decode_degradations, raw)
+    err = assert_codec_error("degradations", codec.decode_degradations, raw)
+    assert assert_codec_error("degradations", codec.check_degradations, raw).detail == err.detail
+    good = '[{"tool":"t","error":"e","fallback":"f","at":1}]'
+    assert codec.check_degradations(good) is None
 
 
 def test_degradations_not_text() -> None:

@@ -86,6 +86,8 @@ __all__ = [
     "build_model",
     "CodecError",
     "append_json_array",
+    "check_degradations",
+    "check_step_entries",
     "check_text",
     "check_u63",
     "decode_current",
@@ -234,7 +236,7 @@ _str_new = str.__new__
 def _direct(cls: type[_M], values: dict[str, Any]) -> _M:
     obj = object.__new__(cls)
     _setattr(obj, "__dict__", values)
-    _setattr(obj, "__pydantic_fields_set__", set(values.keys()))
+    _setattr(obj, "__pydantic_fields_set__", set(values))
     _setattr(obj, "__pydantic_extra__", None)
     _setattr(obj, "__pydantic_private__", None)
     return obj
@@ -262,6 +264,11 @@ def _pick_builder() -> Callable[[type[_M], dict[str, Any]], _M]:
 
 
 _build = _pick_builder()
+
+
+def _checked_only(cls: type[_M], values: dict[str, Any]) -> _M:
+    """The builder of a check that keeps no value (:func:`check_step_entries`): builds nothing."""
+    return None  # type: ignore[return-value]  # the caller discards it
 
 
 def build_model(cls: type[Any], values: dict[str, Any]) -> Any:
@@ -478,7 +485,12 @@ _STEP_STATS_KEYS: Final = frozenset(
 )
 
 
-def _decode_step_entry(o: Any, index: int, dup_seen: bool) -> StepEntry:
+def _decode_step_entry(
+    o: Any,
+    index: int,
+    dup_seen: bool,
+    build: Callable[[type[StepEntry], dict[str, Any]], StepEntry] = _build,
+) -> StepEntry:
     f = "step_entries"
     if type(o) is not dict:
         o = _obj(o, f, f"[{index}]", _STEP_FIELDS)
@@ -511,7 +523,9 @@ def _decode_step_entry(o: Any, index: int, dup_seen: bool) -> StepEntry:
         raise AssertionError("unreachable: StepId accepted a rejected id")  # pragma: no cover
     if _STEP_STATS_KEYS.isdisjoint(o):
         # The common pre-stats entry: nothing else to check.
-        return _build(
+        if build is _checked_only:
+            return None  # type: ignore[return-value]  # a check: nothing to build
+        return build(
             StepEntry,
             {
                 "step_id": step_id,
@@ -541,7 +555,7 @@ def _decode_step_entry(o: Any, index: int, dup_seen: bool) -> StepEntry:
     adapter_data = get("adapter_data")
     if dup_seen and adapter_data is not None:
         adapter_data = _plain(adapter_data)
-    return _build(
+    return build(
         StepEntry,
         {
             "step_id": step_id,
@@ -582,6 +596,20 @@ def decode_step_entries(raw: object) -> tuple[StepEntry, ...]:
     return tuple([_decode_step_entry(v, i, dup_seen) for i, v in enumerate(items)])
 
 
+def check_step_entries(raw: object) -> None:
+    """Check the ``step_entries_json`` column as :func:`decode_step_entries` does, keeping nothing.
+
+    The same checks, in the same code; only the entry values are not built
+    (an append checks the stored array, then splices its text).
+
+    Raises:
+        CodecError: exactly when :func:`decode_step_entries` raises it.
+    """
+    items, dup_seen = _array(raw, "step_entries")
+    for i, v in enumerate(items):
+        _decode_step_entry(v, i, dup_seen, _checked_only)
+
+
 # --------------------------------------------------------------------------
 # degradations
 
@@ -616,11 +644,15 @@ def encode_degradations(ds: Sequence[DegradationEntry]) -> str:
     return "[" + ",".join([_encode_degradation(d, "degradations") for d in ds]) + "]"
 
 
-def _decode_degradation(value: Any, index: int) -> DegradationEntry:
+def _decode_degradation(
+    value: Any,
+    index: int,
+    build: Callable[[type[DegradationEntry], dict[str, Any]], DegradationEntry] = _build,
+) -> DegradationEntry:
     f = "degradations"
     w = f"[{index}]"
     o = _obj(value, f, w, _DEGRADATION_FIELDS)
-    return _build(
+    return build(
         DegradationEntry,
         {
             "tool": _req_str(o, "tool", f, w),
@@ -643,6 +675,17 @@ def decode_degradations(raw: object) -> tuple[DegradationEntry, ...]:
     """
     items, _ = _array(raw, "degradations")
     return tuple([_decode_degradation(v, i) for i, v in enumerate(items)])
+
+
+def check_degradations(raw: object) -> None:
+    """Check the ``degradations_json`` column as :func:`decode_degradations` does, keeping nothing.
+
+    Raises:
+        CodecError: exactly when :func:`decode_degradations` raises it.
+    """
+    items, _ = _array(raw, "degradations")
+    for i, v in enumerate(items):
+        _decode_degradation(v, i, _checked_only)
 
 
 # --------------------------------------------------------------------------
@@ -786,6 +829,7 @@ def decode_result_ref(raw: object) -> object:
 # plain columns
 
 _IdT = TypeVar("_IdT", bound=PrefixedId)
+_PREFIXED_NEW: Final = PrefixedId.__new__
 
 
 def decode_id(raw: object, cls: type[_IdT], field: str) -> _IdT:
@@ -794,6 +838,12 @@ def decode_id(raw: object, cls: type[_IdT], field: str) -> _IdT:
     Raises:
         CodecError: (field ``field``) not text, or the prefix rule fails.
     """
+    if type(raw) is str and cls.__new__ is _PREFIXED_NEW:
+        prefix = cls.PREFIX
+        if len(raw) > len(prefix) and raw.startswith(prefix) and "\x00" not in raw:
+            # PrefixedId's rule, inlined (every row read decodes two ids); the
+            # class's own constructor below raises the error otherwise.
+            return _str_new(cls, raw)
     try:
         return cls(_text(raw, field))
     except InvalidInput as exc:

@@ -247,11 +247,27 @@ class RunRepository:
             result = codec.decode_result_ref(row[8])
             run_id = codec.decode_id(raw_id, RunId, "id")
             task_id = codec.decode_id(row[1], TaskId, "task_id")
-            gen = codec.decode_u63(row[7], "next_generation")
-            created_at = codec.decode_u63(row[10], "created_at")
-            updated_at = codec.decode_u63(row[11], "updated_at")
-            operator_sid = codec.decode_text_or_none(row[5], "operator_sid")
-            input_json = codec.decode_text_or_none(row[9], "input_json")
+            # The plain columns' checks inlined (a list decodes every row); the
+            # codec's functions name what is wrong when one fails.
+            gen, created_at, updated_at = row[7], row[10], row[11]
+            if not (
+                type(gen) is int
+                and type(created_at) is int
+                and type(updated_at) is int
+                and 0 <= gen <= I64_MAX
+                and 0 <= created_at <= I64_MAX
+                and 0 <= updated_at <= I64_MAX
+            ):
+                gen = codec.decode_u63(gen, "next_generation")
+                created_at = codec.decode_u63(created_at, "created_at")
+                updated_at = codec.decode_u63(updated_at, "updated_at")
+            operator_sid, input_json = row[5], row[9]
+            if not (
+                (operator_sid is None or type(operator_sid) is str)
+                and (input_json is None or type(input_json) is str)
+            ):
+                operator_sid = codec.decode_text_or_none(operator_sid, "operator_sid")
+                input_json = codec.decode_text_or_none(input_json, "input_json")
         except CodecError as exc:
             column = _FIELD_COLUMN.get(exc.field, exc.field)
             raise RunCorrupt(_TABLE, key, column, exc.detail, field=exc.field) from exc
@@ -387,7 +403,7 @@ class RunRepository:
             codec.encode_step_entry(entry),
             _GET_STEPS,
             _SET_STEPS,
-            codec.decode_step_entries,
+            codec.check_step_entries,
             "step_entries",
         )
 
@@ -404,7 +420,7 @@ class RunRepository:
             codec.encode_degradation(entry),
             _GET_DEGRADATIONS,
             _SET_DEGRADATIONS,
-            codec.decode_degradations,
+            codec.check_degradations,
             "degradations",
         )
 
@@ -414,7 +430,7 @@ class RunRepository:
         item_json: str,
         read: Statement,
         write: Statement,
-        decode: Callable[[object], object],
+        check: Callable[[object], None],
         field: str,
     ) -> None:
         now = self._begin_write(run_id)
@@ -422,7 +438,7 @@ class RunRepository:
         if row is None:
             raise RunNotFound(run_id)
         old = row[0]
-        self._decode(run_id, lambda: decode(old))
+        self._decode(run_id, lambda: check(old))  # a corrupt array is refused, never extended
         new = codec.append_json_array(old, item_json)
         result = self._db.execute(write, {"id": run_id, "new": new, "now": now, "old": old})
         if result.rowcount != 1:
@@ -505,7 +521,7 @@ class RunRepository:
             raise GenerationOverflow(run_id, gen)
         new_gen = gen + 1
         previous = current.get(slot)
-        current[slot] = Assignee.model_construct(op=op, desc=desc, gen=new_gen)
+        current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": new_gen})
         self._write_slots(run_id, current, gen, new_gen, now)
         return new_gen, previous
 
@@ -612,6 +628,8 @@ class RunRepository:
 
 def _encode_status(value: object, field: str) -> str:
     """Encode a status argument; anything that is not a RunStatus value is InvalidInput."""
+    if type(value) is RunStatus:  # the common case: no Enum lookup
+        return codec.encode_status(value)
     try:
         return codec.encode_status(RunStatus(value))  # type: ignore[arg-type]
     except ValueError:
