@@ -1,7 +1,8 @@
 """One-call forms of repository methods, declared once and typed from the repository.
 
 ``store.runs.get(run_id)`` runs :meth:`RunRepository.get` in a unit of work of
-its own (:meth:`agentkeep.Store.call_read` / :meth:`~agentkeep.Store.call_write`:
+its own (:meth:`agentkeep.Store.call_read` / ``Store._call_operation``, the form of
+:meth:`~agentkeep.Store.call_write` for one operation whose error ends the unit:
 a lean unit on a pooled driver connection, retried as a whole on a transient
 busy error). Instead of a hand-written method per operation that only
 forwards, a facade class declares each forwarder in one line::
@@ -124,7 +125,7 @@ class OneCalls:
         self._store = store
 
     def _call_write(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(repositories)`` in a one-call write unit (:meth:`Store.call_write`)."""
+        """Run ``fn(repositories)`` in a one-call write unit (``Store._call_operation``)."""
         return self._store._call_operation(fn)
 
     def _call_read(self, fn: Callable[[Any], T], *, single_statement: bool) -> T:
@@ -217,7 +218,7 @@ class _Forwarder(Generic[P, T]):
 
                 def once() -> T:
                     if direct:
-                        return store.call_write(lambda r: method(part(r), *args, **kwargs))
+                        return store._call_operation(lambda r: method(part(r), *args, **kwargs))
                     return run(lambda r: method(part(r), *args, **kwargs))
 
                 try:
