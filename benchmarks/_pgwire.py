@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import struct
 import subprocess
 import sys
@@ -110,13 +111,16 @@ class WireTap:
                 c_writer.close()
 
         back = asyncio.ensure_future(server_to_client())
+        # Shutdown cancels this task: it then ends quietly (a cancelled
+        # connection callback is otherwise logged by asyncio's streams).
         try:
             await self._client_to_server(c_reader, s_writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
             s_writer.close()
-            await asyncio.wait({back}, timeout=5)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({back}, timeout=5)
 
     async def _client_to_server(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
