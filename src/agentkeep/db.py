@@ -55,7 +55,7 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -1893,6 +1893,22 @@ def join_read(driver: Driver) -> Iterator[None]:
     finally:
         if sqlite_in_transaction(raw) and _sqlite_total_changes(raw) == changes:
             driver.commit()
+
+
+def atomic(driver: Driver, nested: bool) -> AbstractContextManager[None]:
+    """The block of one repository operation that must be all or nothing.
+
+    ``nested`` is the unit's: True when the unit may hold other operations
+    or a caller that catches this one's error and still commits
+    (``store.write()``, ``store.call_write(fn)``). The block then runs in a
+    SAVEPOINT, so an error leaves nothing of it. False in a one-call unit,
+    whose transaction belongs to this operation alone: its error ends and
+    rolls back the whole unit, so no SAVEPOINT is sent (two statements, and
+    on Postgres a round trip each, saved). Either way the checks of writes
+    deferred in the block come before an error raised in it
+    (:meth:`Driver.deferred_first`).
+    """
+    return driver.savepoint() if nested else driver.deferred_first()
 
 
 @contextmanager

@@ -126,7 +126,9 @@ class Repositories:
     def queue(self) -> QueuedWorkRepository:
         """Queued work of sessions in this unit."""
         if self._queue is None:
-            self._queue = QueuedWorkRepository(self.driver, self.clock, writable=self.writable)
+            self._queue = QueuedWorkRepository(
+                self.driver, self.clock, writable=self.writable, nested=self.nested
+            )
         return self._queue
 
     @property
@@ -143,7 +145,7 @@ class Repositories:
         """Tombstones, vacuum and blob GC in this unit."""
         if self._maintenance is None:
             self._maintenance = MaintenanceRepository(
-                self.driver, self.clock, writable=self.writable
+                self.driver, self.clock, writable=self.writable, nested=self.nested
             )
         return self._maintenance
 
@@ -152,7 +154,7 @@ class Repositories:
         """Session enumeration and whole-session deletion in this unit."""
         if self._catalog is None:
             self._catalog = SessionCatalogRepository(
-                self.driver, self.clock, writable=self.writable
+                self.driver, self.clock, writable=self.writable, nested=self.nested
             )
         return self._catalog
 
@@ -182,7 +184,9 @@ class Repositories:
     def turn_inputs(self) -> TurnInputRepository:
         """Pending turn inputs of sessions in this unit."""
         if self._turn_inputs is None:
-            self._turn_inputs = TurnInputRepository(self.driver, self.clock, writable=self.writable)
+            self._turn_inputs = TurnInputRepository(
+                self.driver, self.clock, writable=self.writable, nested=self.nested
+            )
         return self._turn_inputs
 
 

@@ -26,7 +26,7 @@ from sqlalchemy import bindparam as p
 from sqlalchemy import delete, func, select, union
 
 from agentkeep.clock import Clock
-from agentkeep.db import Driver
+from agentkeep.db import Driver, atomic
 from agentkeep.errors import InvalidInput
 from agentkeep.sessions.checkpoint_nodes import _check_str, check_text_id
 from agentkeep.sessions.leases import begin_session_write
@@ -98,10 +98,13 @@ class SessionPage:
 class SessionCatalogRepository:
     """Session enumeration and deletion inside one unit of work (``uow.catalog``)."""
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+        self._nested = nested  # see db.atomic: False in a one-call unit
 
     def list_sessions(
         self, *, prefix: str = "", after: str | None = None, limit: int = 100
@@ -156,5 +159,5 @@ class SessionCatalogRepository:
         check_text_id(session_id, "session_id")
         begin_session_write(self._db, self._clock, self._writable, session_id)
         params = {"sid": session_id}
-        with self._db.savepoint():
+        with atomic(self._db, self._nested):
             return sum(int(self._db.execute(stmt, params).rowcount) for stmt in _DELETE)

@@ -118,7 +118,7 @@ from sqlalchemy import delete, func, literal, select, union, update
 from sqlalchemy.sql.elements import BindParameter
 
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, lock_aggregate
+from agentkeep.db import Driver, LockNamespace, atomic, lock_aggregate
 from agentkeep.errors import DatabaseError, InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
 from agentkeep.sessions.checkpoints import KIND_MANIFEST, manifest_refs, read_manifest
 from agentkeep.sessions.domain import check_id
@@ -267,10 +267,13 @@ def log_gc_failure(exc: BaseException) -> None:
 class MaintenanceRepository:
     """Tombstones, vacuum and blob GC in one unit of work (see the module docstring)."""
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+        self._nested = nested  # see db.atomic: False in a one-call unit
 
     def _require_writable(self) -> None:
         if not self._writable:
@@ -304,7 +307,7 @@ class MaintenanceRepository:
         if not ids:
             return
         begin_session_write(self._db, self._clock, self._writable, session_id)
-        with self._db.savepoint():
+        with atomic(self._db, self._nested):
             tombstoned = sum(
                 self._db.execute(_TOMBSTONE, {"sid": session_id, **_in_params(batch)}).rowcount
                 for batch in _batches(ids)
@@ -340,7 +343,7 @@ class MaintenanceRepository:
         begin_session_write(self._db, self._clock, self._writable, session_id)
         lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY, shared=True)
         params = {"sid": session_id}
-        with self._db.savepoint():
+        with atomic(self._db, self._nested):
             _report(progress, "vacuum", 0, 2)
             nodes = self._db.execute(_VACUUM_NODES, params).rowcount
             _report(progress, "vacuum", 1, 2)
@@ -369,7 +372,7 @@ class MaintenanceRepository:
         """
         self._require_writable()
         lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY)
-        with self._db.savepoint():
+        with atomic(self._db, self._nested):
             _report(progress, "vacuum", 0, 2)
             nodes = self._db.execute(_VACUUM_ALL_NODES, {}).rowcount
             _report(progress, "vacuum", 1, 2)
@@ -427,7 +430,7 @@ class MaintenanceRepository:
             ReadOnlyUnitOfWork: inside ``store.read()``.
         """
         self._require_writable()
-        with self._db.savepoint():
+        with atomic(self._db, self._nested):
             lock_aggregate(self._db, LockNamespace.BLOB_GC, BLOB_GC_KEY)
             roots, marked = self._mark(progress)
             retained, deleted = self._sweep(marked, progress)

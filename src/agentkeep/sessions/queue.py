@@ -97,7 +97,7 @@ from sqlalchemy import delete, exists, insert, or_, select, update
 
 from agentkeep.bounds import check_u63
 from agentkeep.clock import Clock
-from agentkeep.db import Driver
+from agentkeep.db import Driver, atomic
 from agentkeep.errors import (
     ConcurrentModification,
     InvalidInput,
@@ -432,7 +432,7 @@ def _corrupt_class(batch: QueuedWorkBatch) -> SessionCorrupt:
 
 
 def enqueue_queued_work_conn(
-    db: Driver, draft: QueuedWorkDraft, now: int, nonce: int
+    db: Driver, draft: QueuedWorkDraft, now: int, nonce: int, *, nested: bool = True
 ) -> QueuedWorkBatch:
     """Store ``draft``, or return the batch already stored under its source key.
 
@@ -440,7 +440,8 @@ def enqueue_queued_work_conn(
 
     Call it inside the session's write lock with a checked draft (the session
     commit passes its own ``now`` and nonces). The batch row and its items are
-    written inside a savepoint: an error leaves neither.
+    written together or not at all: inside a savepoint, unless ``nested`` is
+    False (a one-call unit, which an error rolls back whole; see db.atomic).
 
     Args:
         db: the unit's driver, after the session write lock was taken.
@@ -471,7 +472,7 @@ def enqueue_queued_work_conn(
         (i, f"{batch_id}:item:{i}", encode_payload(payload))
         for i, payload in enumerate(draft.payloads)
     ]
-    with db.savepoint():
+    with atomic(db, nested):
         row = db.execute(
             _INSERT_BATCH,
             {
@@ -557,10 +558,13 @@ def delete_completed_queued_work(db: Driver, completion: QueuedWorkCompletion) -
 class QueuedWorkRepository:
     """Queued-work operations inside one unit of work (``uow.queue``)."""
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+        self._nested = nested  # see db.atomic: False in a one-call unit
 
     # ------------------------------------------------------------------ enqueue
 
@@ -594,7 +598,7 @@ class QueuedWorkRepository:
         _check_draft(draft)
         nonce = next_enqueue_nonce()
         now = begin_session_write(self._db, self._clock, self._writable, draft.session_id)
-        return enqueue_queued_work_conn(self._db, draft, now, nonce)
+        return enqueue_queued_work_conn(self._db, draft, now, nonce, nested=self._nested)
 
     # ------------------------------------------------------------------ claims
 

@@ -104,7 +104,7 @@ from sqlalchemy import and_, case, exists, or_, select, update
 from sqlalchemy import bindparam as p
 
 from agentkeep.clock import Clock
-from agentkeep.db import Driver
+from agentkeep.db import Driver, atomic
 from agentkeep.errors import (
     ConcurrentModification,
     InvalidInput,
@@ -530,10 +530,13 @@ def _diagnostics(item: PendingTurnInput) -> ClaimDiagnostics | None:
 class TurnInputRepository:
     """Pending turn inputs of sessions inside one unit of work (``uow.turn_inputs``)."""
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+        self._nested = nested  # see db.atomic: False in a one-call unit
 
     # ---------------------------------------------------------------- enqueue
 
@@ -727,7 +730,7 @@ class TurnInputRepository:
             return []
         lease = self._lease(session_id)
         results: list[CancelResult] = []
-        with self._db.savepoint():
+        with atomic(self._db, self._nested):
             for target in checked:
                 item = self._load_target(session_id, target)
                 outcome = NotFoundOutcome() if item is None else self._cancel_row(item, lease, now)
@@ -769,7 +772,7 @@ class TurnInputRepository:
         rows = self._db.execute(_SUFFIX, {"sid": session_id, "seq": head.enqueue_seq}).fetchall()
         items = [input_from_row(r) for r in rows]  # every decode before any write
         lease = self._lease(session_id)
-        with self._db.savepoint():
+        with atomic(self._db, self._nested):
             outcomes = tuple(self._cancel_row(item, lease, now) for item in items)
         return SuffixOutcomes(anchor=anchor, outcomes=outcomes)
 
@@ -1060,7 +1063,7 @@ class TurnInputRepository:
         ).fetchall()
         stale = [input_from_row(r) for r in rows]
         recovered: list[PendingTurnInput] = []
-        with self._db.savepoint():
+        with atomic(self._db, self._nested):
             for item in stale:
                 params = {
                     "sid": session_id,
