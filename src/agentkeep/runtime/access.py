@@ -55,6 +55,7 @@ from sqlalchemy.engine import Dialect
 
 from agentkeep.crypto import PayloadCodec
 from agentkeep.db import Driver, lock_aggregate
+from agentkeep.db import atomic as db_atomic
 from agentkeep.errors import (
     ConcurrentModification,
     DatabaseError,
@@ -187,11 +188,11 @@ class RuntimeAccess:
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
-        """All of the block or none of it, also inside a caller's unit (see the module doc)."""
-        if self.nested:
-            with self.db.savepoint():
-                yield
-        else:
+        """All of the block or none of it, also inside a caller's unit (see the module doc).
+
+        A SAVEPOINT only where the unit may hold other work (``db.atomic``).
+        """
+        with db_atomic(self.db, self.nested):
             yield
 
     # -- statements, errors by phase -----------------------------------------

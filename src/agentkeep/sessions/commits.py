@@ -177,7 +177,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from agentkeep.base import BIGINT
 from agentkeep.clock import Clock
-from agentkeep.db import Driver
+from agentkeep.db import Driver, atomic
 from agentkeep.errors import (
     ConcurrentModification,
     HeadRevisionConflict,
@@ -985,10 +985,8 @@ class SessionCommitRepository:
         # psycopg: the fence reads go out with the locks, in their round trip.
         with db.prefetching(_fence_reads(commit)):
             now = begin_session_write(db, self._clock, self._writable, sid, blobs=True)
-            if not self._nested:  # a one-call unit: an error rolls its whole transaction back
-                with db.deferred_first():
-                    return self._commit(commit, prepared, blob_profile, now)
-            with db.savepoint():
+            # A one-call unit: no SAVEPOINT, an error rolls its whole transaction back.
+            with atomic(db, self._nested):
                 return self._commit(commit, prepared, blob_profile, now)
 
     def _commit(
