@@ -57,9 +57,11 @@ class Repositories:
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`).
         runtime_domain: the runtime store's domain rules.
         oauth_codec: the store's encryption at rest of the OAuth flow state (None: none).
-        nested: True in a ``store.write()`` unit that may hold several
-            operations (runtime operations that can fail after writing then
-            run in a SAVEPOINT, so a caught error leaves nothing behind).
+        nested: True in a unit that may hold several operations or a
+            caller that catches an operation's error (``store.write()``,
+            ``store.call_write(fn)``): operations that can fail after writing
+            then run in a SAVEPOINT, so a caught error leaves nothing behind
+            (``db.atomic``). False in a one-call unit.
     """
 
     __slots__ = (
