@@ -165,6 +165,7 @@ Choices where the original store was open (docs/decisions.md#session-store):
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -203,7 +204,13 @@ from agentkeep.errors import (
     TurnInputClaimSuperseded,
     UsageLedgerOverflow,
 )
-from agentkeep.sessions.checkpoints import get_checkpoint, put_checkpoint
+from agentkeep.sessions.checkpoints import (
+    BLOB_COLUMNS,
+    decode_blob,
+    hydrate,
+    manifest_of,
+    put_checkpoint,
+)
 from agentkeep.sessions.codec import encode_ingress, loads
 from agentkeep.sessions.domain import (
     MAX_I64,
@@ -222,6 +229,7 @@ from agentkeep.sessions.leases import (
 )
 from agentkeep.sessions.models import (
     AttachmentManifestRow,
+    BlobRow,
     GraphNodeRow,
     PendingTurnInputRow,
     RuntimeTurnCommitRow,
@@ -296,8 +304,15 @@ _HEAD_COLUMNS: Final = (
     SessionHeadRow.current_agent_frame_id,
     SessionHeadRow.graph_node_count,
 )
+#: The head and, by an outer join, its checkpoint manifest blob
+#: (:data:`~agentkeep.sessions.checkpoints.BLOB_COLUMNS`, all null when the
+#: blob is missing): one statement for what the resume read needs first.
 _GET_HEAD: Final = Statement(
-    select(*_HEAD_COLUMNS).where(_BY_SESSION_HEAD), name="sessions.get_head"
+    select(*_HEAD_COLUMNS, *BLOB_COLUMNS)
+    .select_from(SessionHeadRow)
+    .outerjoin(BlobRow, BlobRow.hash == SessionHeadRow.checkpoint_ref)
+    .where(_BY_SESSION_HEAD),
+    name="sessions.get_head",
 )
 _GET_HEAD_REVISION: Final = Statement(
     select(SessionHeadRow.head_revision).where(_BY_SESSION_HEAD),
@@ -421,22 +436,46 @@ def _put_total(dialect: Dialect) -> Any:
 
 
 _PUT_TOTAL: Final = Statement(_put_total, name="sessions.put_usage_total")
-# A node id already in the session inserts nothing and returns no row.
-_PUT_NODE: Final = Statement(
-    lambda d: (
-        upsert(d, GraphNodeRow)
-        .values(
-            session_id=p("sid"),
-            node_id=p("nid"),
-            parent_node_id=p("parent"),
-            node_json=p("json"),
-            tombstoned=0,
+#: The most nodes one insert statement carries; a longer delta takes several.
+_NODES_PER_INSERT: Final = 16
+
+
+def _put_nodes(rows: int) -> Any:
+    """Step 11: ``rows`` nodes in one multi-row insert, returning the ids inserted.
+
+    Row ``i`` binds ``:nid<i>``, ``:parent<i>`` and ``:json<i>`` (all of
+    ``:sid``); rows are inserted in order (their ``seq`` too). A node id
+    already in the session, or repeated in the statement, inserts nothing
+    and returns no row (ON CONFLICT DO NOTHING).
+    """
+
+    def build(dialect: Dialect) -> Any:
+        return (
+            upsert(dialect, GraphNodeRow)
+            .values(
+                [
+                    {
+                        "session_id": p("sid"),
+                        "node_id": p(f"nid{i}"),
+                        "parent_node_id": p(f"parent{i}"),
+                        "node_json": p(f"json{i}"),
+                        "tombstoned": 0,
+                    }
+                    for i in range(rows)
+                ]
+            )
+            .on_conflict_do_nothing(index_elements=[GraphNodeRow.session_id, GraphNodeRow.node_id])
+            .returning(GraphNodeRow.node_id)
         )
-        .on_conflict_do_nothing(index_elements=[GraphNodeRow.session_id, GraphNodeRow.node_id])
-        .returning(GraphNodeRow.seq)
-    ),
-    name="sessions.put_node",
-)
+
+    return build
+
+
+#: ``_PUT_NODES[n]``: the insert of ``n`` nodes (``1 <= n <= _NODES_PER_INSERT``).
+_PUT_NODES: Final = {
+    n: Statement(_put_nodes(n), name=f"sessions.put_nodes_{n}")
+    for n in range(1, _NODES_PER_INSERT + 1)
+}
 _DELETE_NODES: Final = Statement(
     delete(GraphNodeRow).where(GraphNodeRow.session_id == p("sid")), name="sessions.delete_nodes"
 )
@@ -524,8 +563,9 @@ def _path_walk(dialect: Dialect, *, bounded: bool) -> Any:
 #: through ``parent_node_id`` across live nodes of ``:sid``. Every step is a
 #: lookup on the unique index ``(session_id, node_id)`` (SQLite) or a probe of
 #: a hash of the session's live nodes (the plan Postgres keeps: see
-#: :func:`_path_walk`); ``UNION`` (not ``UNION ALL``) ends a cycle. The rows (seq, node id, parent id, node JSON)
-#: come unordered; the caller orders them by following the parents.
+#: :func:`_path_walk`); ``UNION`` (not ``UNION ALL``) ends a cycle. The rows
+#: (seq, node id, parent id, node JSON) come unordered; the caller orders them
+#: by following the parents.
 ACTIVE_PATH: Final = Statement(
     lambda dialect: _path_walk(dialect, bounded=False), name="sessions.active_path"
 )
@@ -913,17 +953,24 @@ def _fence_reads(commit: RuntimeCommit) -> list[tuple[Statement, dict[str, Any]]
     return reads
 
 
-class _NodeInserted:
-    """Step 11's check of a node insert: no row returned is :class:`NodeAlreadyExists`."""
+class _NodesInserted:
+    """Step 11's check of a node insert: an id not returned is :class:`NodeAlreadyExists`.
 
-    __slots__ = ("node_id", "session_id")
+    The ids are checked in the delta's order, so the error names the first
+    node that inserted nothing (a repeated id: its second occurrence).
+    """
 
-    def __init__(self, session_id: str, node_id: str) -> None:
-        self.session_id, self.node_id = session_id, node_id
+    __slots__ = ("node_ids", "session_id")
+
+    def __init__(self, session_id: str, node_ids: list[str]) -> None:
+        self.session_id, self.node_ids = session_id, node_ids
 
     def __call__(self, result: Any) -> None:
-        if result.fetchone() is None:
-            raise NodeAlreadyExists(self.session_id, self.node_id)
+        inserted = Counter(row[0] for row in result.fetchall())
+        for node_id in self.node_ids:
+            if inserted[node_id] == 0:
+                raise NodeAlreadyExists(self.session_id, node_id)
+            inserted[node_id] -= 1
 
 
 class _HeadWritten:
@@ -1093,9 +1140,14 @@ class SessionCommitRepository:
         # 11. Graph delta.
         if prepared.replace:
             db.defer(_DELETE_NODES, {"sid": sid})
-        for node_id, parent, text in prepared.nodes:
-            params = {"sid": sid, "nid": node_id, "parent": parent, "json": text}
-            db.defer(_PUT_NODE, params, _NodeInserted(sid, node_id))
+        nodes = prepared.nodes
+        for start in range(0, len(nodes), _NODES_PER_INSERT):
+            chunk = nodes[start : start + _NODES_PER_INSERT]
+            params: dict[str, Any] = {"sid": sid}
+            for i, (node_id, parent, text) in enumerate(chunk):
+                params[f"nid{i}"], params[f"parent{i}"], params[f"json{i}"] = node_id, parent, text
+            check = _NodesInserted(sid, [node_id for node_id, _, _ in chunk])
+            db.defer(_PUT_NODES[len(chunk)], params, check)
 
         # 12. Live node count, kept incrementally so a commit costs O(its delta),
         # not O(graph): tombstone_nodes decrements it in the same transaction.
@@ -1282,10 +1334,19 @@ class SessionCommitRepository:
         if not isinstance(scope, FullGraphScope | ActivePathScope | HeadScope):
             raise InvalidInput("scope", f"expected a load scope, got {type(scope).__name__}")
         db = self._db
-        row = db.execute(_GET_HEAD, {"sid": session_id}).fetchone()
-        if row is None:
-            return None
-        version, revision, head_leaf, checkpoint_ref, config_json, frames_json, frame_id, _ = row
+        # psycopg: the ledger totals go out with the head, in its round trip.
+        with db.prefetching([(_GET_TOTALS, {"sid": session_id})]):
+            row = db.execute(_GET_HEAD, {"sid": session_id}).fetchone()
+            if row is None:
+                return None
+            return self._loaded(session_id, scope, row)
+
+    def _loaded(
+        self, session_id: str, scope: LoadScope, row: Sequence[Any]
+    ) -> PersistedSessionRead:
+        """:meth:`load_session` once the head row (and its manifest blob) is read."""
+        db = self._db
+        version, revision, head_leaf, checkpoint_ref, config_json, frames_json, frame_id = row[:7]
         if version != HEAD_SCHEMA_VERSION:
             raise SessionCorrupt(
                 "session_head",
@@ -1318,7 +1379,7 @@ class SessionCommitRepository:
                 for seq, node_id, raw in db.execute(_FULL_GRAPH, {"sid": session_id}).fetchall()
                 if (node := _decode_node(session_id, seq, node_id, raw)) is not None
             ]
-        checkpoint = get_checkpoint(db, checkpoint_ref)
+        checkpoint = hydrate(db, manifest_of(checkpoint_ref, decode_blob(checkpoint_ref, row[8:])))
         return PersistedSessionRead(
             session_id=session_id,
             head_revision=revision,
