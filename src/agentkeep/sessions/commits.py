@@ -399,7 +399,7 @@ _PUT_USAGE: Final = Statement(
     .values(session_id=p("sid"), source=p("source"), model=p("model"), **_COUNTER_BINDS),
     name="sessions.put_usage",
 )
-#: The ledger-total columns :func:`_read_totals` decodes: source, model,
+#: The ledger-total columns :func:`_total_rows` decodes: source, model,
 #: ordinal, then the counters in the order of ``_USAGE_FIELDS``.
 _TOTAL_COLUMNS: Final = (
     UsageTotalRow.source,
@@ -795,8 +795,16 @@ class _Prepared:
         for i, node in enumerate(nodes):
             check_id(node.node_id, f"commit.graph.nodes[{i}].node_id")
             _optional_id(node.parent_node_id, f"commit.graph.nodes[{i}].parent_node_id")
-            check_json(node.payload, f"commit.graph.nodes[{i}].payload")
-            text = _json_text(node.model_dump(mode="json"), f"commit.graph.nodes[{i}].payload")
+            payload = check_json(node.payload, f"commit.graph.nodes[{i}].payload")
+            # The fields model_dump(mode="json") gives, without its serializer: a
+            # checked payload encodes to the same canonical text.
+            stored = {
+                "node_id": node.node_id,
+                "parent_node_id": node.parent_node_id,
+                "timestamp": node.timestamp,
+                "payload": payload,
+            }
+            text = _json_text(stored, f"commit.graph.nodes[{i}].payload")
             self.nodes.append((node.node_id, node.parent_node_id, text))
 
 
@@ -820,8 +828,8 @@ def _counters(usage: TokenUsage) -> tuple[int, ...]:
     return tuple(getattr(usage, name) for name in _USAGE_FIELDS)
 
 
-def _read_totals(db: Driver, session_id: str) -> list[tuple[int, UsageLedgerEntry]]:
-    """The session's ledger totals by ordinal, as ``(ordinal, entry)``.
+def _total_rows(db: Driver, session_id: str) -> list[tuple[str, str, list[Any]]]:
+    """The session's ledger totals by ordinal, as ``(source, model, [ordinal, *counters])``.
 
     Raises:
         SessionCorrupt: a stored total does not decode (a non-text key, a
@@ -837,10 +845,24 @@ def _read_totals(db: Driver, session_id: str) -> list[tuple[int, UsageLedgerEntr
         for column, value in zip(("ordinal", *_USAGE_FIELDS), numbers, strict=True):
             if type(value) is not int or not 0 <= value <= MAX_I64:
                 raise SessionCorrupt("session_usage_totals", key, column, repr(value))
-        usage = TokenUsage.model_construct(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True)))
-        entry = UsageLedgerEntry.model_construct(source=source, model=model, usage=usage)
-        out.append((numbers[0], entry))
+        out.append((source, model, numbers))
     return out
+
+
+def _read_totals(db: Driver, session_id: str) -> tuple[UsageLedgerEntry, ...]:
+    """The session's ledger totals by ordinal (:func:`_total_rows`, as entries).
+
+    Raises:
+        SessionCorrupt: a stored total does not decode.
+    """
+    return tuple(
+        UsageLedgerEntry.model_construct(
+            source=source,
+            model=model,
+            usage=TokenUsage.model_construct(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True))),
+        )
+        for source, model, numbers in _total_rows(db, session_id)
+    )
 
 
 _NODE_FIELDS: Final = frozenset(SessionNodeRecord.model_fields)
@@ -1245,9 +1267,8 @@ class SessionCommitRepository:
             SessionCorrupt: a stored total does not decode.
         """
         db, sid = self._db, commit.session_id
-        totals = {(e.source, e.model): (ordinal, e.usage) for ordinal, e in _read_totals(db, sid)}
-        sums = {key: [ordinal, *_counters(usage)] for key, (ordinal, usage) in totals.items()}
-        next_ordinal = max((o for o, _ in totals.values()), default=-1) + 1
+        sums = {(source, model): numbers for source, model, numbers in _total_rows(db, sid)}
+        next_ordinal = max((numbers[0] for numbers in sums.values()), default=-1) + 1
         changed: dict[tuple[str, str], list[int]] = {}
         for delta in commit.usage_deltas:
             if delta.usage.total() == 0:
@@ -1389,7 +1410,7 @@ class SessionCommitRepository:
             graph=SessionGraph(nodes=tuple(nodes), leaf_node_id=leaf),
             checkpoint_ref=checkpoint_ref,
             checkpoint=checkpoint,
-            token_ledger=tuple(entry for _, entry in _read_totals(db, session_id)),
+            token_ledger=_read_totals(db, session_id),
         )
 
     @staticmethod
