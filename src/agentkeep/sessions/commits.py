@@ -45,9 +45,11 @@ numbers below are the ones the code's comments use):
     here, changed pairs upserted; a total past ``2**63-1`` is
     :class:`~agentkeep.errors.UsageLedgerOverflow`, nothing written);
 11. the graph delta (``Unchanged`` / ``Append`` / ``ReplaceFull``, scoped to
-    the session); a node id that exists already in the session, or twice in
-    the delta, is :class:`NodeAlreadyExists` (defined here; the original store
-    surfaced the unique violation as a ``Backend`` error);
+    the session; appended nodes in inserts of up to 16 rows); a node id that
+    exists already in the session, or twice in the delta, is
+    :class:`NodeAlreadyExists` naming the first such node in the delta's
+    order (defined here; the original store surfaced the unique violation as
+    a ``Backend`` error);
 12. the live node count, kept incrementally (the head's count plus the
     appended nodes, or the replacement's size; ``tombstone_nodes`` decrements
     it), so a commit costs O(its delta), never O(graph) (the original store
@@ -135,7 +137,9 @@ Choices where the original store was open (docs/decisions.md#session-store):
   structural checks validation would make, not by per-node pydantic
   validation (the commit validated them): see :func:`_stored_node`.
 * The active path is one recursive CTE over the ``parent_node_id`` column,
-  each step an index lookup on ``(session_id, node_id)``: its cost follows
+  each step an index lookup on ``(session_id, node_id)`` (or, for the whole
+  path on Postgres, a probe of a hash of the session's live nodes; the tail's
+  step is a ``LATERAL`` lookup there: :func:`_path_walk`): its cost follows
   the path, not the graph. It stops at a missing or tombstoned ancestor; a
   cycle of parent ids (only corrupt data can make one) is ``SessionCorrupt``
   (docs/decisions.md#active-path-is-one-recursive-query).
