@@ -368,7 +368,8 @@ def growth(
 
 def raw_load(conn: sqlite3.Connection, sid: str, *, path: bool) -> Callable[[], object]:
     """Head, the active path (the store's recursive query) or every live node by seq,
-    the manifest; ``json.loads`` of each node: the SQL of the store's load, and plain JSON."""
+    the manifest (joined to the head, or read after it on older code); ``json.loads``
+    of each node: the SQL of the store's load, and plain JSON."""
     nodes = K.ACTIVE_PATH if path else K._FULL_GRAPH
     head_q, nodes_q, blob_q = (sqlite_form(s) for s in (K._GET_HEAD, nodes, C._GET))
 
@@ -378,8 +379,11 @@ def raw_load(conn: sqlite3.Connection, sid: str, *, path: bool) -> Callable[[], 
         params = {"sid": sid, "leaf": head[2]} if path else {"sid": sid}
         rows = conn.execute(nodes_q.sql, nodes_q.bind(params)).fetchall()
         loaded = [json.loads(r[-1]) for r in rows]
-        blob = conn.execute(blob_q.sql, blob_q.bind({"hash": head[3]})).fetchone()
-        json.loads(bytes(blob[2]))
+        if len(head) > 8:  # the head query joins its manifest blob (kind, compression, content)
+            json.loads(bytes(head[-1]))
+        else:
+            blob = conn.execute(blob_q.sql, blob_q.bind({"hash": head[3]})).fetchone()
+            json.loads(bytes(blob[2]))
         conn.commit()
         return loaded
 

@@ -1606,7 +1606,8 @@ class Driver:
                     if cur.pgresult is None:
                         out.append(None)
                     else:
-                        rows = cur.fetchall() if cur.description is not None else []
+                        # nfields, not description: that builds a Column per field.
+                        rows = cur.fetchall() if cur.pgresult.nfields else []
                         out.append(_Fetched(rows, cur.rowcount))
                         cur.close()
         else:
@@ -1709,7 +1710,7 @@ async def _async_round_trip(
             if cur.pgresult is None:
                 out.append(None)
             else:
-                rows = await cur.fetchall() if cur.description is not None else []
+                rows = await cur.fetchall() if cur.pgresult.nfields else []
                 out.append(_Fetched(rows, cur.rowcount))
                 await cur.close()
 

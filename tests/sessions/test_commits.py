@@ -786,6 +786,25 @@ def test_c_18_appending_an_existing_node_id_fails_typed(store: Store) -> None:
     assert head_revision(store) == 1
 
 
+def test_a_long_delta_is_inserted_in_order_and_a_late_duplicate_fails(store: Store) -> None:
+    """Nodes go in multi-row inserts of at most 16: 40 nodes are three statements.
+
+    The graph keeps the delta's order (insertion order), and a duplicate in
+    the last statement of an id the first inserted is ``NodeAlreadyExists``
+    naming it, with nothing of the commit kept.
+    """
+    fence = hold(store)
+    many = tuple(node(f"m{i}", f"m{i - 1}" if i else None) for i in range(40))
+    commit(store, mk(fence, nodes=many))
+    assert [n.node_id for n in loaded(store).graph.nodes] == [n.node_id for n in many]
+    before = snapshot(store)
+    late = (*(node(f"k{i}") for i in range(34)), node("k3"), node("k40"))
+    with pytest.raises(NodeAlreadyExists) as info:
+        commit(store, mk(fence, nodes=late))
+    assert info.value.node_id == "k3"
+    assert snapshot(store) == before
+
+
 def test_a_failed_commit_caught_inside_call_write_leaves_nothing(store: Store) -> None:
     """``store.call_write(fn)``: ``fn`` may catch an operation's error and still commit.
     A commit that fails after some of its writes (here the last of its nodes is a

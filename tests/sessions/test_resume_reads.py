@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from agentkeep.clock import SettableClock
 from agentkeep.db import Driver
@@ -358,3 +359,50 @@ def test_every_tail_step_is_a_unique_index_lookup_before_any_analyze(
         assert unique in plan, plan
         assert "tombstoned_seq" not in plan and "Seq Scan" not in plan, plan
         assert tail(store, 2) == ["p1", "p2"]
+
+
+def test_a_walk_planned_on_a_small_session_stays_flat(
+    fresh_url: str, backend: str, clock: SettableClock
+) -> None:
+    """Postgres: the walks' prepared plans, made while the session was small, do not grow.
+
+    psycopg prepares a statement on its 5th run and Postgres then keeps one
+    generic plan for it until the table is analyzed (never, here). Planned on
+    a 3-node never-analyzed session, the tail's plain join scanned the whole
+    session at every step. Counted by the heap rows one load reads
+    (``pg_stat_xact_user_tables``, this transaction's counters, not a
+    timing) after 20,000 more nodes: the tail reads a few rows per walked
+    node; the whole path at most the session's nodes once (its plan hashes
+    them) plus a few per walked node, never the session per step.
+    """
+    if backend != "postgres":
+        pytest.skip("SQLite keeps no generic plan: the plan shape test above covers it")
+    upgrade(fresh_url)
+    counted = (
+        "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) AS n "
+        "FROM pg_stat_xact_user_tables WHERE relname = 'graph_nodes'"
+    )
+    added = 20_000
+    walks = (
+        (ActivePathScope(tail=2), ["p1", "p2"], 0),
+        (ActivePathScope(), ["p0", "p1", "p2"], added + 3),
+    )
+    with Store.open(fresh_url, clock=clock) as store:
+        fence = hold(store)
+        commit(store, mk(fence, nodes=chain("p", 3)))
+        for _ in range(12):  # past psycopg's prepare threshold and Postgres's 5 custom plans
+            for scope, walked, _ in walks:
+                assert ids(loaded(store, scope=scope)) == walked
+        execute_sql(
+            store,
+            "INSERT INTO graph_nodes (session_id, node_id, parent_node_id, node_json, tombstoned) "
+            f"SELECT :s, 'f' || i, 'p0', '{{}}', 0 FROM generate_series(1, {added}) AS i",
+            s=SID,
+        )
+        for scope, walked, once in walks:
+            with store.read() as uow:
+                before = uow.connection.execute(text(counted)).scalar_one()
+                got = uow.commits.load_session(SID, scope)
+                after = uow.connection.execute(text(counted)).scalar_one()
+            assert got is not None and ids(got) == walked
+            assert after - before <= once + 4 * len(walked), (scope, after - before)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Sequence
 from typing import Any, Final
 
 from sqlalchemy import bindparam as p
@@ -47,12 +48,16 @@ from agentkeep.statements import Statement, upsert
 from agentkeep.strict_json import canonical_json
 
 __all__ = [
+    "BLOB_COLUMNS",
     "KIND_EXECUTION_STATE",
     "KIND_MANIFEST",
     "KIND_PLUGIN_SNAPSHOT",
     "KIND_TOOL_STATE",
+    "decode_blob",
     "get_blob",
     "get_checkpoint",
+    "hydrate",
+    "manifest_of",
     "manifest_refs",
     "put_blob",
     "put_checkpoint",
@@ -74,10 +79,11 @@ _PUT: Final = Statement(
     ),
     name="checkpoints.put_blob",
 )
-#: The columns :func:`get_blob` decodes, in its order.
-_BLOB: Final = (BlobRow.kind, BlobRow.compression, BlobRow.content)
+#: The columns :func:`decode_blob` decodes, in its order (a query that joins
+#: the blob of a reference selects them).
+BLOB_COLUMNS: Final = (BlobRow.kind, BlobRow.compression, BlobRow.content)
 _GET: Final = Statement(
-    select(*_BLOB).where(BlobRow.hash == p("hash")), name="checkpoints.get_blob"
+    select(*BLOB_COLUMNS).where(BlobRow.hash == p("hash")), name="checkpoints.get_blob"
 )
 
 
@@ -132,8 +138,19 @@ def get_blob(db: Driver, digest: str) -> tuple[str, Any] | None:
     Raises:
         SessionCorrupt: the blob does not decompress, decode, or match its hash.
     """
-    row = db.execute(_GET, {"hash": digest}).fetchone()
-    if row is None:
+    return decode_blob(digest, db.execute(_GET, {"hash": digest}).fetchone())
+
+
+def decode_blob(digest: str, row: Sequence[Any] | None) -> tuple[str, Any] | None:
+    """``(kind, value)`` of the blob ``digest`` read as ``row`` (:data:`BLOB_COLUMNS`).
+
+    ``row`` is None, or its ``kind`` is None (an outer join that found no
+    blob): the blob is missing, None is returned.
+
+    Raises:
+        SessionCorrupt: the blob does not decompress, decode, or match its hash.
+    """
+    if row is None or row[0] is None:
         return None
     kind, compression, content = row
     try:
@@ -184,7 +201,15 @@ def read_manifest(db: Driver, ref: str) -> CheckpointManifest | None:
     Raises:
         SessionCorrupt: the blob is not a manifest of a supported schema version.
     """
-    blob = get_blob(db, ref)
+    return manifest_of(ref, get_blob(db, ref))
+
+
+def manifest_of(ref: str, blob: tuple[str, Any] | None) -> CheckpointManifest | None:
+    """The manifest in ``blob`` (the decoded blob ``ref``), or None if it is missing.
+
+    Raises:
+        SessionCorrupt: the blob is not a manifest of a supported schema version.
+    """
     if blob is None:
         return None
     kind, value = blob
@@ -223,7 +248,19 @@ def get_checkpoint(db: Driver, ref: str) -> HydratedSessionCheckpoint | None:
     Raises:
         SessionCorrupt: the manifest or a present component does not decode.
     """
-    manifest = read_manifest(db, ref)
+    return hydrate(db, read_manifest(db, ref))
+
+
+def hydrate(db: Driver, manifest: CheckpointManifest | None) -> HydratedSessionCheckpoint | None:
+    """The checkpoint of ``manifest`` with its component bodies read; None for None.
+
+    A missing component blob leaves that component's body None (its reference
+    is kept). A manifest with no component reference (a turn state only)
+    reads nothing.
+
+    Raises:
+        SessionCorrupt: a present component does not decode.
+    """
     if manifest is None:
         return None
 
