@@ -781,7 +781,9 @@ class Store:
         # soon as the writer before it commits. Writers of other processes and
         # other stores still meet in the busy handler. The wait counts against
         # the deadline.
-        if not writers.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        if not writers.acquire(False) and not writers.acquire(
+            timeout=max(0.0, deadline - time.monotonic())
+        ):
             raise StoreBusy("this store's other writers held the database past the busy timeout")
         self._writer_thread = me
         try:
