@@ -1409,6 +1409,20 @@ class Driver:
         if self._lean:
             self._autocommit(False)
 
+    def park(self) -> None:
+        """Forget the ended unit, so that the next unit can run on this driver (parked).
+
+        Closes the last cursor (on SQLite, a statement whose rows were not
+        all read stays in progress, holding its snapshot, while its cursor
+        lives) and drops anything the unit left pending. Only for a
+        connection outside any transaction (see ``Store._park_connections``).
+        """
+        if self._cursor is not None:
+            self.close_cursor()
+        self._pending_begin = None
+        if self._deferred or self._prefetch or self._prefetched:
+            self._deferred, self._prefetch, self._prefetched = [], [], []
+
     def send_with_begin(self, stmt: Statement, params: Mapping[str, int]) -> bool:
         """Send a pending ``BEGIN`` and ``stmt`` in one round trip; False if none is pending.
 

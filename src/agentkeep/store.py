@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
@@ -150,6 +151,10 @@ class Store:
         self._writers: threading.Lock | None = (
             threading.Lock() if engine.dialect.name == "sqlite" and not memory else None
         )
+        #: The connection (and its driver) a one-call unit left for the next one:
+        #: see :meth:`_park_connections`. Empty unless parking is on.
+        self._parked: list[tuple[Any, db.Driver]] = []
+        self._park = False
         self.runs = RunCalls(self)
         self.leases = LeaseCalls(self)
         self.queue = QueueCalls(self)
@@ -395,7 +400,35 @@ class Store:
             _checked=True,
         )
         store._owns_engine = owned
+        if owned:
+            store._park_connections()
         return store
+
+    def _park_connections(self) -> None:
+        """Let one-call units hand their connection to the next one-call unit (owned SQLite file).
+
+        Returning a connection to SQLAlchemy's pool after every one-call unit
+        and checking one out for the next costs more than the unit's own
+        statements (a SQLite ``get`` spends about half its time there). On
+        an engine the store created for a SQLite file (pysqlite), a one-call
+        unit that ends cleanly (committed or rolled back, connection valid)
+        parks its connection and driver on the store instead, and the next
+        one-call unit takes them back; at most one connection stays parked
+        (the others go back to the pool as before). A parked connection
+        holds no transaction and no statement in progress, so it holds no
+        lock and no WAL snapshot: other connections and processes see no
+        difference. It stays checked out of the pool while parked;
+        :meth:`close` returns it before disposing the engine (and so does
+        the garbage collection of a store never closed), and a lost
+        connection returns every parked one. Never on a host's engine,
+        whose pool is the host's to size, nor on Postgres, in-memory SQLite
+        or an asyncio driver.
+        """
+        engine = self.engine
+        if self._writers is None or engine.dialect.is_async or engine.dialect.driver != "pysqlite":
+            return
+        self._park = True
+        weakref.finalize(self, _release_parked, self._parked)
 
     def migrate(self) -> tuple[str, ...]:
         """Upgrade this store's namespace to head, adopting legacy tables; return the revisions."""
@@ -748,7 +781,9 @@ class Store:
         # soon as the writer before it commits. Writers of other processes and
         # other stores still meet in the busy handler. The wait counts against
         # the deadline.
-        if not writers.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        if not writers.acquire(False) and not writers.acquire(
+            timeout=max(0.0, deadline - time.monotonic())
+        ):
             raise StoreBusy("this store's other writers held the database past the busy timeout")
         self._writer_thread = me
         try:
@@ -768,7 +803,7 @@ class Store:
         deadline: float | None,
         operation: bool,
     ) -> T:
-        with _PooledDriver(self) as (driver, pooled):
+        with _PooledDriver(self, self._park) as (driver, pooled):
             busy = self._settings.busy_timeout_ms
             limit = None
             if deadline is not None and write and busy is not None:
@@ -792,8 +827,9 @@ class Store:
             except ConnectionLost as lost:
                 # Its peers may be dead too (a server restart): SQLAlchemy's own
                 # rule for a disconnect, every connection of the pool opened before
-                # now is replaced on its next checkout.
+                # now is replaced on its next checkout (a parked one too: back to the pool).
                 self.engine.pool._invalidate(pooled, lost)
+                _release_parked(self._parked)
                 raise
             except CommitOutcomeUnknown:
                 pooled.invalidate()  # its state is unknown: never back to the pool
@@ -818,7 +854,7 @@ class Store:
         Raises:
             DatabaseError: connecting failed (StoreBusy if transient).
         """
-        return _PooledDriver(self)
+        return _PooledDriver(self, False)
 
     def repositories(
         self, driver: db.Driver, *, write: bool, nested: bool = False
@@ -869,6 +905,7 @@ class Store:
         An engine the host gave (``Store.open(engine)``, ``Store(engine)``)
         is left as it is: the host disposes it.
         """
+        _release_parked(self._parked)
         if self._owns_engine:
             self.engine.dispose()
 
@@ -896,18 +933,33 @@ class _PooledDriver:
     connection that refuses is discarded, never pooled in autocommit mode)
     and returns it to the pool. The unit's transaction is the caller's: it is
     ended (committed or rolled back) before the exit.
+
+    With ``park`` (one-call units of a store that parks, see
+    :meth:`Store._park_connections`): enter takes the parked connection and
+    driver when there is one; exit parks a valid connection outside any
+    transaction when none is parked, and returns it to the pool otherwise.
     """
 
-    __slots__ = ("_mutex", "_pooled", "_driver", "_store")
+    __slots__ = ("_mutex", "_park", "_pooled", "_driver", "_store")
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, park: bool) -> None:
         self._store = store
+        self._park = park
         self._mutex: AbstractContextManager[Any] | None = None
         self._pooled: Any = None
         self._driver: db.Driver | None = None
 
     def __enter__(self) -> tuple[db.Driver, Any]:
         store = self._store
+        if self._park and store._parked:
+            try:
+                pooled, driver = store._parked.pop()
+            except IndexError:  # another thread took it
+                pass
+            else:
+                self._pooled = pooled
+                self._driver = driver
+                return driver, pooled
         if store._mutex is not nullcontext:
             self._mutex = mutex = store._mutex()
             mutex.__enter__()
@@ -931,6 +983,16 @@ class _PooledDriver:
 
     def __exit__(self, *exc: object) -> None:
         pooled = self._pooled
+        if self._park and pooled.is_valid:
+            driver = self._driver
+            assert driver is not None  # set with _pooled
+            parked = self._store._parked
+            # No transaction left open (the unit ended it; a failed end discards
+            # the connection, which is then not valid).
+            if not parked and not driver.raw.in_transaction:
+                driver.park()
+                parked.append((pooled, driver))
+                return
         try:
             if pooled.is_valid:
                 try:
@@ -947,6 +1009,16 @@ class _PooledDriver:
         mutex, self._mutex = self._mutex, None
         if mutex is not None:
             mutex.__exit__(None, None, None)
+
+
+def _release_parked(parked: list[tuple[Any, db.Driver]]) -> None:
+    """Return the parked connections to the pool (:meth:`Store.close`, a lost connection, GC)."""
+    while parked:
+        try:
+            pooled, _driver = parked.pop()
+        except IndexError:
+            return
+        pooled.close()
 
 
 def _end_read(driver: db.Driver, pooled: Any) -> None:

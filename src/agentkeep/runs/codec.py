@@ -55,6 +55,7 @@ other versions survive (docs/decisions.md#appends-keep-earlier-entries-verbatim)
 from __future__ import annotations
 
 import json
+import json.scanner
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -576,6 +577,126 @@ def _decode_step_entry(
     )
 
 
+# --------------------------------------------------------------------------
+# The canonical fast path
+#
+# Most stored arrays and maps are exactly what this module writes: ASCII, no
+# escape, pre-stats entries, holders of three fields. For those the strict
+# decode (duplicate marking in a Python hook per object, the depth scan) is
+# replaced by the C scanner alone and a proof that no object repeated a key:
+# in a text without a backslash every ``"`` delimits a string, so the text
+# holds ``count('"') / 2`` strings (keys and string values); the decoded
+# value holds ``keys + string values`` of them, fewer exactly when an object
+# repeated a key (the earlier occurrence and its value are dropped). Equal
+# counts prove there was none. Anything else (non-ASCII, an escape, an
+# unknown or stats key, a float, a count that differs, a syntax error) goes
+# down the strict path, which then decides, so results and errors are the
+# strict path's in every case.
+
+_scan_once: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _scan_canonical(text: str) -> Any:
+    """``text`` decoded by the C scanner, or None when it is not plain ASCII JSON without escapes.
+
+    The caller still checks the shape and the string count (see above).
+    """
+    if not text.isascii() or "\\" in text:
+        return None
+    try:
+        value, end = _scan_once(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    return value if end == len(text) else None
+
+
+def _fast_step_entries(text: str, build: bool = True) -> tuple[StepEntry, ...] | None:
+    """The canonical fast path of :func:`decode_step_entries`; None: take the strict path.
+
+    ``build=False`` (:func:`check_step_entries`): only the checks; ``()`` when they pass.
+    """
+    items = _scan_canonical(text)
+    if type(items) is not list:
+        return None
+    strings = 0
+    out = []
+    for o in items:
+        if type(o) is not dict or len(o) != 4:
+            return None
+        get = o.get
+        sid = get("step_id")
+        step_ref = get("step_ref")
+        status = get("status")
+        at = get("at")
+        if not (
+            type(sid) is str
+            and type(at) is int
+            and 0 <= at <= U64_MAX
+            and len(sid) > _STEP_PREFIX_LEN
+            and sid.startswith(_STEP_PREFIX)
+            and "\x00" not in sid
+        ):
+            return None
+        strings += 1
+        if type(step_ref) is str:
+            strings += 1
+        elif step_ref is not None or "step_ref" not in o:
+            return None
+        if type(status) is str:
+            strings += 1
+        elif status is not None or "status" not in o:
+            return None
+        if not build:
+            continue
+        out.append(
+            _build(
+                StepEntry,
+                {
+                    "step_id": _str_new(StepId, sid),
+                    "step_ref": step_ref,
+                    "status": status,
+                    "binding_digest": None,
+                    "at": at,
+                    "attempt": None,
+                    "started_at_ms": None,
+                    "completed_at_ms": None,
+                    "duration_ms": None,
+                    "worker_kind": None,
+                    "model": None,
+                    "usage": None,
+                    "num_turns": None,
+                    "adapter_data": None,
+                },
+            )
+        )
+    # Four keys per entry: the text holds exactly these strings, no repeated key.
+    if text.count('"') != 2 * (4 * len(items) + strings):
+        return None
+    return tuple(out)
+
+
+def _fast_current(text: str) -> dict[str, Assignee] | None:
+    """The canonical fast path of :func:`decode_current`; None: take the strict path."""
+    value = _scan_canonical(text)
+    if type(value) is not dict:
+        return None
+    result: dict[str, Assignee] = {}
+    for slot in sorted(value):
+        o = value[slot]
+        if type(o) is not dict or len(o) != 3:
+            return None
+        op = o.get("op")
+        desc = o.get("desc")
+        gen = o.get("gen")
+        if not (type(op) is str and type(desc) is str and type(gen) is int and 0 <= gen <= I64_MAX):
+            return None
+        result[slot] = _build(Assignee, {"op": op, "desc": desc, "gen": gen})
+    # Per holder: its slot key, three keys, two string values.
+    if text.count('"') != 12 * len(result):
+        return None
+    return result
+
+
 def _array(raw: object, field: str) -> tuple[list[Any], bool]:
     if raw == "[]":
         return [], False
@@ -592,6 +713,10 @@ def decode_step_entries(raw: object) -> tuple[StepEntry, ...]:
         CodecError: (field ``step_entries``) not text, not a JSON array, or
             an element that is not a valid step entry.
     """
+    if type(raw) is str and raw != "[]":
+        fast = _fast_step_entries(raw)
+        if fast is not None:
+            return fast
     items, dup_seen = _array(raw, "step_entries")
     return tuple([_decode_step_entry(v, i, dup_seen) for i, v in enumerate(items)])
 
@@ -605,6 +730,8 @@ def check_step_entries(raw: object) -> None:
     Raises:
         CodecError: exactly when :func:`decode_step_entries` raises it.
     """
+    if type(raw) is str and raw != "[]" and _fast_step_entries(raw, build=False) is not None:
+        return
     items, dup_seen = _array(raw, "step_entries")
     for i, v in enumerate(items):
         _decode_step_entry(v, i, dup_seen, _checked_only)
@@ -760,6 +887,9 @@ def decode_current(raw: object) -> dict[str, Assignee]:
     text = _text(raw, "current")
     if text == "{}":
         return {}
+    fast = _fast_current(text)
+    if fast is not None:
+        return fast
     value, _ = _loads(text, "current", structs=True)
     if not isinstance(value, dict):
         raise CodecError("current", f"invalid type: {_kind(value)}, expected a map")

@@ -1,0 +1,142 @@
+"""The canonical fast path of the step-entry and slot-map decoders (``codec._fast_*``).
+
+Canonical texts (ASCII, no escape, pre-stats entries, holders of three
+fields) are decoded by the C scanner alone, with a count of quotes proving
+that no object repeated a key. Every text must decode exactly as the strict
+path decodes it, errors included: the cases here are the ones the shape
+checks alone would let through (a repeated field that still leaves four keys
+in an entry or three in a holder), plus texts just outside the canonical
+form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentkeep.runs import codec
+from agentkeep.runs.codec import CodecError
+
+
+def _strict(monkeypatch: pytest.MonkeyPatch, fn: Any, text: str) -> Any:
+    """``fn(text)`` through the strict path only."""
+    with monkeypatch.context() as m:
+        m.setattr(codec, "_fast_step_entries", lambda *a, **k: None)
+        m.setattr(codec, "_fast_current", lambda *a, **k: None)
+        return _outcome(fn, text)
+
+
+def _outcome(fn: Any, text: str) -> Any:
+    try:
+        return ("ok", fn(text))
+    except CodecError as exc:
+        return ("error", exc.field, exc.detail)
+
+
+STEP_TEXTS = [
+    '[{"step_id":"ST-1","step_ref":"r","status":"passed","at":1}]',
+    '[{"step_id":"ST-1","step_ref":null,"status":null,"at":1}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1},'
+    '{"step_id":"ST-2","step_ref":"q","status":null,"at":2}]',
+    # A repeated field leaving four keys: the quote count refuses it.
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1,"at":2}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","status":"t","at":1}]',
+    '[{"step_id":"ST-1","step_id":"ST-2","step_ref":"r","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":null,"step_ref":null,"status":null,"at":1}]',
+    '[{"step_id":"ST-1","step_ref":"r","at":1,"at":2}]',
+    # Just outside the canonical form.
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1} ]',
+    '[{"step_id":"ST-1","step_ref":"r\\u00e9","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"\u00e9","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1.0}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":true}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":-1}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":18446744073709551616}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","x":1}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","attempt":1}]',
+    '[{"step_id":"XX-1","step_ref":"r","status":"s","at":1}]',
+    '[{"step_id":"ST-","step_ref":"r","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":1,"status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":NaN}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1}',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1}]x',
+    '{"step_id":"ST-1","step_ref":"r","status":"s","at":1}',
+    "[1]",
+    "[[]]",
+    "[]",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", STEP_TEXTS)
+def test_step_entries_decode_as_the_strict_path(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    expected = _strict(monkeypatch, codec.decode_step_entries, text)
+    assert _outcome(codec.decode_step_entries, text) == expected
+    checked = _outcome(codec.check_step_entries, text)
+    assert checked[0] == expected[0]
+    if expected[0] == "error":
+        assert checked == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1,"at":2}]',
+        '[{"step_id":"ST-1","step_ref":"r","status":"s","status":"t","at":1}]',
+        '[{"step_id":"ST-1","step_ref":null,"step_ref":null,"status":null,"at":1}]',
+    ],
+)
+def test_a_repeated_field_that_leaves_four_keys_is_refused(text: str) -> None:
+    with pytest.raises(CodecError) as info:
+        codec.decode_step_entries(text)
+    assert info.value.field == "step_entries"
+    assert "duplicate field" in info.value.detail
+
+
+CURRENT_TEXTS = [
+    '{"main":{"op":"o","desc":"d","gen":1}}',
+    '{"a":{"op":"o","desc":"d","gen":1},"b":{"op":"p","desc":"e","gen":2}}',
+    '{"b":{"op":"p","desc":"e","gen":2},"a":{"op":"o","desc":"d","gen":1}}',
+    # A repeated field leaving three keys: refused by the strict path.
+    '{"main":{"op":"o","desc":"d","gen":1,"gen":2}}',
+    '{"main":{"op":"o","desc":"d","desc":"e","gen":1}}',
+    '{"main":{"op":"o","op":"p","gen":1}}',
+    # A repeated slot: the last holder wins (strict path).
+    '{"a":{"op":"x","desc":"d","gen":1},"a":{"op":"y","desc":"d","gen":2}}',
+    # Just outside the canonical form.
+    '{"main":{"op":"o","desc":"d","gen":1,"since":5}}',
+    '{"main":{"op":"o","desc":"d\\n","gen":1}}',
+    '{"main":{"op":"o","desc":"\u00e9","gen":1}}',
+    '{"main":{"op":"o","desc":"d","gen":9223372036854775808}}',
+    '{"main":{"op":"o","desc":"d","gen":1.0}}',
+    '{"main":{"op":"o","desc":null,"gen":1}}',
+    '{"main":{"op":"o","desc":"d","gen":1}} ',
+    '{"main":[1,2,3]}',
+    '{"op":"o","desc":"d","gen":1}',
+    "[]",
+    "{}",
+]
+
+
+@pytest.mark.parametrize("text", CURRENT_TEXTS)
+def test_current_decodes_as_the_strict_path(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    expected = _strict(monkeypatch, codec.decode_current, text)
+    outcome = _outcome(codec.decode_current, text)
+    assert outcome == expected
+    if outcome[0] == "ok":
+        assert list(outcome[1]) == list(expected[1])  # sorted slot order too
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"main":{"op":"o","desc":"d","gen":1,"gen":2}}',
+        '{"main":{"op":"o","desc":"d","desc":"e","gen":1}}',
+    ],
+)
+def test_a_repeated_holder_field_that_leaves_three_keys_is_refused(text: str) -> None:
+    with pytest.raises(CodecError) as info:
+        codec.decode_current(text)
+    assert info.value.field == "current"
+    assert "duplicate field" in info.value.detail

@@ -1,0 +1,197 @@
+"""The connection a one-call unit parks for the next (``Store._park_connections``).
+
+On an engine the store created for a SQLite file, a one-call unit that ends
+cleanly leaves its connection checked out, parked on the store, and the next
+one-call unit takes it back. These tests check what parking must never
+change: a parked connection holds no snapshot (a later one-call read sees
+what another connection committed since), holds no lock (another connection
+writes while it is parked), a failed unit does not leave a transaction on it,
+a lost connection and ``close`` return it to the pool, and a host's engine,
+Postgres and in-memory SQLite never park.
+"""
+
+from __future__ import annotations
+
+import gc
+import sqlite3
+import warnings
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine
+
+from agentkeep import migrations as migrate
+from agentkeep.errors import RunDuplicate, RunNotFound
+from agentkeep.runs.domain import RunRecord, RunStatus
+from agentkeep.runs.repository import _LIST_BY_TASK
+from agentkeep.store import Store
+
+
+def _file_store(tmp_path: Path) -> tuple[Store, Path]:
+    path = tmp_path / "parked.db"
+    migrate.upgrade(f"sqlite:///{path}")
+    return Store.open(f"sqlite:///{path}"), path
+
+
+def _raw(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=5)
+    conn.execute("PRAGMA busy_timeout=5000")
+    return conn
+
+
+def test_one_call_units_park_one_connection_and_close_returns_it(tmp_path: Path) -> None:
+    store, _ = _file_store(tmp_path)
+    pool = store.engine.pool
+    store.runs.create(RunRecord.new("R-1", "T-1", 10))
+    assert len(store._parked) == 1
+    assert pool.checkedout() == 1  # the parked connection
+    first = store._parked[0][0].dbapi_connection
+    for _ in range(3):
+        store.runs.get("R-1")
+        store.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.PENDING)
+    assert len(store._parked) == 1
+    assert store._parked[0][0].dbapi_connection is first  # taken back, not checked out anew
+    assert pool.checkedout() == 1
+    store.close()
+    assert store._parked == []
+    assert pool.checkedout() == 0
+
+
+def test_a_parked_connection_holds_no_snapshot(tmp_path: Path) -> None:
+    """A one-call read after another connection's commit sees that commit.
+
+    ``get`` reads one row with ``fetchone``: its statement is not stepped to
+    the end, so while its cursor lived it would keep the read transaction
+    (and so the old snapshot) of the parked connection open.
+    """
+    store, path = _file_store(tmp_path)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        assert store.runs.get("R-1").status is RunStatus.PENDING
+        assert store._parked
+        other = _raw(path)
+        try:
+            other.execute("UPDATE runs SET status = ? WHERE id = ?", ('"running"', "R-1"))
+            other.execute(
+                "INSERT INTO runs (id, task_id, status, step_entries_json, degradations_json,"
+                " next_generation, created_at, updated_at)"
+                " SELECT 'R-2', task_id, status, step_entries_json, degradations_json,"
+                " next_generation, created_at, updated_at FROM runs WHERE id = 'R-1'"
+            )
+        finally:
+            other.close()
+        assert store.runs.get("R-1").status is RunStatus.RUNNING
+        assert store.runs.get("R-2").id == "R-2"
+    finally:
+        store.close()
+
+
+def test_a_parked_connection_holds_no_lock(tmp_path: Path) -> None:
+    store, path = _file_store(tmp_path)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        store.runs.get("R-1")
+        assert store._parked
+        other = _raw(path)
+        try:
+            other.execute("PRAGMA busy_timeout=0")  # a held lock fails at once
+            other.execute("BEGIN EXCLUSIVE")
+            other.execute("UPDATE runs SET updated_at = 11 WHERE id = 'R-1'")
+            other.execute("COMMIT")
+        finally:
+            other.close()
+        assert store.runs.get("R-1").updated_at == 11
+    finally:
+        store.close()
+
+
+def test_a_parked_connection_does_not_hold_the_wal(tmp_path: Path) -> None:
+    """A full checkpoint succeeds while a connection is parked after a one-row read.
+
+    A reader's snapshot pins the WAL: ``wal_checkpoint(TRUNCATE)`` reports
+    busy while any connection still has a statement in progress, as a
+    SELECT of several rows of which a unit read only the first has.
+    """
+    store, path = _file_store(tmp_path)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        store.runs.create(RunRecord.new("R-2", "T-1", 11))
+        store.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.RUNNING)
+        first = store.call_read(
+            lambda r: r.driver.execute(_LIST_BY_TASK, {"task_id": "T-1"}).fetchone(),
+            single_statement=True,
+        )
+        assert first[0] == "R-1"  # R-2 left unread: the statement is still in progress
+        assert store._parked
+        other = _raw(path)
+        try:
+            other.execute("PRAGMA busy_timeout=0")
+            busy, _log, _done = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            other.close()
+        assert busy == 0
+    finally:
+        store.close()
+
+
+def test_a_failed_unit_leaves_no_transaction_on_the_parked_connection(tmp_path: Path) -> None:
+    store, _ = _file_store(tmp_path)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        with pytest.raises(RunDuplicate):
+            store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        with pytest.raises(RunNotFound):
+            store.runs.get("R-404")
+        for pooled, _driver in store._parked:
+            assert not pooled.dbapi_connection.in_transaction
+        store.runs.create(RunRecord.new("R-2", "T-1", 10))
+        assert [r.id for r in store.runs.list_by_task("T-1")] == ["R-1", "R-2"]
+    finally:
+        store.close()
+
+
+def test_a_store_never_closed_returns_its_parked_connection(tmp_path: Path) -> None:
+    store, _ = _file_store(tmp_path)
+    engine = store.engine
+    store.runs.create(RunRecord.new("R-1", "T-1", 10))
+    assert engine.pool.checkedout() == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # SQLAlchemy warns about a collected checked-out connection
+        del store
+        gc.collect()
+    assert engine.pool.checkedout() == 0
+    engine.dispose()
+
+
+def test_no_parking_on_a_host_engine_nor_in_memory(tmp_path: Path) -> None:
+    path = tmp_path / "host.db"
+    migrate.upgrade(f"sqlite:///{path}")
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        store = Store.open(engine)
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        store.runs.get("R-1")
+        assert store._parked == []
+        assert engine.pool.checkedout() == 0
+    finally:
+        engine.dispose()
+    memory = Store.open("sqlite://")
+    try:
+        memory.runs.create(RunRecord.new("R-1", "T-1", 10))
+        assert memory._parked == []
+    finally:
+        memory.close()
+
+
+def test_no_parking_on_postgres(db_url: str) -> None:
+    store = Store.open(db_url)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        store.runs.get("R-1")
+        if store.engine.dialect.name == "postgresql":
+            assert store._parked == []
+            assert store.engine.pool.checkedout() == 0
+        else:
+            assert len(store._parked) == 1
+    finally:
+        store.close()
