@@ -188,7 +188,8 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
 
         def put() -> None:
             k[0] += 1
-            run(lambda saver, a: (saver.aput if a else saver.put)(config, _checkpoint(k[0]), {}, {}))
+            cp = _checkpoint(k[0])
+            run(lambda saver, a: (saver.aput if a else saver.put)(config, cp, {}, {}))
 
         put()
         return put
@@ -197,13 +198,17 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         if fenced and not s.sync:
             return None
         config, run = saver_config(fenced)
-        saved = run(lambda saver, a: (saver.aput if a else saver.put)(config, _checkpoint(0), {}, {}))
+        cp = _checkpoint(0)
+        saved = run(lambda saver, a: (saver.aput if a else saver.put)(config, cp, {}, {}))
         k = [0]
 
         def put_writes() -> None:
             k[0] += 1
             writes = [("messages", ["hi"])]
-            run(lambda saver, a: (saver.aput_writes if a else saver.put_writes)(saved, writes, f"t{k[0]}"))
+            task = f"t{k[0]}"
+            run(
+                lambda saver, a: (saver.aput_writes if a else saver.put_writes)(saved, writes, task)
+            )
 
         return put_writes
 
