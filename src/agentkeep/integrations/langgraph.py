@@ -220,19 +220,31 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         return await self._async(lambda s: s.call_write(fn), lambda a: a.call_write(fn))
 
     def _one_call(self, op: Callable[[Any], Any]) -> None:
-        """Run a put as its one-call form (``store.checkpoint_nodes.<op>``).
+        """Run a put as a one-call operation: its own unit, holding it alone.
 
-        ``op(calls)`` calls one method of the store's ``checkpoint_nodes``
-        facade (sync or async). The one-call unit holds that operation alone,
-        so it sends no SAVEPOINT and, on psycopg, pipelines the put's writes
-        with its lock and lease read (two round trips: that one and COMMIT;
-        ``CheckpointNodeRepository._guarded``); a lost COMMIT answer
-        (``CommitOutcomeUnknown``) is settled there by running the put once
-        more (puts are idempotent).
+        ``op(calls)`` calls one method of a ``checkpoint_nodes`` facade or
+        repository. The unit sends no SAVEPOINT and, on psycopg, pipelines the
+        put's writes with its lock and lease read (two round trips: that one
+        and COMMIT; ``CheckpointNodeRepository._guarded``). On a sync Store it
+        runs the repository method in ``Store._call_operation`` directly (the
+        facade's argument check and telemetry wrapper cost more CPU than a
+        SQLite put's statements; the saver checks its own arguments); a lost
+        COMMIT answer (``CommitOutcomeUnknown``) is settled by running the put
+        once more (puts are idempotent). On an AsyncStore it calls the async
+        facade (``astore.checkpoint_nodes``), which settles a lost answer the
+        same way.
         """
         astore = self.astore
         if astore is None:
-            op(self.store.checkpoint_nodes)
+            store = self.store
+
+            def fn(r: Repositories) -> Any:
+                return op(r.checkpoint_nodes)
+
+            try:
+                store._call_operation(fn)
+            except CommitOutcomeUnknown:
+                store._call_operation(fn)
             return
         self._sync(lambda: op(self.store.checkpoint_nodes), lambda: op(astore.checkpoint_nodes))
 
