@@ -28,6 +28,7 @@ import asyncio
 import sys
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 from _pgwire import WireTap
@@ -37,6 +38,7 @@ from sqlalchemy import create_engine, make_url, text
 from agentkeep import RunRecord, RunStatus, Store
 from agentkeep import migrations as migrate
 from agentkeep.aio import AsyncStore
+from agentkeep.integrations.langgraph import AgentkeepSaver
 from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity
 from agentkeep.sessions.records import (
     ActivePathScope,
@@ -56,10 +58,11 @@ OWNER = LeaseOwnerIdentity(owner_id="bench", incarnation_id="bench-1")
 class Subject:
     """The operations, each a callable that runs one one-call operation (sync form)."""
 
-    def __init__(self, call: Callable[[Any], Any]) -> None:
+    def __init__(self, call: Callable[[Any], Any], *, sync: bool = True) -> None:
         # call(fn) runs fn(store_like) and returns its result; fn gets a Store or AsyncStore
         # and returns a value or an awaitable.
         self.call = call
+        self.sync = sync
         self.n = 0
 
     def fresh(self, prefix: str) -> str:
@@ -67,7 +70,7 @@ class Subject:
         return f"{prefix}-{self.n}-{uuid.uuid4().hex[:6]}"
 
 
-def operations(s: Subject) -> list[tuple[str, Callable[[], Any]]]:
+def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | None]]]:
     call = s.call
     chain = snapshot_chain(WARM + 2, SNAPSHOT_BYTES)
 
@@ -168,6 +171,47 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Any]]]:
 
         return apply
 
+    def saver_config(fenced: bool) -> tuple[dict[str, Any], Callable[[], Any]]:
+        thread = s.fresh("T")
+        holder: dict[str, Any] = {}
+
+        def run(fn: Callable[[Any], Any]) -> Any:
+            return call(lambda st: _saver_step(st, thread, fenced, fn, holder))
+
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}, run
+
+    def prep_saver_put(fenced: bool) -> Callable[[], Any] | None:
+        if fenced and not s.sync:
+            return None  # an async owning block's lease lives in the task that entered it
+        config, run = saver_config(fenced)
+        k = [0]
+
+        def put() -> None:
+            k[0] += 1
+            cp = _checkpoint(k[0])
+            run(lambda saver, a: (saver.aput if a else saver.put)(config, cp, {}, {}))
+
+        put()
+        return put
+
+    def prep_saver_writes(fenced: bool) -> Callable[[], Any] | None:
+        if fenced and not s.sync:
+            return None
+        config, run = saver_config(fenced)
+        cp = _checkpoint(0)
+        saved = run(lambda saver, a: (saver.aput if a else saver.put)(config, cp, {}, {}))
+        k = [0]
+
+        def put_writes() -> None:
+            k[0] += 1
+            writes = [("messages", ["hi"])]
+            task = f"t{k[0]}"
+            run(
+                lambda saver, a: (saver.aput_writes if a else saver.put_writes)(saved, writes, task)
+            )
+
+        return put_writes
+
     return [
         ("runs.get", prep_get),
         ("runs.try_transition", prep_transition),
@@ -176,6 +220,10 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Any]]]:
         ("small fenced commit", prep_commit),
         ("load_session(ActivePathScope)", prep_load),
         ("runtime.atomic_apply", prep_apply),
+        ("AgentkeepSaver.put", lambda: prep_saver_put(False)),
+        ("AgentkeepSaver.put_writes", lambda: prep_saver_writes(False)),
+        ("AgentkeepSaver.put (owning)", lambda: prep_saver_put(True)),
+        ("AgentkeepSaver.put_writes (owning)", lambda: prep_saver_writes(True)),
     ]
 
 
@@ -184,9 +232,13 @@ def measure(subject: Subject, tap: WireTap, show: bool) -> list[tuple[str, int, 
     for name, prepare in operations(subject):
         # Warm: a fresh subject per repetition for operations that change state
         # (a transition wins once), so every repetition does the same work.
+        if prepare() is None:  # not measured with this driver
+            out.append((name, -1, []))
+            continue
         for _ in range(WARM):
-            prepare()()
+            prepare()()  # type: ignore[misc]
         thunk = prepare()
+        assert thunk is not None
         with tap.record() as trips:
             thunk()
         out.append((name, len(trips), list(trips)))
@@ -206,7 +258,8 @@ def count_driver(
     loop = asyncio.new_event_loop()
     astore = loop.run_until_complete(AsyncStore.open(url))
     try:
-        return measure(Subject(lambda fn: loop.run_until_complete(_awaited(fn(astore)))), tap, show)
+        run = Subject(lambda fn: loop.run_until_complete(_awaited(fn(astore))), sync=False)
+        return measure(run, tap, show)
     finally:
         loop.run_until_complete(astore.close())
         loop.close()
@@ -264,7 +317,8 @@ def main() -> int:
     print(f"Postgres round trips per one-call operation (wire trace), {', '.join(drivers)}")
     print(f"{'operation':<{width}}  " + "  ".join(f"{d:>13}" for d in drivers))
     for i, n in enumerate(names):
-        print(f"{n:<{width}}  " + "  ".join(f"{results[d][i][1]:>13}" for d in drivers))
+        counts = (results[d][i][1] for d in drivers)
+        print(f"{n:<{width}}  " + "  ".join(f"{c if c >= 0 else '-':>13}" for c in counts))
     if args.show:
         for d in drivers:
             print(f"\n{d}:")
@@ -273,6 +327,39 @@ def main() -> int:
                 for t in trips:
                     print(f"    {t[:110]}")
     return 0
+
+
+def _checkpoint(i: int) -> dict[str, Any]:
+    """A small LangGraph checkpoint (one message channel), id ``i`` in sortable form."""
+    return {
+        "v": 1,
+        "id": f"1ef{i:012d}",
+        "ts": "2026-01-01T00:00:00+00:00",
+        "channel_values": {"messages": [f"message {i}"]},
+        "channel_versions": {"messages": i},
+        "versions_seen": {},
+        "pending_sends": [],
+        "updated_channels": ["messages"],
+    }
+
+
+def _saver_step(
+    store: Any, thread: str, fenced: bool, fn: Callable[[Any, bool], Any], holder: dict[str, Any]
+) -> Any:
+    """``fn(saver, is_async)`` on one AgentkeepSaver of ``store`` (kept in ``holder``).
+
+    Fenced: inside an ``owning`` block of ``thread``, entered once and left open
+    (sync Store only: an async block's lease lives in the task that entered it).
+    """
+    saver = holder.get("saver")
+    if saver is None:
+        saver = holder["saver"] = AgentkeepSaver(store)
+        if fenced:
+            if not isinstance(store, Store):
+                raise NotImplementedError("owning rows: sync Store only")
+            holder["stack"] = stack = ExitStack()
+            stack.enter_context(saver.owning(thread))
+    return fn(saver, not isinstance(store, Store))
 
 
 async def _awaited(value: Any) -> Any:

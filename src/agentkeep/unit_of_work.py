@@ -165,7 +165,7 @@ class Repositories:
         """Checkpoint nodes (opaque bodies on the session graph) and pending writes in this unit."""
         if self._checkpoint_nodes is None:
             self._checkpoint_nodes = CheckpointNodeRepository(
-                self.driver, self.clock, writable=self.writable
+                self.driver, self.clock, writable=self.writable, nested=self.nested
             )
         return self._checkpoint_nodes
 

@@ -6,7 +6,9 @@
   ``(task_path, task_id, idx)`` order;
 * refused input changes nothing; a missing blob is ``SessionCorrupt``;
 * LEASE_GUARD: a live lease of another owner refuses an unfenced write
-  (``SessionLeaseHeld``) and nothing is written; an expired lease does not;
+  (``SessionLeaseHeld``) and nothing is written (also when the caller of a
+  ``store.write()`` unit or ``call_write`` catches it and commits); an
+  expired lease does not;
   a valid fence writes and renews, a stale one is ``SessionExecutionLeaseExpired``;
 * a fault injected between the blob insert and the node upsert leaves nothing;
 * the catalog: sessions from any session table, paged, exact prefixes;
@@ -188,6 +190,36 @@ def test_lease_guard(store: Store, clock: SettableClock) -> None:
     with pytest.raises(SessionExecutionLeaseExpired):
         nodes.put_checkpoint_node(SID, "c3", b"z", fence=lease)
     assert nodes.get_checkpoint_node(SID, "c3") is None
+
+
+def test_a_refused_write_caught_in_a_unit_leaves_nothing(store: Store) -> None:
+    """A unit whose caller catches the refusal and commits still holds nothing of the put.
+
+    (A one-call put on psycopg sends its writes with the lock and lease read,
+    before the guard's verdict, and relies on its unit rolling back; a
+    ``store.write()`` unit or ``call_write`` may commit after a caught error,
+    so there the writes go out only after the guard passed.)
+    """
+    acquire_lease(store, SID, A, 10_000)
+    before = (_counts(store, SID), _blob_count(store))
+    with store.write() as uow:
+        with pytest.raises(SessionLeaseHeld):
+            uow.checkpoint_nodes.put_checkpoint_node(SID, "c1", b"x")
+        with pytest.raises(SessionLeaseHeld):
+            uow.checkpoint_nodes.put_pending_writes(
+                SID, "c1", "t", [PendingWrite(0, "a", "j", b"1")]
+            )
+        uow.checkpoint_nodes.put_checkpoint_node("lg/other/", "c1", b"kept")
+
+    def caught(r: Any) -> None:
+        with pytest.raises(SessionLeaseHeld):
+            r.checkpoint_nodes.put_checkpoint_node(SID, "c2", b"y")
+        with pytest.raises(SessionLeaseHeld):
+            r.checkpoint_nodes.put_pending_writes(SID, "c2", "t", [PendingWrite(-1, "a", "j", b"")])
+
+    store.call_write(caught)
+    assert (_counts(store, SID), _blob_count(store) - 1) == before
+    assert store.checkpoint_nodes.get_checkpoint_node("lg/other/", "c1") is not None
 
 
 def test_a_fault_between_blob_and_node_leaves_nothing(

@@ -219,6 +219,39 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
     async def _awrite_once(self, fn: Callable[[Repositories], T]) -> T:
         return await self._async(lambda s: s.call_write(fn), lambda a: a.call_write(fn))
 
+    def _one_call(self, op: Callable[[Any], Any]) -> None:
+        """Run a put as a one-call operation: its own unit, holding it alone.
+
+        ``op(calls)`` calls one method of a ``checkpoint_nodes`` facade or
+        repository. The unit sends no SAVEPOINT and, on psycopg, pipelines the
+        put's writes with its lock and lease read (two round trips: that one
+        and COMMIT; ``CheckpointNodeRepository._guarded``). On a sync Store it
+        runs the repository method in ``Store._call_operation`` directly (the
+        facade's argument check and telemetry wrapper cost more CPU than a
+        SQLite put's statements; the saver checks its own arguments); a lost
+        COMMIT answer (``CommitOutcomeUnknown``) is settled by running the put
+        once more (puts are idempotent). On an AsyncStore it calls the async
+        facade (``astore.checkpoint_nodes``), which settles a lost answer the
+        same way.
+        """
+        astore = self.astore
+        if astore is None:
+            store = self.store
+
+            def fn(r: Repositories) -> Any:
+                return op(r.checkpoint_nodes)
+
+            try:
+                store._call_operation(fn)
+            except CommitOutcomeUnknown:
+                store._call_operation(fn)
+            return
+        self._sync(lambda: op(self.store.checkpoint_nodes), lambda: op(astore.checkpoint_nodes))
+
+    async def _aone_call(self, op: Callable[[Any], Any]) -> None:
+        """Async :meth:`_one_call`."""
+        await self._async(lambda s: op(s.checkpoint_nodes), lambda a: op(a.checkpoint_nodes))
+
     def _read_unit(self, fn: Callable[[Repositories], T]) -> T:
         return self._sync(lambda: self.store.call_read(fn), lambda: self._aread_unit(fn))
 
@@ -233,7 +266,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
 
     def _put_op(
         self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
-    ) -> tuple[Callable[[Repositories], str], RunnableConfig]:
+    ) -> tuple[Callable[[Any], Any], RunnableConfig]:
         conf = config["configurable"]
         thread_id = conf["thread_id"]
         ns = conf.get("checkpoint_ns", "")
@@ -255,8 +288,8 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
             "renew_ms": self.lease_ttl_ms if fence is not None else None,
         }
 
-        def op(r: Repositories) -> str:
-            return r.checkpoint_nodes.put_checkpoint_node(sid, checkpoint["id"], body, **kwargs)
+        def op(calls: Any) -> Any:
+            return calls.put_checkpoint_node(sid, checkpoint["id"], body, **kwargs)
 
         saved: RunnableConfig = {
             "configurable": {
@@ -273,7 +306,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         writes: Sequence[tuple[str, Any]],
         task_id: str,
         task_path: str,
-    ) -> Callable[[Repositories], None]:
+    ) -> Callable[[Any], Any]:
         conf = config["configurable"]
         thread_id = conf["thread_id"]
         sid = self.session_id(thread_id, conf.get("checkpoint_ns", ""))
@@ -290,8 +323,8 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
             "renew_ms": self.lease_ttl_ms if fence is not None else None,
         }
 
-        def op(r: Repositories) -> None:
-            r.checkpoint_nodes.put_pending_writes(sid, node_id, task_id, rows, **kwargs)
+        def op(calls: Any) -> Any:
+            return calls.put_pending_writes(sid, node_id, task_id, rows, **kwargs)
 
         return op
 
@@ -473,7 +506,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
             SessionExecutionLeaseExpired: this block's ``owning`` lease was lost.
         """
         op, saved = self._put_op(config, checkpoint, metadata)
-        self._write_unit(op)
+        self._one_call(op)
         return saved
 
     def put_writes(
@@ -489,7 +522,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
             SessionLeaseHeld, SessionExecutionLeaseExpired: as :meth:`put`.
         """
         if writes:
-            self._write_unit(self._writes_op(config, writes, task_id, task_path))
+            self._one_call(self._writes_op(config, writes, task_id, task_path))
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every session of the thread (all namespaces) in one transaction.
@@ -552,7 +585,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         """Async :meth:`put`."""
         op, saved = self._put_op(config, checkpoint, metadata)
-        await self._awrite_unit(op)
+        await self._aone_call(op)
         return saved
 
     async def aput_writes(
@@ -564,7 +597,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Async :meth:`put_writes`."""
         if writes:
-            await self._awrite_unit(self._writes_op(config, writes, task_id, task_path))
+            await self._aone_call(self._writes_op(config, writes, task_id, task_path))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Async :meth:`delete_thread`."""

@@ -20,8 +20,12 @@ LEASE_GUARD (:func:`~agentkeep.sessions.leases.guard_session_write`) on the
 fence the write is refused with :class:`~agentkeep.errors.SessionLeaseHeld`
 while another owner holds a live lease; with a fence it must be the live
 lease (:class:`~agentkeep.errors.SessionExecutionLeaseExpired` otherwise) and
-is renewed when half its TTL is gone. The checks run before anything is
-written, so a refused write leaves nothing.
+is renewed when half its TTL is gone. A refused write leaves nothing: in a
+unit that may hold other work or a caller that catches (``store.write()``,
+``call_write``) the checks run before anything is written; in a one-call
+unit on psycopg the writes go out in the round trip of the lock and the lease
+read, after them, and a refusal rolls that unit (this operation alone) back
+(``CheckpointNodeRepository._guarded``).
 
 Idempotency. Putting a node again under the same id replaces its parent,
 JSON, blob and run (the last put wins, as LangGraph's savers do); a pending
@@ -32,7 +36,9 @@ channels: errors, interrupts, resumes) is replaced.
 Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
 NOTHING``) and one node upsert (on Postgres one statement: the blob insert is
 a data-modifying CTE of the upsert); a pending-write put: the lease read and
-one batched insert. Nothing written is read back.
+one insert per write. Nothing written is read back. A one-call put on
+psycopg is two round trips: ``BEGIN``, the locks, the lease read and the
+writes pipelined, then ``COMMIT``.
 
 Corrupt data fails loudly: a node whose blob is missing, stored with a
 compression other than ``none``, or whose bytes do not match its hash, is
@@ -42,7 +48,7 @@ compression other than ``none``, or whose bytes do not match its hash, is
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -55,7 +61,7 @@ from agentkeep.db import Driver
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
 from agentkeep.sessions.checkpoints import put_opaque_blob
 from agentkeep.sessions.domain import MAX_I64, LeaseFence, check_fence, check_id
-from agentkeep.sessions.leases import begin_session_write, guard_session_write
+from agentkeep.sessions.leases import begin_session_write, guard_session_write, lease_read
 from agentkeep.sessions.maintenance import _batches, _in_list, _in_params
 from agentkeep.sessions.models import BlobRow, GraphNodeRow, PendingWriteRow
 from agentkeep.statements import Statement, upsert
@@ -332,24 +338,52 @@ def _check_ids(values: object, field: str) -> list[str]:
 class CheckpointNodeRepository:
     """Checkpoint nodes and pending writes inside one unit of work (``uow.checkpoint_nodes``)."""
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+        self._nested = nested  # see db.atomic: False in a one-call unit
 
-    def _guard(
+    def _guarded(
         self,
         session_id: str,
         lease_session_id: str | None,
         fence: LeaseFence | None,
         renew_ms: int | None,
+        writes: Sequence[tuple[Statement, Mapping[str, Any]]],
         *,
         blobs: bool,
     ) -> None:
         """Lock the session (and, for a write that stores blobs, the blob-GC lock shared),
-        then LEASE_GUARD on the lease's session."""
-        now = begin_session_write(self._db, self._clock, self._writable, session_id, blobs=blobs)
-        guard_session_write(self._db, lease_session_id or session_id, fence, now, renew_ms)
+        LEASE_GUARD on the lease's session, then run ``writes`` in order.
+
+        Round trips on psycopg (:meth:`~agentkeep.db.Driver.prefetching`): the
+        lease read goes out right after the lock statement, in its round trip;
+        in a one-call unit (not ``nested``) the writes go there too, after the
+        read. The server runs them in that order: the lease read (its own
+        statement, so in READ COMMITTED its snapshot is taken after the lock
+        is granted) sees every committed lease change, and the writes run
+        under the locks. The guard judges the lease when the round trip is
+        back; a refused write then raises, and the one-call unit's
+        transaction, which is this operation's alone, rolls back: nothing of
+        it is committed. (A write that the database itself refuses, say a
+        serialisation failure, is then the error even where the guard would
+        have refused too; either way nothing is written.) In a nested unit
+        (``store.write()``, ``call_write``), whose caller may catch the
+        refusal and commit, the writes are sent only after the guard passed.
+        Elsewhere (SQLite, asyncpg) every statement runs when executed, in
+        the same order.
+        """
+        db = self._db
+        lease_sid = lease_session_id or session_id
+        ahead = () if self._nested else writes
+        with db.prefetching([lease_read(lease_sid), *ahead]):
+            now = begin_session_write(db, self._clock, self._writable, session_id, blobs=blobs)
+            guard_session_write(db, lease_sid, fence, now, renew_ms)
+            for stmt, params in writes:
+                db.execute(stmt, params)
 
     @staticmethod
     def _check_guard(lease_session_id: object, renew_ms: object) -> None:
@@ -411,24 +445,26 @@ class CheckpointNodeRepository:
         self._check_guard(lease_session_id, renew_ms)
         if fence is not None:
             fence = check_fence(fence, "fence")
-        self._guard(session_id, lease_session_id, fence, renew_ms, blobs=True)
-        if self._db.postgres:
-            digest = hashlib.sha256(raw).hexdigest()
-        else:
-            digest = put_opaque_blob(self._db, KIND_OPAQUE, raw)
-        node = {
+        node: dict[str, Any] = {
             "sid": session_id,
             "nid": node_id,
             "parent": parent_node_id,
             "json": node_json,
             "live": 0,
-            "ref": digest,
+            "ref": None,
             "run": run_id,
             "kind": KIND_OPAQUE,
             "compression": "none",
             "content": raw,
         }
-        self._db.execute(_PUT_NODE_AND_BLOB, node)
+        if self._db.postgres:  # the blob insert is a CTE of the node upsert
+            digest = node["ref"] = hashlib.sha256(raw).hexdigest()
+            writes = [(_PUT_NODE_AND_BLOB, node)]
+            self._guarded(session_id, lease_session_id, fence, renew_ms, writes, blobs=True)
+        else:
+            self._guarded(session_id, lease_session_id, fence, renew_ms, (), blobs=True)
+            digest = node["ref"] = put_opaque_blob(self._db, KIND_OPAQUE, raw)
+            self._db.execute(_PUT_NODE_AND_BLOB, node)
         return digest
 
     def put_pending_writes(
@@ -483,9 +519,13 @@ class CheckpointNodeRepository:
             fence = check_fence(fence, "fence")
         if not add and not replace:
             return
-        self._guard(session_id, lease_session_id, fence, renew_ms, blobs=False)
-        self._db.executemany(_ADD_WRITE, add)
-        self._db.executemany(_REPLACE_WRITE, replace)
+        if self._db.postgres:  # one statement each, pipelined on psycopg (see _guarded)
+            rows = [(_ADD_WRITE, row) for row in add] + [(_REPLACE_WRITE, row) for row in replace]
+            self._guarded(session_id, lease_session_id, fence, renew_ms, rows, blobs=False)
+        else:
+            self._guarded(session_id, lease_session_id, fence, renew_ms, (), blobs=False)
+            self._db.executemany(_ADD_WRITE, add)
+            self._db.executemany(_REPLACE_WRITE, replace)
 
     def delete_nodes_for_runs(self, run_ids: Sequence[str]) -> int:
         """Delete every checkpoint node written by one of ``run_ids``, with its pending writes.
