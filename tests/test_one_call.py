@@ -136,8 +136,8 @@ _SINGLE_READS: dict[str, Any] = {
     "commits.get_head_revision": lambda s, lease: s.commits.get_head_revision("S-1"),
     "commits.load_session_meta": lambda s, lease: s.commits.load_session_meta("S-1"),
     "catalog.list_sessions": lambda s, lease: s.catalog.list_sessions(),
-    "checkpoint_nodes.list_pending_writes": lambda s, lease: (
-        s.checkpoint_nodes.list_pending_writes("S-1", "n-0")
+    "checkpoint_nodes.list_pending_writes": lambda s, lease: s.checkpoint_nodes.list_pending_writes(
+        "S-1", "n-0"
     ),
     "runtime.load_input_states": lambda s, lease: s.runtime.load_input_states("rt-1"),
     "runtime.list_mob_host_bindings": lambda s, lease: s.runtime.list_mob_host_bindings(),

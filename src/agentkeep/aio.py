@@ -893,6 +893,7 @@ class AsyncStore:
         serial = self._serial
         if serial is not None:
             await serial.acquire()
+
         async def leave(exc: BaseException | None) -> None:
             # Leave the unit (commit when exc is None, else roll back); never interrupted:
             # a cancellation waits for the outcome.

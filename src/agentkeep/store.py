@@ -856,9 +856,7 @@ class Store:
         """
         return _PooledDriver(self, False)
 
-    def repositories(
-        self, driver: db.Driver, *, write: bool, nested: bool = False
-    ) -> Repositories:
+    def repositories(self, driver: db.Driver, *, write: bool, nested: bool = False) -> Repositories:
         """The repositories of a one-call unit on ``driver`` (see :meth:`pooled_driver`).
 
         ``nested``: operations that can fail after writing run in a SAVEPOINT
