@@ -486,6 +486,26 @@ _STEP_STATS_KEYS: Final = frozenset(
 )
 
 
+def _pre_stats_fields(step_id: StepId, step_ref: Any, status: Any, at: Any) -> dict[str, Any]:
+    """The fields of a step entry written before step stats existed (every stats field None)."""
+    return {
+        "step_id": step_id,
+        "step_ref": step_ref,
+        "status": status,
+        "binding_digest": None,
+        "at": at,
+        "attempt": None,
+        "started_at_ms": None,
+        "completed_at_ms": None,
+        "duration_ms": None,
+        "worker_kind": None,
+        "model": None,
+        "usage": None,
+        "num_turns": None,
+        "adapter_data": None,
+    }
+
+
 def _decode_step_entry(
     o: Any,
     index: int,
@@ -526,25 +546,7 @@ def _decode_step_entry(
         # The common pre-stats entry: nothing else to check.
         if build is _checked_only:
             return None  # type: ignore[return-value]  # a check: nothing to build
-        return build(
-            StepEntry,
-            {
-                "step_id": step_id,
-                "step_ref": step_ref,
-                "status": status,
-                "binding_digest": None,
-                "at": at,
-                "attempt": None,
-                "started_at_ms": None,
-                "completed_at_ms": None,
-                "duration_ms": None,
-                "worker_kind": None,
-                "model": None,
-                "usage": None,
-                "num_turns": None,
-                "adapter_data": None,
-            },
-        )
+        return build(StepEntry, _pre_stats_fields(step_id, step_ref, status, at))
     w = f"[{index}]"
     digest = get("binding_digest")
     if digest is not None and (type(digest) is not str or not _DIGEST.fullmatch(digest)):
@@ -648,27 +650,8 @@ def _fast_step_entries(text: str, build: bool = True) -> tuple[StepEntry, ...] |
             return None
         if not build:
             continue
-        out.append(
-            _build(
-                StepEntry,
-                {
-                    "step_id": _str_new(StepId, sid),
-                    "step_ref": step_ref,
-                    "status": status,
-                    "binding_digest": None,
-                    "at": at,
-                    "attempt": None,
-                    "started_at_ms": None,
-                    "completed_at_ms": None,
-                    "duration_ms": None,
-                    "worker_kind": None,
-                    "model": None,
-                    "usage": None,
-                    "num_turns": None,
-                    "adapter_data": None,
-                },
-            )
-        )
+        fields = _pre_stats_fields(_str_new(StepId, sid), step_ref, status, at)
+        out.append(_build(StepEntry, fields))
     # Four keys per entry: the text holds exactly these strings, no repeated key.
     if text.count('"') != 2 * (4 * len(items) + strings):
         return None
