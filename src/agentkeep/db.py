@@ -1447,6 +1447,14 @@ class Driver:
 
     # ------------------------------------------------------------------ pipelining
 
+    @property
+    def pipelines(self) -> bool:
+        """True where :meth:`defer` queues and :meth:`prefetching` sends early (psycopg).
+
+        Elsewhere (SQLite, asyncpg) both run each statement when it is made.
+        """
+        return self._pipeline
+
     @contextmanager
     def prefetching(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> Iterator[None]:
         """Send ``reads`` with the next statement sent in the block, in its round trip (psycopg).

@@ -30,6 +30,12 @@ owns the things no part hand-rolls:
   :class:`~agentkeep.errors.ConcurrentModification` (a writer bypassed the
   lock: a bug signal, never retried). It is raised as itself — not mapped to
   ``WriteFailed`` — by ``uow.runtime`` and by the one-call facade.
+* **Pipelined writes** (:meth:`RuntimeAccess.pipelined`, :meth:`RuntimeAccess.write`):
+  inside the block, writes whose result is not needed are deferred
+  (:meth:`agentkeep.db.Driver.defer`): on psycopg they go out together, in one
+  round trip, at the block's end or before the next statement; a failing one
+  is still ``WriteFailed`` naming what it wrote, and the ones after it do
+  not run. Elsewhere (SQLite, asyncpg, outside the block) each runs at once.
 * **All or nothing** (:meth:`RuntimeAccess.atomic`): an operation that can
   fail after it has written (a duplicate receipt after the snapshot upsert, a
   trigger abort in the middle of a batch) runs inside a SAVEPOINT when it is
@@ -47,7 +53,7 @@ with their operations (:mod:`~agentkeep.runtime.input_cas`,
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -137,6 +143,16 @@ def payload_bytes(value: Any, what: str) -> bytes:
     raise ReadFailed(f"{what} is a {type(value).__name__}, not a BLOB or TEXT value")
 
 
+def _answered(queue: list[str]) -> Callable[[Any], None]:
+    """The check of a deferred write: it succeeded, so the next queued write is the pending one."""
+
+    def check(_result: Any) -> None:
+        if queue:
+            del queue[0]
+
+    return check
+
+
 class RuntimeAccess:
     """One unit of work's access to the runtime tables: driver, domain, lock, statements.
 
@@ -150,7 +166,7 @@ class RuntimeAccess:
             (None: stored as given; :mod:`~agentkeep.runtime.oauth`).
     """
 
-    __slots__ = ("db", "domain", "nested", "oauth_codec", "writable")
+    __slots__ = ("_queue", "db", "domain", "nested", "oauth_codec", "writable")
 
     def __init__(
         self,
@@ -166,6 +182,8 @@ class RuntimeAccess:
         self.writable = writable
         self.nested = nested
         self.oauth_codec = oauth_codec
+        # Inside pipelined(): what each deferred write not yet answered wrote, in order.
+        self._queue: list[str] | None = None
 
     # -- the write lock ----------------------------------------------------
 
@@ -194,6 +212,96 @@ class RuntimeAccess:
         """
         with db_atomic(self.db, self.nested):
             yield
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """Defer the block's :meth:`write` / :meth:`write_many` writes; send them at its end.
+
+        On psycopg the writes go out in one round trip: at the end of the
+        block, before the block's next statement (:meth:`select`, :meth:`dml`,
+        ...), or before an error the block raises (so a failing write comes
+        first, as if the writes had run one by one). Elsewhere nothing
+        changes: each write runs when it is made. Use it inside
+        :meth:`atomic` (a failing write rolls the operation back).
+
+        Raises:
+            WriteFailed: a deferred write failed (naming what it wrote).
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        if self._queue is not None:  # nested: the outer block flushes
+            yield
+            return
+        self._queue = []
+        try:
+            try:
+                yield
+            except Exception:
+                self.flush()
+                raise
+            self.flush()
+        finally:
+            self._queue = None
+
+    def flush(self) -> None:
+        """Send the writes deferred in :meth:`pipelined` (nothing queued: nothing sent).
+
+        Raises:
+            WriteFailed: one of them failed (naming the first that did not
+                succeed); the ones after it did not run.
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        queue = self._queue
+        if not queue:
+            return
+        try:
+            self.db.flush()
+        except StoreBusy:
+            raise
+        except DatabaseError as exc:
+            raise WriteFailed(f"failed to write {queue[0]}: {exc}") from exc
+        finally:
+            queue.clear()
+
+    def write(self, stmt: Statement, params: Mapping[str, Any], what: str) -> None:
+        """Run an INSERT / UPDATE / DELETE whose result is not needed (no row count, no rows).
+
+        Inside :meth:`pipelined` it is deferred (see there); otherwise it is
+        :meth:`dml`.
+
+        Raises:
+            WriteFailed: the statement (or an earlier deferred one) failed.
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        queue = self._queue
+        if queue is None:
+            self.dml(stmt, params, what)
+            return
+        queue.append(what)
+        try:
+            self.db.defer(stmt, params, _answered(queue))
+        except StoreBusy:
+            queue.clear()
+            raise
+        except DatabaseError as exc:  # run at once (SQLite, asyncpg), or an earlier one failed
+            failed = queue[0]
+            queue.clear()
+            raise WriteFailed(f"failed to write {failed}: {exc}") from exc
+        except BaseException:
+            queue.clear()
+            raise
+
+    def write_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> None:
+        """:meth:`write` once per parameter set (:meth:`dml_many` where nothing is deferred).
+
+        Raises:
+            WriteFailed: a row failed.
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        if self._queue is None or not self.db.pipelines:
+            self.dml_many(stmt, params, what)
+            return
+        for one in params:
+            self.write(stmt, one, what)
 
     # -- statements, errors by phase -----------------------------------------
 
@@ -243,6 +351,8 @@ class RuntimeAccess:
             WriteFailed: a row failed (``what`` says what was written).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
+        if self._queue:
+            self.flush()
         try:
             return self.db.executemany(stmt, params)
         except StoreBusy:
@@ -257,6 +367,8 @@ class RuntimeAccess:
         error: type[ReadFailed] | type[WriteFailed],
         context: str,
     ) -> Any:
+        if self._queue:
+            self.flush()
         try:
             return self.db.execute(stmt, params)
         except StoreBusy:
