@@ -54,7 +54,7 @@ with their operations (:mod:`~agentkeep.runtime.input_cas`,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Final
 
 from sqlalchemy.engine import Dialect
@@ -80,6 +80,8 @@ __all__ = [
     "stored_form",
     "upsert_replacing",
 ]
+
+_NOTHING: Final = nullcontext()  # reusable: a block with nothing to set up
 
 #: ``runtime_auth_oauth_flow_state.id`` of the one OAuth flow row (and its lock key).
 OAUTH_SINGLETON_ID: Final = "auth_oauth_flow_state"
@@ -204,17 +206,18 @@ class RuntimeAccess:
         except DatabaseError as exc:
             raise WriteFailed(f"failed to take the {key} write lock: {exc}") from exc
 
-    @contextmanager
-    def atomic(self) -> Iterator[None]:
+    def atomic(self) -> AbstractContextManager[None]:
         """All of the block or none of it, also inside a caller's unit (see the module doc).
 
         A SAVEPOINT only where the unit may hold other work (``db.atomic``).
         """
-        with db_atomic(self.db, self.nested):
-            yield
+        return db_atomic(self.db, self.nested)
 
-    @contextmanager
-    def pipelined(self) -> Iterator[None]:
+    def prefetching(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> Any:
+        """:meth:`Driver.prefetching` of ``reads`` (psycopg); nothing to do elsewhere."""
+        return self.db.prefetching(reads) if self.db.pipelines else _NOTHING
+
+    def pipelined(self) -> AbstractContextManager[None]:
         """Defer the block's :meth:`write` / :meth:`write_many` writes; send them at its end.
 
         On psycopg the writes go out in one round trip: at the end of the
@@ -228,9 +231,12 @@ class RuntimeAccess:
             WriteFailed: a deferred write failed (naming what it wrote).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
-        if self._queue is not None:  # nested: the outer block flushes
-            yield
-            return
+        if self._queue is not None or not self.db.pipelines:  # nested, or nothing to defer
+            return _NOTHING
+        return self._pipelined()
+
+    @contextmanager
+    def _pipelined(self) -> Iterator[None]:
         self._queue = []
         try:
             try:
@@ -273,7 +279,7 @@ class RuntimeAccess:
             StoreBusy: a busy / lock-timeout error (retryable).
         """
         queue = self._queue
-        if queue is None:
+        if queue is None or not self.db.pipelines:  # nothing is deferred: run it now
             self.dml(stmt, params, what)
             return
         queue.append(what)

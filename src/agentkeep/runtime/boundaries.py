@@ -282,7 +282,7 @@ class BoundaryOps:
         rt = boundary.runtime_id
         # psycopg: the stored head is read with BEGIN and the lock, in their round trip.
         reads = [snapshot_read(rt)] if boundary.session is not None else []
-        with access.db.prefetching(reads):
+        with access.prefetching(reads):
             access.begin_write(LockNamespace.RUNTIME, rt)
             reject_finalized_replays(access, rt, boundary.intents)
             persist = boundary.session is not None and _supersession_verdict(
