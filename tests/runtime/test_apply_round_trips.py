@@ -5,6 +5,7 @@ the ``runtime:<id>`` lock + the stored head, then every write pipelined
 (snapshot, quarantine marker, receipt, inputs), then ``COMMIT``. A write that
 fails in the pipeline is still ``WriteFailed`` naming its table, and nothing
 of the boundary stays (the writes after it do not run; the unit rolls back).
+On asyncpg the input upserts are one ``executemany`` (one round trip).
 Counted with :class:`tests.sessions.test_round_trips.Trace`.
 """
 
@@ -24,6 +25,9 @@ from tests.conftest import as_async_url
 from tests.sessions.test_round_trips import Trace
 
 from .builders import encode, input_record, receipt, user_session
+from .support import abort_trigger
+
+_INPUTS = "runtime_input_states"
 
 BOUNDARIES = 6  # past psycopg's prepare threshold (5)
 
@@ -82,6 +86,42 @@ def test_atomic_apply_takes_three_round_trips_on_psycopg_async(pg_url: str) -> N
             trace = Trace(astore.store.engine)
             call = lambda fn: loop.run_until_complete(awaited(fn(astore)))  # noqa: E731
             assert _boundaries(call, trace, "rt-rtrips-async") == [3] * BOUNDARIES
+        finally:
+            loop.run_until_complete(astore.close())
+    finally:
+        loop.close()
+
+
+def test_asyncpg_upserts_a_boundarys_inputs_in_one_batch_all_or_nothing(pg_url: str) -> None:
+    """asyncpg: the input upserts go as one ``executemany`` (no row count needed).
+
+    Every row is written; a trigger that aborts the third row's INSERT fails
+    the boundary with ``WriteFailed`` naming the table, and nothing of it stays.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        astore = loop.run_until_complete(AsyncStore.open(as_async_url(pg_url, "asyncpg")))
+        try:
+            rt, run_id = "rt-asyncpg-batch", str(uuid.uuid4())
+            session = user_session("one")
+            inputs = [input_record() for _ in range(4)]
+            loop.run_until_complete(
+                astore.runtime.atomic_apply(rt, encode(session), receipt(0, run_id), inputs)
+            )
+            stored = loop.run_until_complete(astore.runtime.load_input_states(rt))
+            assert sorted(s.input_id for s in stored) == sorted(r.state.input_id for r in inputs)
+            more = [input_record() for _ in range(4)]
+            grown = user_session("one", "two", session_id=session.id)
+            aborted = more[2].state.input_id
+            with abort_trigger(pg_url, "postgres", _INPUTS, "INSERT", when_input_id=aborted):
+                with pytest.raises(WriteFailed, match=_INPUTS):
+                    loop.run_until_complete(
+                        astore.runtime.atomic_apply(rt, encode(grown), receipt(1, run_id), more)
+                    )
+            after = loop.run_until_complete(astore.runtime.load_input_states(rt))
+            assert after == stored
+            snapshot = loop.run_until_complete(astore.runtime.load_session_snapshot(rt))
+            assert snapshot == encode(session)
         finally:
             loop.run_until_complete(astore.close())
     finally:

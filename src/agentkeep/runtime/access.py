@@ -304,7 +304,7 @@ class RuntimeAccess:
             StoreBusy: a busy / lock-timeout error (retryable).
         """
         if self._queue is None or not self.db.pipelines:
-            self.dml_many(stmt, params, what)
+            self.dml_many(stmt, params, what, count=False)
             return
         for one in params:
             self.write(stmt, one, what)
@@ -346,8 +346,20 @@ class RuntimeAccess:
         if self.dml(stmt, params, what).rowcount != 1:
             raise ConcurrentModification(f"{what} changed under the write lock")
 
-    def dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> int:
+    def dml_many(
+        self,
+        stmt: Statement,
+        params: Sequence[Mapping[str, Any]],
+        what: str,
+        *,
+        count: bool = True,
+    ) -> int:
         """Run an INSERT / UPDATE / upsert once per parameter set, in one driver call.
+
+        Args:
+            count: False when the row count is not needed (an upsert): on
+                asyncpg the batch is then one round trip
+                (:meth:`Driver.executemany`), and the result is -1 there.
 
         Returns:
             The rows changed, summed over the parameter sets (exact for
@@ -360,7 +372,7 @@ class RuntimeAccess:
         if self._queue:
             self.flush()
         try:
-            return self.db.executemany(stmt, params)
+            return self.db.executemany(stmt, params, count=count)
         except StoreBusy:
             raise
         except DatabaseError as exc:
