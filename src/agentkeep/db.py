@@ -1199,17 +1199,25 @@ class Driver:
             raise self.translate(exc) from exc
         return cur
 
-    def executemany(self, stmt: Statement, params: Sequence[Mapping[str, Any]]) -> int:
+    def executemany(
+        self, stmt: Statement, params: Sequence[Mapping[str, Any]], *, count: bool = True
+    ) -> int:
         """Run ``stmt`` once per parameter set (one driver call: no per-row Python overhead).
 
         For batches of INSERT / UPDATE / upsert statements whose rows are not
         needed. An error in any row fails the call; the unit's transaction
         (or savepoint) decides what is undone.
 
+        Args:
+            count: False when the caller does not need the row count (an
+                upsert): asyncpg then runs the batch as one driver
+                ``executemany`` (one round trip), as the other drivers do.
+
         Returns:
             The rows changed by all the parameter sets together (the summed
             ``rowcount``, exact on both drivers for UPDATE / DELETE; never
-            for ``INSERT … ON CONFLICT``). 0 for no parameter sets.
+            for ``INSERT … ON CONFLICT``). 0 for no parameter sets; -1 with
+            ``count=False`` on asyncpg.
         """
         if not params:
             return 0
@@ -1229,9 +1237,9 @@ class Driver:
             if len(rows) == 1:  # one set: a plain execute (psycopg's executemany pipelines)
                 cur.execute(form.sql, rows[0])
                 changed: int = cur.rowcount
-            elif self._multi_rowcount:
+            elif self._multi_rowcount or not count:
                 cur.executemany(form.sql, rows)
-                changed = cur.rowcount
+                changed = cur.rowcount if self._multi_rowcount else -1
             else:  # asyncpg reports no row count for executemany: one execute per set
                 changed = 0
                 for row in rows:
@@ -1446,6 +1454,14 @@ class Driver:
         return True
 
     # ------------------------------------------------------------------ pipelining
+
+    @property
+    def pipelines(self) -> bool:
+        """True where :meth:`defer` queues and :meth:`prefetching` sends early (psycopg).
+
+        Elsewhere (SQLite, asyncpg) both run each statement when it is made.
+        """
+        return self._pipeline
 
     @contextmanager
     def prefetching(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> Iterator[None]:

@@ -30,6 +30,12 @@ owns the things no part hand-rolls:
   :class:`~agentkeep.errors.ConcurrentModification` (a writer bypassed the
   lock: a bug signal, never retried). It is raised as itself — not mapped to
   ``WriteFailed`` — by ``uow.runtime`` and by the one-call facade.
+* **Pipelined writes** (:meth:`RuntimeAccess.pipelined`, :meth:`RuntimeAccess.write`):
+  inside the block, writes whose result is not needed are deferred
+  (:meth:`agentkeep.db.Driver.defer`): on psycopg they go out together, in one
+  round trip, at the block's end or before the next statement; a failing one
+  is still ``WriteFailed`` naming what it wrote, and the ones after it do
+  not run. Elsewhere (SQLite, asyncpg, outside the block) each runs at once.
 * **All or nothing** (:meth:`RuntimeAccess.atomic`): an operation that can
   fail after it has written (a duplicate receipt after the snapshot upsert, a
   trigger abort in the middle of a batch) runs inside a SAVEPOINT when it is
@@ -47,8 +53,8 @@ with their operations (:mod:`~agentkeep.runtime.input_cas`,
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Final
 
 from sqlalchemy.engine import Dialect
@@ -74,6 +80,8 @@ __all__ = [
     "stored_form",
     "upsert_replacing",
 ]
+
+_NOTHING: Final = nullcontext()  # reusable: a block with nothing to set up
 
 #: ``runtime_auth_oauth_flow_state.id`` of the one OAuth flow row (and its lock key).
 OAUTH_SINGLETON_ID: Final = "auth_oauth_flow_state"
@@ -137,6 +145,16 @@ def payload_bytes(value: Any, what: str) -> bytes:
     raise ReadFailed(f"{what} is a {type(value).__name__}, not a BLOB or TEXT value")
 
 
+def _answered(queue: list[str]) -> Callable[[Any], None]:
+    """The check of a deferred write: it succeeded, so the next queued write is the pending one."""
+
+    def check(_result: Any) -> None:
+        if queue:
+            del queue[0]
+
+    return check
+
+
 class RuntimeAccess:
     """One unit of work's access to the runtime tables: driver, domain, lock, statements.
 
@@ -150,7 +168,7 @@ class RuntimeAccess:
             (None: stored as given; :mod:`~agentkeep.runtime.oauth`).
     """
 
-    __slots__ = ("db", "domain", "nested", "oauth_codec", "writable")
+    __slots__ = ("_queue", "db", "domain", "nested", "oauth_codec", "writable")
 
     def __init__(
         self,
@@ -166,6 +184,8 @@ class RuntimeAccess:
         self.writable = writable
         self.nested = nested
         self.oauth_codec = oauth_codec
+        # Inside pipelined(): what each deferred write not yet answered wrote, in order.
+        self._queue: list[str] | None = None
 
     # -- the write lock ----------------------------------------------------
 
@@ -186,14 +206,108 @@ class RuntimeAccess:
         except DatabaseError as exc:
             raise WriteFailed(f"failed to take the {key} write lock: {exc}") from exc
 
-    @contextmanager
-    def atomic(self) -> Iterator[None]:
+    def atomic(self) -> AbstractContextManager[None]:
         """All of the block or none of it, also inside a caller's unit (see the module doc).
 
         A SAVEPOINT only where the unit may hold other work (``db.atomic``).
         """
-        with db_atomic(self.db, self.nested):
-            yield
+        return db_atomic(self.db, self.nested)
+
+    def prefetching(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> Any:
+        """:meth:`Driver.prefetching` of ``reads`` (psycopg); nothing to do elsewhere."""
+        return self.db.prefetching(reads) if self.db.pipelines else _NOTHING
+
+    def pipelined(self) -> AbstractContextManager[None]:
+        """Defer the block's :meth:`write` / :meth:`write_many` writes; send them at its end.
+
+        On psycopg the writes go out in one round trip: at the end of the
+        block, before the block's next statement (:meth:`select`, :meth:`dml`,
+        ...), or before an error the block raises (so a failing write comes
+        first, as if the writes had run one by one). Elsewhere nothing
+        changes: each write runs when it is made. Use it inside
+        :meth:`atomic` (a failing write rolls the operation back).
+
+        Raises:
+            WriteFailed: a deferred write failed (naming what it wrote).
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        if self._queue is not None or not self.db.pipelines:  # nested, or nothing to defer
+            return _NOTHING
+        return self._pipelined()
+
+    @contextmanager
+    def _pipelined(self) -> Iterator[None]:
+        self._queue = []
+        try:
+            try:
+                yield
+            except Exception:
+                self.flush()
+                raise
+            self.flush()
+        finally:
+            self._queue = None
+
+    def flush(self) -> None:
+        """Send the writes deferred in :meth:`pipelined` (nothing queued: nothing sent).
+
+        Raises:
+            WriteFailed: one of them failed (naming the first that did not
+                succeed); the ones after it did not run.
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        queue = self._queue
+        if not queue:
+            return
+        try:
+            self.db.flush()
+        except StoreBusy:
+            raise
+        except DatabaseError as exc:
+            raise WriteFailed(f"failed to write {queue[0]}: {exc}") from exc
+        finally:
+            queue.clear()
+
+    def write(self, stmt: Statement, params: Mapping[str, Any], what: str) -> None:
+        """Run an INSERT / UPDATE / DELETE whose result is not needed (no row count, no rows).
+
+        Inside :meth:`pipelined` it is deferred (see there); otherwise it is
+        :meth:`dml`.
+
+        Raises:
+            WriteFailed: the statement (or an earlier deferred one) failed.
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        queue = self._queue
+        if queue is None or not self.db.pipelines:  # nothing is deferred: run it now
+            self.dml(stmt, params, what)
+            return
+        queue.append(what)
+        try:
+            self.db.defer(stmt, params, _answered(queue))
+        except StoreBusy:
+            queue.clear()
+            raise
+        except DatabaseError as exc:  # run at once (SQLite, asyncpg), or an earlier one failed
+            failed = queue[0]
+            queue.clear()
+            raise WriteFailed(f"failed to write {failed}: {exc}") from exc
+        except BaseException:
+            queue.clear()
+            raise
+
+    def write_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> None:
+        """:meth:`write` once per parameter set (:meth:`dml_many` where nothing is deferred).
+
+        Raises:
+            WriteFailed: a row failed.
+            StoreBusy: a busy / lock-timeout error (retryable).
+        """
+        if self._queue is None or not self.db.pipelines:
+            self.dml_many(stmt, params, what, count=False)
+            return
+        for one in params:
+            self.write(stmt, one, what)
 
     # -- statements, errors by phase -----------------------------------------
 
@@ -232,8 +346,20 @@ class RuntimeAccess:
         if self.dml(stmt, params, what).rowcount != 1:
             raise ConcurrentModification(f"{what} changed under the write lock")
 
-    def dml_many(self, stmt: Statement, params: Sequence[Mapping[str, Any]], what: str) -> int:
+    def dml_many(
+        self,
+        stmt: Statement,
+        params: Sequence[Mapping[str, Any]],
+        what: str,
+        *,
+        count: bool = True,
+    ) -> int:
         """Run an INSERT / UPDATE / upsert once per parameter set, in one driver call.
+
+        Args:
+            count: False when the row count is not needed (an upsert): on
+                asyncpg the batch is then one round trip
+                (:meth:`Driver.executemany`), and the result is -1 there.
 
         Returns:
             The rows changed, summed over the parameter sets (exact for
@@ -243,8 +369,10 @@ class RuntimeAccess:
             WriteFailed: a row failed (``what`` says what was written).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
+        if self._queue:
+            self.flush()
         try:
-            return self.db.executemany(stmt, params)
+            return self.db.executemany(stmt, params, count=count)
         except StoreBusy:
             raise
         except DatabaseError as exc:
@@ -257,6 +385,8 @@ class RuntimeAccess:
         error: type[ReadFailed] | type[WriteFailed],
         context: str,
     ) -> Any:
+        if self._queue:
+            self.flush()
         try:
             return self.db.execute(stmt, params)
         except StoreBusy:

@@ -33,6 +33,13 @@ b. else, if the reverse guard accepts (the stored head is a valid successor
    inputs (I2), so receipt and input order never split from the session;
 c. else the guard's ``WriteFailed`` (also when nothing is stored).
 
+Round trips (psycopg, sync or asyncio): the stored head is read with
+``BEGIN`` and the lock, in their round trip (:meth:`Driver.prefetching`); the
+writes (snapshot, quarantine marker, lifecycle, receipt, inputs) are deferred
+(:meth:`RuntimeAccess.pipelined`) and go out together, then ``COMMIT``: three
+round trips for a boundary without outbox intents. SQLite and asyncpg run the
+same code one statement at a time.
+
 Order of checks (so the first failing one decides): decode the snapshot
 (``WriteFailed``) → validate its intents (``WriteFailed``) → session-store
 key (:class:`~agentkeep.runtime.errors.SessionKeyMismatch`), all before any
@@ -78,7 +85,7 @@ from agentkeep.runtime.receipts import (
     encode_receipt,
     encode_receipt_sequence,
 )
-from agentkeep.runtime.snapshot_rows import previous_session, upsert_snapshot
+from agentkeep.runtime.snapshot_rows import previous_session, snapshot_read, upsert_snapshot
 from agentkeep.statements import Statement
 
 __all__ = ["BoundaryCalls", "BoundaryOps", "PreparedBoundary", "prepare_boundary"]
@@ -273,19 +280,23 @@ class BoundaryOps:
         """The database half of a boundary commit (after :func:`prepare_boundary`)."""
         access = self._access
         rt = boundary.runtime_id
-        access.begin_write(LockNamespace.RUNTIME, rt)
-        reject_finalized_replays(access, rt, boundary.intents)
-        persist = boundary.session is not None and _supersession_verdict(
-            access, rt, boundary.session
-        )
-        with access.atomic():
+        # psycopg: the stored head is read with BEGIN and the lock, in their round trip.
+        reads = [snapshot_read(rt)] if boundary.session is not None else []
+        with access.prefetching(reads):
+            access.begin_write(LockNamespace.RUNTIME, rt)
+            reject_finalized_replays(access, rt, boundary.intents)
+            persist = boundary.session is not None and _supersession_verdict(
+                access, rt, boundary.session
+            )
+        # psycopg: the writes go out together, in one round trip.
+        with access.atomic(), access.pipelined():
             if persist:
                 assert boundary.snapshot is not None
                 upsert_snapshot(access, rt, boundary.snapshot)
             if boundary.lifecycle is not None:
                 upsert_lifecycle(access, rt, boundary.lifecycle)
             insert_outbox_intents(access, rt, boundary.intents)
-            access.dml(
+            access.write(
                 _INSERT_RECEIPT,
                 {
                     "rt": rt,

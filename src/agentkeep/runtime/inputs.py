@@ -155,7 +155,7 @@ def upsert_input_states(
         WriteFailed: an upsert failed.
     """
     rows = [{"rt": runtime_id, "iid": input_id, "data": data} for input_id, data in encoded]
-    access.dml_many(_UPSERT, rows, f"{_TABLE}[{runtime_id}] ({len(rows)} rows)")
+    access.write_many(_UPSERT, rows, f"{_TABLE}[{runtime_id}] ({len(rows)} rows)")
 
 
 def _decode_row(

@@ -131,7 +131,7 @@ def upsert_lifecycle(access: RuntimeAccess, runtime_id: str, data: bytes) -> Non
     Raises:
         WriteFailed: the upsert failed.
     """
-    access.dml(
+    access.write(
         _UPSERT_LIFECYCLE, {"rt": runtime_id, "data": data}, f"{_LIFECYCLE_TABLE}[{runtime_id}]"
     )
 

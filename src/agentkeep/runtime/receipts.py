@@ -23,6 +23,7 @@ from agentkeep.bounds import U63, U64, U64_MAX, check_u64
 from agentkeep.errors import InvalidInput
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
 from agentkeep.runtime.session_model import (
+    ENCODE_TEXT,
     STRICT,
     DecodeProblem,
     canonical_bytes,
@@ -95,10 +96,51 @@ def encode_receipt(receipt: RunBoundaryReceipt) -> bytes:
     Raises:
         WriteFailed: the receipt does not encode.
     """
+    plain = _plain_receipt(receipt)
+    if plain is not None:
+        return plain
     try:
         return canonical_bytes(receipt.model_dump(mode="json"))
     except ValueError as exc:
         raise WriteFailed(f"failed to encode boundary receipt {receipt.run_id}: {exc}") from exc
+
+
+def _plain_receipt(receipt: RunBoundaryReceipt) -> bytes | None:
+    """The canonical bytes of a receipt of ASCII text, written directly; None for any other.
+
+    Its canonical JSON (keys sorted, compact) is fixed but for the values, so
+    it is written without the ``model_dump`` and the JSON walk; the bytes
+    equal the general encoding (``tests/runtime/test_plain_encoders.py``).
+    """
+    if type(receipt) is not RunBoundaryReceipt:
+        return None
+    run_id, boundary, ids = receipt.run_id, receipt.boundary, receipt.contributing_input_ids
+    digest, count, sequence = receipt.conversation_digest, receipt.message_count, receipt.sequence
+    if (
+        type(run_id) is not str
+        or type(boundary) is not str
+        or type(ids) is not tuple
+        or type(count) is not int
+        or type(sequence) is not int
+        or not run_id.isascii()
+        or not boundary.isascii()
+    ):
+        return None
+    for input_id in ids:
+        if type(input_id) is not str or not input_id.isascii():
+            return None
+    if digest is None:
+        written = "null"
+    elif type(digest) is str and digest.isascii():
+        written = ENCODE_TEXT(digest)
+    else:
+        return None
+    listed = ",".join([ENCODE_TEXT(input_id) for input_id in ids])
+    return (
+        f'{{"boundary":{ENCODE_TEXT(boundary)},"contributing_input_ids":[{listed}],'
+        f'"conversation_digest":{written},"message_count":{count},'
+        f'"run_id":{ENCODE_TEXT(run_id)},"sequence":{sequence}}}'
+    ).encode("ascii")
 
 
 def decode_receipt(data: bytes) -> RunBoundaryReceipt:

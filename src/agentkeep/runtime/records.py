@@ -32,7 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from agentkeep.bounds import U63
 from agentkeep.errors import InvalidInput
 from agentkeep.runtime.errors import WriteFailed
-from agentkeep.runtime.session_model import STRICT, canonical_bytes, canonical_uuid
+from agentkeep.runtime.session_model import (
+    ENCODE_TEXT,
+    STRICT,
+    canonical_bytes,
+    canonical_uuid,
+)
 
 __all__ = [
     "LIFECYCLE_RECORD_VERSION",
@@ -128,10 +133,51 @@ def encode_input_state(state: StoredInputState) -> bytes:
     Raises:
         WriteFailed: a value is not storable JSON.
     """
+    plain = _plain_input_state(state)
+    if plain is not None:
+        return plain
     try:
         return canonical_bytes(state.model_dump(mode="json"))
     except ValueError as exc:
         raise WriteFailed(f"failed to encode input state {state.input_id}: {exc}") from exc
+
+
+def _plain_input_state(state: StoredInputState) -> bytes | None:
+    """The canonical bytes of a common state, written directly; None for any other state.
+
+    Common: exactly a :class:`StoredInputState`, ASCII text, no ``details``,
+    no outcome or a text one. Its canonical JSON (keys sorted, compact) is
+    fixed but for the strings and the count, so it is written without the
+    ``model_dump`` and the JSON walk; the bytes equal the general encoding
+    (``tests/runtime/test_plain_encoders.py``). Any other state takes the
+    general path, which also names what does not encode.
+    """
+    if type(state) is not StoredInputState:
+        return None
+    current, input_id, count = state.current_state, state.input_id, state.recovery_count
+    outcome, details = state.terminal_outcome, state.details
+    if (
+        type(current) is not str
+        or type(input_id) is not str
+        or type(count) is not int
+        or type(details) is not dict
+        or details
+        or state.stored_input_state_version != 1
+        or not current.isascii()
+        or not input_id.isascii()
+    ):
+        return None
+    if outcome is None:
+        written = "null"
+    elif type(outcome) is str and outcome.isascii():
+        written = ENCODE_TEXT(outcome)
+    else:
+        return None
+    return (
+        f'{{"current_state":{ENCODE_TEXT(current)},"details":{{}},'
+        f'"input_id":{ENCODE_TEXT(input_id)},"recovery_count":{count},'
+        f'"stored_input_state_version":1,"terminal_outcome":{written}}}'
+    ).encode("ascii")
 
 
 # --------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import re
 import threading
 import uuid
@@ -87,6 +88,7 @@ __all__ = [
     "Session",
     "TranscriptCommit",
     "TranscriptHistory",
+    "ENCODE_TEXT",
     "canonical_bytes",
     "canonical_uuid",
     "check_version",
@@ -117,6 +119,11 @@ class DecodeProblem(Exception):
 
 
 # --------------------------------------------------------------------------
+#: How :func:`canonical_bytes` writes a string (``ensure_ascii=False``: only
+#: ``"``, ``\\`` and control characters are escaped), for the encoders that
+#: write a fixed document shape directly (input states, receipts).
+ENCODE_TEXT: Final = json.encoder.encode_basestring
+
 # Strict JSON helpers (the rules are agentkeep.strict_json's; canonical_bytes
 # is re-exported from there)
 

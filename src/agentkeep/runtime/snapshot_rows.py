@@ -35,6 +35,7 @@ __all__ = [
     "previous_session",
     "set_quarantine",
     "snapshot_bytes",
+    "snapshot_read",
     "stored_snapshot",
     "upsert_snapshot",
 ]
@@ -75,6 +76,11 @@ _SET_QUARANTINE: Final = Statement(
 _QUARANTINED: Final = Statement(
     select(exists().where(_QUARANTINE_OF)), name="runtime.quarantine.exists"
 )
+
+
+def snapshot_read(runtime_id: str) -> tuple[Statement, dict[str, Any]]:
+    """The read of :func:`previous_session`, for :meth:`~agentkeep.db.Driver.prefetching`."""
+    return _GET, {"rt": runtime_id}
 
 
 def stored_snapshot(access: RuntimeAccess, runtime_id: str) -> Any:
@@ -120,7 +126,7 @@ def upsert_snapshot(access: RuntimeAccess, runtime_id: str, data: bytes) -> None
     Raises:
         WriteFailed: a statement failed (a trigger abort on the snapshot row).
     """
-    access.dml(_UPSERT, {"rt": runtime_id, "data": data}, f"{_T}[{runtime_id}]")
+    access.write(_UPSERT, {"rt": runtime_id, "data": data}, f"{_T}[{runtime_id}]")
     clear_quarantine(access, runtime_id)
 
 
@@ -139,7 +145,7 @@ def clear_quarantine(access: RuntimeAccess, runtime_id: str) -> None:
     Raises:
         WriteFailed: the DELETE failed.
     """
-    access.dml(_CLEAR_QUARANTINE, {"rt": runtime_id}, f"{_Q}[{runtime_id}]")
+    access.write(_CLEAR_QUARANTINE, {"rt": runtime_id}, f"{_Q}[{runtime_id}]")
 
 
 def set_quarantine(access: RuntimeAccess, runtime_id: str) -> None:

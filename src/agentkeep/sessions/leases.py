@@ -12,6 +12,15 @@ Every operation takes the ``session:<id>`` write lock first
 writes with a fenced statement; inside the lock a fence that matches nothing
 is a bug signal (:class:`~agentkeep.errors.ConcurrentModification`).
 
+Round trips (psycopg, sync or asyncio). The lease read goes out with
+``BEGIN`` and the lock, in their round trip (:meth:`Driver.prefetching`):
+claim, reclaim and renew are three (``BEGIN`` + lock + read, the fenced
+write, ``COMMIT``; the write needs ``now``, sampled once the lock is held).
+Release reads nothing and needs no ``now``: its one fenced UPDATE goes out
+with ``BEGIN`` and the lock (:func:`_run_locked`), so it is two round trips,
+and the UPDATE still runs only once the lock is granted. SQLite and asyncpg
+run the same code one statement at a time.
+
 :func:`ensure_session_execution_lease` is FENCE_OK
 (docs/sessions.md#named-predicates): the one check every fenced operation of
 the session store calls (claims, completions, commits).
@@ -237,6 +246,27 @@ def _load(db: Driver, session_id: str) -> _Row | None:
     return None if row is None else _Row(session_id, row)
 
 
+def _run_locked(
+    db: Driver, clock: Clock, writable: bool, session_id: str, stmt: Statement, params: Any
+) -> Any:
+    """Take the ``session:<id>`` write lock, then run ``stmt``: one round trip on psycopg.
+
+    For a single fenced write that needs neither a read nor ``now``
+    (release): the statement is sent right after the lock, in its pipelined
+    round trip (:meth:`Driver.prefetching`), and the server runs it once the
+    lock is granted, so it is serialised with every other session writer
+    exactly as if it were sent after the lock's answer. Its result is taken
+    at once; if the lock fails, the server does not run it. Elsewhere the
+    lock and the statement run one after the other.
+
+    Raises:
+        ReadOnlyUnitOfWork: inside ``store.read()``.
+    """
+    with db.prefetching([(stmt, params)]):
+        begin_session_write(db, clock, writable, session_id)
+        return db.execute(stmt, params)
+
+
 def lease_read(session_id: str) -> tuple[Statement, dict[str, Any]]:
     """The read FENCE_OK makes of ``session_id``'s lease, for :meth:`Driver.prefetching`."""
     return _GET, {"sid": session_id}
@@ -253,18 +283,20 @@ def release_locked(db: Driver, completion: LeaseFence) -> None:
     Raises:
         InvalidInput: bad fence.
     """
+    db.defer(_RELEASE, _release_params(completion))
+
+
+def _release_params(completion: LeaseFence) -> dict[str, Any]:
+    """The holder fence of a release (checked: raises InvalidInput for a bad fence)."""
     _check_fence(completion, "completion")
     check_id(completion.session_id, "completion.session_id")
-    db.defer(
-        _RELEASE,
-        {
-            "sid": completion.session_id,
-            "owner": completion.owner.owner_id,
-            "inc": completion.owner.incarnation_id,
-            "token": completion.lease_token,
-            "fencing": completion.fencing_token,
-        },
-    )
+    return {
+        "sid": completion.session_id,
+        "owner": completion.owner.owner_id,
+        "inc": completion.owner.incarnation_id,
+        "token": completion.lease_token,
+        "fencing": completion.fencing_token,
+    }
 
 
 def _check_fence(value: object, field: str) -> LeaseFence:
@@ -381,6 +413,15 @@ class SessionLeaseRepository:
         self._clock = clock
         self._writable = writable
 
+    def _begin_and_load(self, session_id: str) -> tuple[int, _Row | None]:
+        """Take the write lock, sample ``now`` after it, and read the lease row.
+
+        On psycopg the read goes out with the lock, in its round trip.
+        """
+        with self._db.prefetching([lease_read(session_id)]):
+            now = begin_session_write(self._db, self._clock, self._writable, session_id)
+            return now, _load(self._db, session_id)
+
     def _acquire(
         self, session_id: str, owner: LeaseOwnerIdentity, previous: int | None, now: int, ttl: int
     ) -> SessionExecutionLease:
@@ -437,8 +478,7 @@ class SessionLeaseRepository:
         check_id(session_id, "session_id")
         _check_owner(owner)
         check_ms(ttl_ms, "ttl_ms")
-        now = begin_session_write(self._db, self._clock, self._writable, session_id)
-        row = _load(self._db, session_id)
+        now, row = self._begin_and_load(session_id)
         if row is not None and row.live(now):
             holder = row.holder(session_id)
             if not same_incarnation(holder.owner, owner):
@@ -492,8 +532,7 @@ class SessionLeaseRepository:
         _check_owner(owner)
         _check_fence(observed_holder, "observed_holder")
         check_ms(ttl_ms, "ttl_ms")
-        now = begin_session_write(self._db, self._clock, self._writable, session_id)
-        row = _load(self._db, session_id)
+        now, row = self._begin_and_load(session_id)
         if row is None or not row.live(now):
             previous = None if row is None else row.fencing
             lease = self._acquire(session_id, owner, previous, now, ttl_ms)
@@ -559,8 +598,9 @@ class SessionLeaseRepository:
         check_id(fence.session_id, "fence.session_id")
         check_ms(ttl_ms, "ttl_ms")
         sid = fence.session_id
-        now = begin_session_write(self._db, self._clock, self._writable, sid)
-        row = _fenced_row(self._db, sid, fence, now)
+        with self._db.prefetching([lease_read(sid)]):  # psycopg: with the lock, in its round trip
+            now = begin_session_write(self._db, self._clock, self._writable, sid)
+            row = _fenced_row(self._db, sid, fence, now)
         expires = saturating_add(now, ttl_ms)
         params = {
             "sid": sid,
@@ -594,11 +634,9 @@ class SessionLeaseRepository:
         Raises:
             InvalidInput: bad fence.
         """
-        _check_fence(completion, "completion")
-        check_id(completion.session_id, "completion.session_id")
-        begin_session_write(self._db, self._clock, self._writable, completion.session_id)
-        release_locked(self._db, completion)
-        self._db.flush()
+        params = _release_params(completion)
+        sid = completion.session_id
+        _run_locked(self._db, self._clock, self._writable, sid, _RELEASE, params)
 
     def ensure_session_execution_lease(self, fence: LeaseFence) -> None:
         """Check that ``fence`` is the live lease now (FENCE_OK); writes nothing.
