@@ -88,6 +88,7 @@ from agentkeep.text import check_params, check_text
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.sql.selectable import CTE
 
 __all__ = [
     "ASYNC_DRIVERS",
@@ -95,6 +96,8 @@ __all__ = [
     "EngineSettings",
     "LockNamespace",
     "adopt_engine",
+    "aggregate_lock_cte",
+    "aggregate_lock_params",
     "attach_schema",
     "check_schema_name",
     "create_private_file",
@@ -1445,6 +1448,58 @@ class Driver:
             raise self.translate(exc) from exc
         return True
 
+    def execute_alone(self, stmt: Statement, params: Mapping[str, Any]) -> Any | None:
+        """Run ``stmt`` as a transaction of its own, ahead of the unit's (one round trip).
+
+        For a one-call operation whose work is one statement that carries its
+        own lock and fence (``runs.try_transition``): in a lean unit on
+        Postgres that has sent nothing yet, the statement runs in autocommit
+        mode, so the server commits it when it ends, and the unit's own
+        transaction stays unbegun (its next statement begins it as usual; a
+        unit that sends nothing more commits nothing). Returns the cursor, or
+        None when the statement cannot run alone: SQLite, a ``store.write()``
+        unit, a unit that has sent a statement, or one whose lock wait is
+        limited (a retry near its deadline); the caller then runs its usual
+        locked path.
+
+        The statement is its own COMMIT: the operation's :class:`CommitWatch`
+        is marked before it is sent, and a connection lost while it is in
+        flight raises :class:`~agentkeep.errors.CommitOutcomeUnknown`.
+
+        Raises:
+            InvalidInput, PayloadTooLarge: as :meth:`execute`.
+            CommitOutcomeUnknown: the connection was lost with the statement in flight.
+            StoreBusy, DatabaseError: the server refused it (nothing was written).
+        """
+        if not self._lean or self._prefetch or self._deferred or self._prefetched:
+            return None
+        if self._merge_begin:
+            # Autocommit since enter_lean; a limited lock wait rides on the BEGIN.
+            if self._pending_begin != _BEGIN_WRITE_PG:
+                return None
+        else:  # asyncpg: begin() switched autocommit off; nothing sent means no transaction
+            conn = getattr(self.raw, "_connection", None)
+            if conn is None or conn.is_in_transaction():
+                return None
+        form = stmt.compiled(self.target)
+        self._check(form, params)
+        bound = params if form.plain else form.bind(params)
+        watch = _COMMIT_WATCH.get()
+        if watch is not None:
+            watch.committing = True
+        try:
+            if not self._merge_begin:
+                self.raw.autocommit = True
+            try:
+                cur = self._cursor = self.raw.cursor()
+                cur.execute(form.sql, bound)
+            finally:
+                if not self._merge_begin:
+                    self.raw.autocommit = False  # the unit's next statement begins as usual
+        except self._error as exc:
+            raise self.commit_failure(exc) from exc
+        return cur
+
     # ------------------------------------------------------------------ pipelining
 
     @contextmanager
@@ -1768,6 +1823,30 @@ def migration_lock_key(schema: str | None) -> int:
     return 0 if schema is None else _key_hash(_namespaced("", schema))
 
 
+def aggregate_lock_cte(name: str = "aggregate_lock") -> CTE:
+    """The aggregate write lock as a CTE, for a single statement that takes it itself (Postgres).
+
+    ``WITH <name> AS (SELECT pg_advisory_xact_lock(:ns, :key) AS locked)``,
+    bound with :func:`aggregate_lock_params`: the same lock
+    :func:`lock_aggregate` takes. A statement that joins it (its WHERE tests
+    ``<name>.locked IS NOT NULL``, always true once the lock is held) writes
+    only while it holds the lock, so it waits for, and is excluded by, every
+    unit holding that aggregate's lock; in autocommit mode the lock ends with
+    the statement. Its snapshot predates the lock wait: the statement's fence
+    must be one that Postgres re-checks on the row's latest version (an
+    UPDATE's WHERE), never a value read before the wait.
+    """
+    return select(
+        func.pg_advisory_xact_lock(bindparam("ns"), bindparam("key")).label("locked")
+    ).cte(name)
+
+
+def aggregate_lock_params(driver: Driver, namespace: int, key: str) -> dict[str, int]:
+    """The parameters ``ns`` and ``key`` of the lock of :func:`aggregate_lock_cte`."""
+    check_text(key, "key")
+    return {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))}
+
+
 def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = False) -> None:
     """Take the write lock of one aggregate for the rest of the transaction.
 
@@ -1792,7 +1871,7 @@ def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = F
     check_text(key, "key")
     if driver.postgres:
         stmt = _LOCK_SHARED_SQL if shared else _LOCK_SQL
-        params = {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))}
+        params = aggregate_lock_params(driver, namespace, key)
         if not driver.send_with_begin(stmt, params):
             driver.execute(stmt, params)
 

@@ -32,12 +32,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 
 from agentkeep import observability
 from agentkeep.bounds import I64_MAX, check_u64
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, lock_aggregate
+from agentkeep.db import (
+    Driver,
+    LockNamespace,
+    aggregate_lock_cte,
+    aggregate_lock_params,
+    lock_aggregate,
+)
 from agentkeep.errors import (
     AssigneeDescRequired,
     AssigneeSlotRequired,
@@ -157,6 +163,51 @@ _TRANSITION: Final = Statement(
     update(Run).values(status=p("to"), updated_at=p("now")).where(_BY_ID, Run.status == p("from_")),
     name="runs.transition",
 )
+
+
+def _transition_alone() -> Statement:
+    """``try_transition`` as one statement that takes the run's write lock itself (Postgres).
+
+    The UPDATE joins the ``run:<id>`` advisory lock (:func:`agentkeep.db.aggregate_lock_cte`),
+    so it writes only while holding it: it waits for, and is excluded by,
+    every unit holding the run's lock, as the locked path's UPDATE is. Its
+    fence is the locked path's (``status = :from_``), which READ COMMITTED
+    re-checks on the row's latest version after any wait, plus
+    ``updated_at <= :now``: ``now`` was sampled before a possible lock wait,
+    so a stamp that would move back (the clock behind the stored stamp, or a
+    writer that stamped the row while this one waited) is not written here.
+
+    One row: ``moved`` (1: this call won) and ``held``: the stored
+    ``updated_at`` if the statement's snapshot shows the row with status
+    ``from_`` (NULL: the run is absent or in another status, so the
+    answer is False), for when ``moved`` is 0.
+    """
+    lock = aggregate_lock_cte("run_lock")
+    moved = (
+        update(Run)
+        .values(status=p("to"), updated_at=p("now"))
+        .where(
+            _BY_ID,
+            Run.status == p("from_"),
+            Run.updated_at <= p("now"),
+            lock.c.locked.is_not(None),
+        )
+        .returning(Run.id)
+        .cte("moved")
+    )
+    return Statement(
+        select(
+            select(func.count()).select_from(moved).scalar_subquery().label("moved"),
+            select(Run.updated_at)
+            .where(_BY_ID, Run.status == p("from_"))
+            .scalar_subquery()
+            .label("held"),
+        ),
+        name="runs.transition_alone",
+    )
+
+
+_TRANSITION_ALONE: Final = _transition_alone()
 _GET_SLOTS: Final = Statement(
     select(Run.current_json, Run.next_generation).where(_BY_ID), name="runs.get_slots"
 )
@@ -166,6 +217,37 @@ _SET_SLOTS: Final = Statement(
     .where(_BY_ID, Run.next_generation == p("old_gen")),
     name="runs.set_slots",
 )
+
+
+def _set_slots_alone() -> Statement:
+    """``acquire_assignee``'s write as one statement that takes the run's lock itself (Postgres).
+
+    For a one-call unit that read the slot map and G without the lock: the
+    UPDATE joins the ``run:<id>`` advisory lock (:func:`agentkeep.db.aggregate_lock_cte`)
+    and is fenced on everything the new map was computed from, re-checked by
+    READ COMMITTED on the row's latest version after any wait: G
+    (``next_generation = :old_gen``) and the stored map text itself (a run
+    deleted and created again under the same id with the same G differs
+    there), plus ``updated_at <= :now`` (``now`` was sampled before the lock
+    wait: a stamp never moves back). Returns the run id when it wrote.
+    """
+    lock = aggregate_lock_cte("run_lock")
+    return Statement(
+        update(Run)
+        .values(current_json=p("current"), next_generation=p("new_gen"), updated_at=p("now"))
+        .where(
+            _BY_ID,
+            Run.next_generation == p("old_gen"),
+            Run.current_json.is_not_distinct_from(p("old_current")),
+            Run.updated_at <= p("now"),
+            lock.c.locked.is_not(None),
+        )
+        .returning(Run.id),
+        name="runs.set_slots_alone",
+    )
+
+
+_SET_SLOTS_ALONE: Final = _set_slots_alone()
 _SET_RESULT: Final = Statement(
     update(Run).values(result_ref_json=p("v"), updated_at=p("now")).where(_BY_ID),
     name="runs.set_result",
@@ -213,21 +295,32 @@ class RunRepository:
         clock: the time source; ``updated_at = clock.now_ms() // 1000``.
         writable: False inside ``store.read()``: write methods then raise
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
+        nested: False in a one-call unit, which holds exactly one operation
+            (``store.runs.<op>``): on Postgres :meth:`try_transition` then
+            runs as one statement of its own.
     """
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+        # A one-call unit (not nested) holds this one operation and nothing else:
+        # a single-statement operation may then run as a transaction of its own.
+        self._alone = not nested and driver.postgres
 
     # ------------------------------------------------------------------ helpers
 
     def _begin_write(self, run_id: str) -> int:
         """Take the ``run:<id>`` lock; return ``now`` in Unix seconds, sampled after it."""
-        if not self._writable:
-            raise ReadOnlyUnitOfWork("run store writes need store.write(), not store.read()")
+        self._check_writable()
         lock_aggregate(self._db, LockNamespace.RUN, run_id)
         return self._clock.now_ms() // 1000
+
+    def _check_writable(self) -> None:
+        if not self._writable:
+            raise ReadOnlyUnitOfWork("run store writes need store.write(), not store.read()")
 
     def _decode(self, run_id: str, fn: Callable[[], T]) -> T:
         try:
@@ -471,10 +564,36 @@ class RunRepository:
         matching row also wins). Returns False, writing nothing, when the run
         is absent or its status is not ``from_``; never an error for those.
         Of concurrent callers with the same ``from_``, exactly one wins.
+
+        In a one-call unit on Postgres it is one statement, committed on its
+        own (one round trip): the UPDATE takes the ``run:<id>`` lock itself
+        and is fenced as below, plus ``updated_at <= now``, so that a stamp
+        never moves back (see :func:`_transition_alone`). When that extra
+        condition alone refused (the snapshot shows status ``from_``), the
+        call goes on with the locked path, which decides.
+        Elsewhere: the run's lock, ``now`` sampled after it, then
+        ``UPDATE … WHERE id AND status = :from_``.
         """
         run_id = _rid(run_id)
         from_json = _encode_status(from_, "from_")
         to_json = _encode_status(to, "to")
+        if self._alone:
+            self._check_writable()
+            params = aggregate_lock_params(self._db, LockNamespace.RUN, run_id)
+            params.update(id=run_id, from_=from_json, to=to_json)
+            params["now"] = self._clock.now_ms() // 1000
+            cur = self._db.execute_alone(_TRANSITION_ALONE, params)
+            if cur is not None:
+                moved, held = cur.fetchone()
+                if moved == 1:
+                    return True
+                if held is None:
+                    observability.refused(
+                        "run_transition", "run %s: not %s (to %s)", run_id, from_, to
+                    )
+                    return False
+                # The row is in from_ but the stamp would move back (or the row
+                # changed while the statement waited): the locked path decides.
         now = self._begin_write(run_id)
         params = {"id": run_id, "from_": from_json, "to": to_json, "now": now}
         if self._db.execute(_TRANSITION, params).rowcount == 1:
@@ -515,6 +634,11 @@ class RunRepository:
         codec.check_text(slot, "slot")
         codec.check_text(op, "op")
         codec.check_text(desc, "desc")
+        if self._alone:
+            self._check_writable()
+            done = self._acquire_alone(run_id, slot, op, desc)
+            if done is not None:
+                return done
         now = self._begin_write(run_id)
         current, gen = self._read_slots(run_id)
         if gen >= I64_MAX:
@@ -523,6 +647,53 @@ class RunRepository:
         previous = current.get(slot)
         current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": new_gen})
         self._write_slots(run_id, current, gen, new_gen, now)
+        return new_gen, previous
+
+    def _acquire_alone(
+        self, run_id: str, slot: str, op: str, desc: str
+    ) -> tuple[int, Assignee | None] | None:
+        """:meth:`acquire_assignee` in a one-call unit on Postgres: two round trips.
+
+        The slot map and G are read without the lock (decoded strictly: a
+        corrupt map or a missing run raises here, with nothing written), then
+        written by :data:`_SET_SLOTS_ALONE`, which takes the lock and is
+        fenced on what was read. Returns None, having written nothing, when
+        the unit cannot run statements alone or the fence missed (another
+        writer came between the read and the write, or the stamp would move
+        back): the locked path then decides.
+        """
+        db = self._db
+        cur = db.execute_alone(_GET_SLOTS, {"id": run_id})
+        if cur is None:
+            return None
+        row = cur.fetchone()
+        if row is None:
+            raise RunNotFound(run_id)
+        old_current = row[0]
+        current, gen = self._decode(
+            run_id,
+            lambda: (
+                codec.decode_current(old_current),
+                codec.decode_u63(row[1], "next_generation"),
+            ),
+        )
+        if gen >= I64_MAX:
+            raise GenerationOverflow(run_id, gen)
+        new_gen = gen + 1
+        previous = current.get(slot)
+        current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": new_gen})
+        params = aggregate_lock_params(db, LockNamespace.RUN, run_id)
+        params.update(
+            id=run_id,
+            current=codec.encode_current(current),
+            new_gen=new_gen,
+            old_gen=gen,
+            old_current=old_current,
+            now=self._clock.now_ms() // 1000,
+        )
+        cur = db.execute_alone(_SET_SLOTS_ALONE, params)
+        if cur is None or cur.fetchone() is None:
+            return None
         return new_gen, previous
 
     def vacate_assignee(self, run_id: str, slot: str, expected_gen: int) -> VacateOutcome:
