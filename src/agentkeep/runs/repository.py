@@ -579,9 +579,13 @@ class RunRepository:
         to_json = _encode_status(to, "to")
         if self._alone:
             self._check_writable()
-            params = aggregate_lock_params(self._db, LockNamespace.RUN, run_id)
-            params.update(id=run_id, from_=from_json, to=to_json)
-            params["now"] = self._clock.now_ms() // 1000
+            params: dict[str, Any] = {
+                "id": run_id,
+                "from_": from_json,
+                "to": to_json,
+                "now": self._clock.now_ms() // 1000,
+                **aggregate_lock_params(self._db, LockNamespace.RUN, run_id),
+            }
             cur = self._db.execute_alone(_TRANSITION_ALONE, params)
             if cur is not None:
                 moved, held = cur.fetchone()
@@ -682,15 +686,15 @@ class RunRepository:
         new_gen = gen + 1
         previous = current.get(slot)
         current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": new_gen})
-        params = aggregate_lock_params(db, LockNamespace.RUN, run_id)
-        params.update(
-            id=run_id,
-            current=codec.encode_current(current),
-            new_gen=new_gen,
-            old_gen=gen,
-            old_current=old_current,
-            now=self._clock.now_ms() // 1000,
-        )
+        params: dict[str, Any] = {
+            "id": run_id,
+            "current": codec.encode_current(current),
+            "new_gen": new_gen,
+            "old_gen": gen,
+            "old_current": old_current,
+            "now": self._clock.now_ms() // 1000,
+            **aggregate_lock_params(db, LockNamespace.RUN, run_id),
+        }
         cur = db.execute_alone(_SET_SLOTS_ALONE, params)
         if cur is None or cur.fetchone() is None:
             return None
