@@ -96,7 +96,7 @@ __all__ = [
     "EngineSettings",
     "LockNamespace",
     "adopt_engine",
-    "aggregate_lock_cte",
+    "aggregate_try_lock_cte",
     "aggregate_lock_params",
     "attach_schema",
     "check_schema_name",
@@ -1823,26 +1823,28 @@ def migration_lock_key(schema: str | None) -> int:
     return 0 if schema is None else _key_hash(_namespaced("", schema))
 
 
-def aggregate_lock_cte(name: str = "aggregate_lock") -> CTE:
-    """The aggregate write lock as a CTE, for a single statement that takes it itself (Postgres).
+def aggregate_try_lock_cte(name: str = "aggregate_lock") -> CTE:
+    """The aggregate write lock, if free, as a CTE of a statement that takes it itself (Postgres).
 
-    ``WITH <name> AS (SELECT pg_advisory_xact_lock(:ns, :key) AS locked)``,
-    bound with :func:`aggregate_lock_params`: the same lock
-    :func:`lock_aggregate` takes. A statement that joins it (its WHERE tests
-    ``<name>.locked IS NOT NULL``, always true once the lock is held) writes
-    only while it holds the lock, so it waits for, and is excluded by, every
-    unit holding that aggregate's lock; in autocommit mode the lock ends with
-    the statement. Its snapshot predates the lock wait: the statement's fence
-    must be one that Postgres re-checks on the row's latest version (an
-    UPDATE's WHERE), never a value read before the wait.
+    ``WITH <name> AS (SELECT pg_try_advisory_xact_lock(:ns, :key) AS locked)``,
+    bound with :func:`aggregate_lock_params`: the lock :func:`lock_aggregate`
+    takes, without waiting for it. A statement whose write requires
+    ``<name>.locked`` (true when this statement now holds it) writes only
+    while it holds the lock, so a unit holding that aggregate's lock excludes
+    it; in autocommit mode the lock ends with the statement. When the lock is
+    held elsewhere the statement writes nothing and its caller takes the
+    usual path (:func:`lock_aggregate`, which waits). Never waiting inside
+    the statement keeps a lost connection during a lock wait where it was: before
+    COMMIT (``ConnectionLost``, retried), not inside a statement that is its
+    own COMMIT. The statement's fence must be one that Postgres re-checks on
+    the row's latest version (an UPDATE's WHERE), never a value read before.
     """
-    return select(
-        func.pg_advisory_xact_lock(bindparam("ns"), bindparam("key")).label("locked")
-    ).cte(name)
+    locked = func.pg_try_advisory_xact_lock(bindparam("ns"), bindparam("key"))
+    return select(locked.label("locked")).cte(name)
 
 
 def aggregate_lock_params(driver: Driver, namespace: int, key: str) -> dict[str, int]:
-    """The parameters ``ns`` and ``key`` of the lock of :func:`aggregate_lock_cte`."""
+    """The parameters ``ns`` and ``key`` of the lock of :func:`aggregate_try_lock_cte`."""
     check_text(key, "key")
     return {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))}
 

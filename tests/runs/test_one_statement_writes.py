@@ -17,10 +17,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
+from agentkeep import db
 from agentkeep.clock import SettableClock
+from agentkeep.errors import CommitOutcomeUnknown
 from agentkeep.runs.domain import Assignee, RunRecord, RunStatus
 from agentkeep.store import Store
 from tests.sessions.test_round_trips import Trace
@@ -238,3 +241,45 @@ def test_one_call_and_unit_acquires_racing_hand_out_each_generation_once(
     finally:
         for st in stores:
             st.close()
+
+
+def test_a_connection_lost_with_the_one_statement_in_flight_is_an_unknown_outcome(
+    backend: str, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement is its own COMMIT: a lost connection is ``CommitOutcomeUnknown``, not retried.
+
+    The backend is terminated just before the statement is sent (so it is
+    not applied, and the client cannot tell): the one-call form raises
+    ``CommitOutcomeUnknown`` naming the operation, and the store goes on.
+    """
+    if backend != "postgres":
+        pytest.skip("Postgres only: a backend to terminate")
+    admin = psycopg.connect(
+        make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False),
+        autocommit=True,
+    )
+    original = db.Driver.execute_alone
+    fired: list[int] = []
+
+    def execute_alone(driver: db.Driver, stmt: Any, params: Any) -> Any:
+        if not fired:
+            pid = driver.raw.info.backend_pid
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
+                threading.Event().wait(0.002)
+            fired.append(pid)
+        return original(driver, stmt, params)
+
+    store = Store.open(db_url, clock=SettableClock(T0_MS))
+    try:
+        store.runs.create(RunRecord.new("R-lost", "T-1", 100))
+        monkeypatch.setattr(db.Driver, "execute_alone", execute_alone)
+        with pytest.raises(CommitOutcomeUnknown) as info:
+            store.runs.try_transition("R-lost", RunStatus.PENDING, RunStatus.RUNNING)
+        assert info.value.operation == "runs.try_transition"
+        assert fired
+        assert store.runs.get("R-lost").status == RunStatus.PENDING  # terminated before it ran
+        assert store.runs.try_transition("R-lost", RunStatus.PENDING, RunStatus.RUNNING)
+    finally:
+        store.close()
+        admin.close()

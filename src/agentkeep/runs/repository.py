@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, true, update
 
 from agentkeep import observability
 from agentkeep.bounds import I64_MAX, check_u64
@@ -40,8 +40,8 @@ from agentkeep.clock import Clock
 from agentkeep.db import (
     Driver,
     LockNamespace,
-    aggregate_lock_cte,
     aggregate_lock_params,
+    aggregate_try_lock_cte,
     lock_aggregate,
 )
 from agentkeep.errors import (
@@ -168,21 +168,21 @@ _TRANSITION: Final = Statement(
 def _transition_alone() -> Statement:
     """``try_transition`` as one statement that takes the run's write lock itself (Postgres).
 
-    The UPDATE joins the ``run:<id>`` advisory lock (:func:`agentkeep.db.aggregate_lock_cte`),
-    so it writes only while holding it: it waits for, and is excluded by,
-    every unit holding the run's lock, as the locked path's UPDATE is. Its
-    fence is the locked path's (``status = :from_``), which READ COMMITTED
-    re-checks on the row's latest version after any wait, plus
-    ``updated_at <= :now``: ``now`` was sampled before a possible lock wait,
-    so a stamp that would move back (the clock behind the stored stamp, or a
-    writer that stamped the row while this one waited) is not written here.
+    The UPDATE writes only if the statement got the ``run:<id>`` advisory
+    lock (:func:`agentkeep.db.aggregate_try_lock_cte`, which does not wait),
+    so a unit holding the run's lock excludes it, as it excludes the locked
+    path. Its fence is the locked path's (``status = :from_``) plus
+    ``updated_at <= :now``: a stamp never moves back (the clock behind the
+    stored stamp; or a row lock waited for while another writer stamped it).
 
     One row: ``moved`` (1: this call won) and ``held``: the stored
     ``updated_at`` if the statement's snapshot shows the row with status
-    ``from_`` (NULL: the run is absent or in another status, so the
-    answer is False), for when ``moved`` is 0.
+    ``from_``, for when ``moved`` is 0. NULL there means the run is absent
+    or in another status: the answer is False. Otherwise (the lock was held
+    elsewhere, the stamp guard refused, or the row changed) the locked path
+    decides.
     """
-    lock = aggregate_lock_cte("run_lock")
+    lock = aggregate_try_lock_cte("run_lock")
     moved = (
         update(Run)
         .values(status=p("to"), updated_at=p("now"))
@@ -190,7 +190,7 @@ def _transition_alone() -> Statement:
             _BY_ID,
             Run.status == p("from_"),
             Run.updated_at <= p("now"),
-            lock.c.locked.is_not(None),
+            lock.c.locked.is_(true()),
         )
         .returning(Run.id)
         .cte("moved")
@@ -223,15 +223,16 @@ def _set_slots_alone() -> Statement:
     """``acquire_assignee``'s write as one statement that takes the run's lock itself (Postgres).
 
     For a one-call unit that read the slot map and G without the lock: the
-    UPDATE joins the ``run:<id>`` advisory lock (:func:`agentkeep.db.aggregate_lock_cte`)
-    and is fenced on everything the new map was computed from, re-checked by
-    READ COMMITTED on the row's latest version after any wait: G
-    (``next_generation = :old_gen``) and the stored map text itself (a run
-    deleted and created again under the same id with the same G differs
-    there), plus ``updated_at <= :now`` (``now`` was sampled before the lock
-    wait: a stamp never moves back). Returns the run id when it wrote.
+    UPDATE writes only if the statement got the ``run:<id>`` advisory lock
+    (:func:`agentkeep.db.aggregate_try_lock_cte`, which does not wait), and
+    is fenced on everything the new map was computed from, re-checked on the
+    row's latest version: G (``next_generation = :old_gen``) and the stored
+    map text itself (a run deleted and created again under the same id with
+    the same G differs there), plus ``updated_at <= :now`` (a stamp never
+    moves back). Returns the run id when it wrote; no row: the locked path
+    decides.
     """
-    lock = aggregate_lock_cte("run_lock")
+    lock = aggregate_try_lock_cte("run_lock")
     return Statement(
         update(Run)
         .values(current_json=p("current"), next_generation=p("new_gen"), updated_at=p("now"))
@@ -240,7 +241,7 @@ def _set_slots_alone() -> Statement:
             Run.next_generation == p("old_gen"),
             Run.current_json.is_not_distinct_from(p("old_current")),
             Run.updated_at <= p("now"),
-            lock.c.locked.is_not(None),
+            lock.c.locked.is_(true()),
         )
         .returning(Run.id),
         name="runs.set_slots_alone",
@@ -565,12 +566,13 @@ class RunRepository:
         is absent or its status is not ``from_``; never an error for those.
         Of concurrent callers with the same ``from_``, exactly one wins.
 
-        In a one-call unit on Postgres it is one statement, committed on its
-        own (one round trip): the UPDATE takes the ``run:<id>`` lock itself
-        and is fenced as below, plus ``updated_at <= now``, so that a stamp
-        never moves back (see :func:`_transition_alone`). When that extra
-        condition alone refused (the snapshot shows status ``from_``), the
-        call goes on with the locked path, which decides.
+        In a one-call unit on Postgres it is first one statement, committed on
+        its own (one round trip): the UPDATE takes the ``run:<id>`` lock
+        itself if it is free and is fenced as below, plus ``updated_at <=
+        now``, so that a stamp never moves back (see :func:`_transition_alone`).
+        Its snapshot showing the run absent or not in ``from_`` means False.
+        When it wrote nothing otherwise (the lock held elsewhere, the stamp
+        guard, a concurrent change), the locked path decides.
         Elsewhere: the run's lock, ``now`` sampled after it, then
         ``UPDATE … WHERE id AND status = :from_``.
         """
@@ -596,8 +598,8 @@ class RunRepository:
                         "run_transition", "run %s: not %s (to %s)", run_id, from_, to
                     )
                     return False
-                # The row is in from_ but the stamp would move back (or the row
-                # changed while the statement waited): the locked path decides.
+                # The row was in from_ but the lock was held elsewhere, the stamp
+                # would move back, or the row changed: the locked path decides.
         now = self._begin_write(run_id)
         params = {"id": run_id, "from_": from_json, "to": to_json, "now": now}
         if self._db.execute(_TRANSITION, params).rowcount == 1:
@@ -660,11 +662,12 @@ class RunRepository:
 
         The slot map and G are read without the lock (decoded strictly: a
         corrupt map or a missing run raises here, with nothing written), then
-        written by :data:`_SET_SLOTS_ALONE`, which takes the lock and is
-        fenced on what was read. Returns None, having written nothing, when
-        the unit cannot run statements alone or the fence missed (another
-        writer came between the read and the write, or the stamp would move
-        back): the locked path then decides.
+        written by :data:`_SET_SLOTS_ALONE`, which takes the lock if it is
+        free and is fenced on what was read. Returns None, having written
+        nothing, when the unit cannot run statements alone, the lock was held
+        elsewhere, or the fence missed (another writer came between the read
+        and the write, or the stamp would move back): the locked path then
+        decides.
         """
         db = self._db
         cur = db.execute_alone(_GET_SLOTS, {"id": run_id})
