@@ -60,6 +60,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
+from pydantic import BaseModel
+
 from agentkeep.bounds import I64_MAX, I64_MIN, U32_MAX, U64_MAX, check_u63
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.domain import (
@@ -230,16 +232,25 @@ _STEP_FIELDS: Final = frozenset(StepEntry.model_fields)
 _DEGRADATION_FIELDS: Final = frozenset(DegradationEntry.model_fields)
 _ASSIGNEE_FIELDS: Final = frozenset(Assignee.model_fields)
 _USAGE_FIELDS: Final = frozenset(Usage.model_fields)
-_setattr = object.__setattr__
 _str_new = str.__new__
 
 
+# The instance slots of a pydantic model, set through their descriptors (one C
+# call each, cheaper than object.__setattr__ with a name).
+_SLOT = BaseModel.__dict__
+_set_dict = _SLOT["__dict__"].__set__
+_set_fields_set = _SLOT["__pydantic_fields_set__"].__set__
+_set_extra = _SLOT["__pydantic_extra__"].__set__
+_set_private = _SLOT["__pydantic_private__"].__set__
+_new = object.__new__
+
+
 def _direct(cls: type[_M], values: dict[str, Any]) -> _M:
-    obj = object.__new__(cls)
-    _setattr(obj, "__dict__", values)
-    _setattr(obj, "__pydantic_fields_set__", set(values))
-    _setattr(obj, "__pydantic_extra__", None)
-    _setattr(obj, "__pydantic_private__", None)
+    obj = _new(cls)
+    _set_dict(obj, values)
+    _set_fields_set(obj, set(values))
+    _set_extra(obj, None)
+    _set_private(obj, None)
     return obj
 
 
@@ -486,24 +497,22 @@ _STEP_STATS_KEYS: Final = frozenset(
 )
 
 
+# Every field of a pre-stats step entry, in declaration order, stats fields None.
+_PRE_STATS: Final[dict[str, Any]] = {name: None for name in StepEntry.model_fields}
+
+
 def _pre_stats_fields(step_id: StepId, step_ref: Any, status: Any, at: Any) -> dict[str, Any]:
-    """The fields of a step entry written before step stats existed (every stats field None)."""
-    return {
-        "step_id": step_id,
-        "step_ref": step_ref,
-        "status": status,
-        "binding_digest": None,
-        "at": at,
-        "attempt": None,
-        "started_at_ms": None,
-        "completed_at_ms": None,
-        "duration_ms": None,
-        "worker_kind": None,
-        "model": None,
-        "usage": None,
-        "num_turns": None,
-        "adapter_data": None,
-    }
+    """The fields of a step entry written before step stats existed (every stats field None).
+
+    A copy of :data:`_PRE_STATS` with the four values set (a copy keeps the
+    declaration order and costs about half of building the dict).
+    """
+    fields = _PRE_STATS.copy()
+    fields["step_id"] = step_id
+    fields["step_ref"] = step_ref
+    fields["status"] = status
+    fields["at"] = at
+    return fields
 
 
 def _decode_step_entry(
