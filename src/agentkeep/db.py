@@ -1448,7 +1448,9 @@ class Driver:
             raise self.translate(exc) from exc
         return True
 
-    def execute_alone(self, stmt: Statement, params: Mapping[str, Any]) -> Any | None:
+    def execute_alone(
+        self, stmt: Statement, params: Mapping[str, Any], *, writes: bool = True
+    ) -> Any | None:
         """Run ``stmt`` as a transaction of its own, ahead of the unit's (one round trip).
 
         For a one-call operation whose work is one statement that carries its
@@ -1462,13 +1464,17 @@ class Driver:
         limited (a retry near its deadline); the caller then runs its usual
         locked path.
 
-        The statement is its own COMMIT: the operation's :class:`CommitWatch`
-        is marked before it is sent, and a connection lost while it is in
-        flight raises :class:`~agentkeep.errors.CommitOutcomeUnknown`.
+        A write (``writes``) is its own COMMIT: the operation's
+        :class:`CommitWatch` is marked before it is sent, and a connection
+        lost while it is in flight raises
+        :class:`~agentkeep.errors.CommitOutcomeUnknown`. A read
+        (``writes=False``, a SELECT that precedes such a write) fails as
+        :meth:`execute` does (``ConnectionLost``: nothing was written).
 
         Raises:
             InvalidInput, PayloadTooLarge: as :meth:`execute`.
-            CommitOutcomeUnknown: the connection was lost with the statement in flight.
+            CommitOutcomeUnknown: a write's connection was lost with it in flight.
+            ConnectionLost: a read's connection was lost.
             StoreBusy, DatabaseError: the server refused it (nothing was written).
         """
         if not self._lean or self._prefetch or self._deferred or self._prefetched:
@@ -1484,8 +1490,7 @@ class Driver:
         form = stmt.compiled(self.target)
         self._check(form, params)
         bound = params if form.plain else form.bind(params)
-        watch = _COMMIT_WATCH.get()
-        if watch is not None:
+        if writes and (watch := _COMMIT_WATCH.get()) is not None:
             watch.committing = True
         try:
             if not self._merge_begin:
@@ -1497,7 +1502,7 @@ class Driver:
                 if not self._merge_begin:
                     self.raw.autocommit = False  # the unit's next statement begins as usual
         except self._error as exc:
-            raise self.commit_failure(exc) from exc
+            raise (self.commit_failure(exc) if writes else self.translate(exc)) from exc
         return cur
 
     # ------------------------------------------------------------------ pipelining

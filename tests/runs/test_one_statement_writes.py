@@ -261,14 +261,14 @@ def test_a_connection_lost_with_the_one_statement_in_flight_is_an_unknown_outcom
     original = db.Driver.execute_alone
     fired: list[int] = []
 
-    def execute_alone(driver: db.Driver, stmt: Any, params: Any) -> Any:
+    def execute_alone(driver: db.Driver, stmt: Any, params: Any, *, writes: bool = True) -> Any:
         if not fired:
             pid = driver.raw.info.backend_pid
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
                 threading.Event().wait(0.002)
             fired.append(pid)
-        return original(driver, stmt, params)
+        return original(driver, stmt, params, writes=writes)
 
     store = Store.open(db_url, clock=SettableClock(T0_MS))
     try:
@@ -280,6 +280,45 @@ def test_a_connection_lost_with_the_one_statement_in_flight_is_an_unknown_outcom
         assert fired
         assert store.runs.get("R-lost").status == RunStatus.PENDING  # terminated before it ran
         assert store.runs.try_transition("R-lost", RunStatus.PENDING, RunStatus.RUNNING)
+    finally:
+        store.close()
+        admin.close()
+
+
+def test_a_connection_lost_during_the_unlocked_read_is_retried(
+    backend: str, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """acquire_assignee's read (before its one-statement write) lost: ConnectionLost, retried."""
+    if backend != "postgres":
+        pytest.skip("Postgres only: a backend to terminate")
+    admin = psycopg.connect(
+        make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False),
+        autocommit=True,
+    )
+    original = db.Driver.execute_alone
+    fired: list[int] = []
+
+    def execute_alone(driver: db.Driver, stmt: Any, params: Any, *, writes: bool = True) -> Any:
+        if not fired:
+            assert not writes  # the read comes first
+            pid = driver.raw.info.backend_pid
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
+                threading.Event().wait(0.002)
+            fired.append(pid)
+        return original(driver, stmt, params, writes=writes)
+
+    store = Store.open(db_url, clock=SettableClock(T0_MS))
+    try:
+        store.runs.create(RunRecord.new("R-read-lost", "T-1", 100))
+        monkeypatch.setattr(db.Driver, "execute_alone", execute_alone)
+        assert store.runs.acquire_assignee("R-read-lost", "main", "S-1", "w") == (1, None)
+        assert fired
+        rec = store.runs.get("R-read-lost")
+        assert (rec.next_generation, rec.current) == (
+            1,
+            {"main": Assignee(op="S-1", desc="w", gen=1)},
+        )
     finally:
         store.close()
         admin.close()

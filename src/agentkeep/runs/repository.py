@@ -670,7 +670,7 @@ class RunRepository:
         decides.
         """
         db = self._db
-        cur = db.execute_alone(_GET_SLOTS, {"id": run_id})
+        cur = db.execute_alone(_GET_SLOTS, {"id": run_id}, writes=False)
         if cur is None:
             return None
         row = cur.fetchone()
