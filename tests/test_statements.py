@@ -45,7 +45,14 @@ def _all_statements() -> list[Statement]:
 STATEMENTS = _all_statements()
 #: Statements that run only on Postgres (a repository checks ``driver.postgres``
 #: first): they use Postgres functions or writable CTEs.
-POSTGRES_ONLY = frozenset({"runs.transition_alone", "runs.set_slots_alone"})
+POSTGRES_ONLY = frozenset(
+    {
+        "runs.transition_alone",
+        "runs.set_slots_alone",
+        "runs.set_steps_alone",
+        "runs.set_degradations_alone",
+    }
+)
 
 
 def _sqlite_dialect(paramstyle: str) -> Dialect:

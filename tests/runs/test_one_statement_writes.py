@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, make_url, text
 from agentkeep import db
 from agentkeep.clock import SettableClock
 from agentkeep.errors import CommitOutcomeUnknown
-from agentkeep.runs.domain import Assignee, RunRecord, RunStatus
+from agentkeep.runs.domain import Assignee, DegradationEntry, RunRecord, RunStatus, StepEntry
 from agentkeep.store import Store
 from tests.sessions.test_round_trips import Trace
 
@@ -33,7 +33,7 @@ T0_S = T0_MS // 1000
 
 
 def test_one_call_transition_and_acquire_round_trips(backend: str, db_url: str) -> None:
-    """psycopg: try_transition is 1 round trip (won or lost), acquire_assignee 2.
+    """psycopg: try_transition is 1 round trip (won or lost), acquire_assignee and an append 2.
 
     Counted once every statement has run past psycopg's prepare threshold (5):
     the execution that prepares a statement takes one more round trip, once
@@ -56,11 +56,15 @@ def test_one_call_transition_and_acquire_round_trips(backend: str, db_url: str) 
             store.runs.update_status("R-rt", RunStatus.PENDING)
             with trace.round_trips() as acquired:
                 assert store.runs.acquire_assignee("R-rt", "main", f"S-{i}", "w")[0] == i + 1
-            counts.append((len(won), len(lost), len(absent), len(acquired)))
-        assert counts[6:] == [(1, 1, 1, 2)] * 2, counts
+            step = StepEntry.basic(f"ST-{i}", None, "ok", None, i)
+            with trace.round_trips() as appended:
+                store.runs.append_step_entry("R-rt", step)
+            counts.append((len(won), len(lost), len(absent), len(acquired), len(appended)))
+        assert counts[6:] == [(1, 1, 1, 2, 2)] * 2, counts
         rec = store.runs.get("R-rt")
         assert rec.next_generation == 8
         assert rec.current == {"main": Assignee(op="S-7", desc="w", gen=8)}
+        assert [e.step_id for e in rec.step_entries] == [f"ST-{i}" for i in range(8)]
     finally:
         store.close()
 
@@ -322,3 +326,44 @@ def test_a_connection_lost_during_the_unlocked_read_is_retried(
     finally:
         store.close()
         admin.close()
+
+
+def test_one_call_and_unit_appends_racing_lose_nothing(db_url: str, store: Store) -> None:
+    """Threads append, half one-call (read + one statement on Postgres), half in units."""
+    k, m = 6, 5
+    stores = [Store.open(db_url, clock=SettableClock(T0_MS)) for _ in range(k)]
+    barrier = threading.Barrier(k)
+
+    def racer(i: int) -> None:
+        st = stores[i]
+        barrier.wait()
+        for j in range(m):
+            step = StepEntry.basic(f"ST-{i}-{j}", None, None, None, j)
+            deg = DegradationEntry(tool=f"t{i}", error="e", fallback="f", at=j)
+            if i % 2 == 0:
+                st.runs.append_step_entry("R-app", step)
+                st.runs.append_degradation("R-app", deg)
+            else:
+                with st.write() as uow:
+                    uow.runs.append_step_entry("R-app", step)
+                    uow.runs.append_degradation("R-app", deg)
+
+    try:
+        store.runs.create(RunRecord.new("R-app", "T-1", 100))
+        threads = [threading.Thread(target=racer, args=(i,), daemon=True) for i in range(k)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+            assert not th.is_alive()
+        rec = store.runs.get("R-app")
+        ids = [e.step_id for e in rec.step_entries]
+        assert sorted(ids) == sorted(f"ST-{i}-{j}" for i in range(k) for j in range(m))
+        for i in range(k):  # each racer's own entries in its order
+            assert [x for x in ids if x.startswith(f"ST-{i}-")] == [f"ST-{i}-{j}" for j in range(m)]
+        assert sorted((d.tool, d.at) for d in rec.degradations) == sorted(
+            (f"t{i}", j) for i in range(k) for j in range(m)
+        )
+    finally:
+        for st in stores:
+            st.close()

@@ -249,6 +249,32 @@ def _set_slots_alone() -> Statement:
 
 
 _SET_SLOTS_ALONE: Final = _set_slots_alone()
+
+
+def _set_array_alone(column: Any, name: str) -> Statement:
+    """An append's write as one statement that takes the run's lock itself (Postgres).
+
+    For a one-call unit that read the array without the lock: the UPDATE
+    writes only if the statement got the ``run:<id>`` advisory lock
+    (:func:`agentkeep.db.aggregate_try_lock_cte`, which does not wait), fenced
+    as the locked path's (the stored array text is the text that was read
+    and checked), plus ``updated_at <= :now`` (a stamp never moves back).
+    Returns the run id when it wrote; no row: the locked path decides.
+    """
+    lock = aggregate_try_lock_cte("run_lock")
+    return Statement(
+        update(Run)
+        .values({column: p("new"), Run.updated_at: p("now")})
+        .where(_BY_ID, column == p("old"), Run.updated_at <= p("now"), lock.c.locked.is_(true()))
+        .returning(Run.id),
+        name=name,
+    )
+
+
+_SET_STEPS_ALONE: Final = _set_array_alone(Run.step_entries_json, "runs.set_steps_alone")
+_SET_DEGRADATIONS_ALONE: Final = _set_array_alone(
+    Run.degradations_json, "runs.set_degradations_alone"
+)
 _SET_RESULT: Final = Statement(
     update(Run).values(result_ref_json=p("v"), updated_at=p("now")).where(_BY_ID),
     name="runs.set_result",
@@ -483,7 +509,11 @@ class RunRepository:
     def append_step_entry(self, run_id: str, entry: StepEntry) -> None:
         """Append one step entry; earlier entries are kept as stored.
 
-        See docs/runs.md#append_step_entry.
+        See docs/runs.md#append_step_entry. In a one-call unit on Postgres:
+        the array read and checked without the lock, then one statement that
+        takes the lock if free and writes, fenced on the text read
+        (:func:`_set_array_alone`); otherwise, or when that wrote nothing,
+        the locked path.
 
         Raises:
             RunNotFound: no such run.
@@ -497,6 +527,7 @@ class RunRepository:
             codec.encode_step_entry(entry),
             _GET_STEPS,
             _SET_STEPS,
+            _SET_STEPS_ALONE,
             codec.check_step_entries,
             "step_entries",
         )
@@ -514,6 +545,7 @@ class RunRepository:
             codec.encode_degradation(entry),
             _GET_DEGRADATIONS,
             _SET_DEGRADATIONS,
+            _SET_DEGRADATIONS_ALONE,
             codec.check_degradations,
             "degradations",
         )
@@ -524,19 +556,43 @@ class RunRepository:
         item_json: str,
         read: Statement,
         write: Statement,
+        write_alone: Statement,
         check: Callable[[object], None],
         field: str,
     ) -> None:
+        if self._alone:
+            self._check_writable()
+            cur = self._db.execute_alone(read, {"id": run_id}, writes=False)
+            if cur is not None:
+                # Read without the lock; one statement then takes it and writes,
+                # fenced on the text read here (see _set_array_alone).
+                old = self._checked_array(run_id, cur.fetchone(), check)
+                params = {
+                    "id": run_id,
+                    "new": codec.append_json_array(old, item_json),
+                    "old": old,
+                    "now": self._clock.now_ms() // 1000,
+                    **aggregate_lock_params(self._db, LockNamespace.RUN, run_id),
+                }
+                cur = self._db.execute_alone(write_alone, params)
+                if cur is not None and cur.fetchone() is not None:
+                    return
+                # The lock was held elsewhere, the array changed, or the stamp
+                # would move back: the locked path decides.
         now = self._begin_write(run_id)
-        row = self._db.execute(read, {"id": run_id}).fetchone()
-        if row is None:
-            raise RunNotFound(run_id)
-        old = row[0]
-        self._decode(run_id, lambda: check(old))  # a corrupt array is refused, never extended
+        old = self._checked_array(run_id, self._db.execute(read, {"id": run_id}).fetchone(), check)
         new = codec.append_json_array(old, item_json)
         result = self._db.execute(write, {"id": run_id, "new": new, "now": now, "old": old})
         if result.rowcount != 1:
             raise ConcurrentModification(f"run {run_id}: {field} changed under the write lock")
+
+    def _checked_array(self, run_id: str, row: Any, check: Callable[[object], None]) -> str:
+        """The stored array text of ``row``, checked: RunNotFound, RunCorrupt (never extended)."""
+        if row is None:
+            raise RunNotFound(run_id)
+        old = row[0]
+        self._decode(run_id, lambda: check(old))  # a corrupt array is refused, never extended
+        return old  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ status
 
