@@ -66,6 +66,21 @@ STEP_TEXTS = [
     "[[]]",
     "[]",
     "",
+    # The regex path (a whole canonical pre-stats array) and texts just outside it.
+    '[{"step_id":"ST-1","step_ref":"","status":"","at":0}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":18446744073709551615}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":99999999999999999999}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":01}]',
+    '[{"step_id":"ST-1","step_ref":"r\x01","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"r\x7f","status":"s","at":1}]',
+    '[{"step_id":"ST-1\x00","step_ref":"r","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1},]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1}{"step_id":"ST-2","step_ref":null,'
+    '"status":null,"at":2}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1},'
+    '{"step_id":"ST-2","step_ref":"r","status":"s","at":1,"attempt":3}]',
+    '[{"step_id":"ST-1","step_ref":"a\\"b","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"{\\"step_id\\":\\"ST-9\\"}","status":"s","at":1}]',
 ]
 
 
