@@ -131,6 +131,17 @@ CURRENT_TEXTS = [
     '{"op":"o","desc":"d","gen":1}',
     "[]",
     "{}",
+    # The regex path (a whole canonical map) and texts just outside it.
+    '{"":{"op":"","desc":"","gen":0}}',
+    '{"main":{"op":"o","desc":"d","gen":9223372036854775807}}',
+    '{"main":{"op":"o","desc":"d","gen":9999999999999999999}}',
+    '{"main":{"op":"o","desc":"d","gen":01}}',
+    '{"main":{"op":"o","desc":"d\x01","gen":1}}',
+    '{"main":{"op":"o","desc":"d\x7f","gen":1}}',
+    '{"a":{"op":"o","desc":"d","gen":1},}',
+    '{"a":{"op":"o","desc":"d","gen":1}{"b":{"op":"o","desc":"d","gen":1}}',
+    '{"a":{"op":"o","desc":"\\"b\\":{\\"op\\"","gen":1}}',
+    '{"b":{"op":"y","desc":"d","gen":2},"a":{"op":"x","desc":"d","gen":1},"b":{"op":"z","desc":"e","gen":3}}',
 ]
 
 

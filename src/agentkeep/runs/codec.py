@@ -708,8 +708,36 @@ def _fast_step_entries(text: str, build: bool = True) -> tuple[StepEntry, ...] |
     return tuple(out)
 
 
+# A canonical slot map, matched whole by one regex (as the step array above):
+# each holder exactly ``{"op":…,"desc":…,"gen":…}``, plain strings, ``gen``
+# a JSON integer without sign or leading zero, checked against 2**63-1.
+_HOLDER: Final = (
+    r'"([^"\\\x00-\x1f]*)":\{"op":"([^"\\\x00-\x1f]*)",'
+    r'"desc":"([^"\\\x00-\x1f]*)","gen":(0|[1-9][0-9]{0,18})\}'
+)
+_PLAIN_MAP: Final = re.compile(r"\{" + _HOLDER + r"(?:," + _HOLDER + r")*\}")
+_HOLDERS: Final = re.compile(_HOLDER)
+
+
+def _plain_current(text: str) -> dict[str, Assignee] | None:
+    """The regex fast path of :func:`_fast_current`; None: not such a map (or a repeated slot)."""
+    if not text.isascii() or _PLAIN_MAP.fullmatch(text) is None:
+        return None
+    holders = _HOLDERS.findall(text)
+    result: dict[str, Assignee] = {}
+    for slot, op, desc, gen_text in sorted(holders):
+        gen = int(gen_text)
+        if gen > I64_MAX or slot in result:
+            return None  # out of range, or a repeated slot: the strict path decides
+        result[slot] = _build(Assignee, {"op": op, "desc": desc, "gen": gen})
+    return result
+
+
 def _fast_current(text: str) -> dict[str, Assignee] | None:
     """The canonical fast path of :func:`decode_current`; None: take the strict path."""
+    plain = _plain_current(text)
+    if plain is not None:
+        return plain
     value = _scan_canonical(text)
     if type(value) is not dict:
         return None
