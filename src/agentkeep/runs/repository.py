@@ -17,6 +17,18 @@ Fences and locks, the same for every write:
    appends. Inside the lock a fence that matches nothing is a bug signal
    (:class:`~agentkeep.errors.ConcurrentModification`), never retried here.
 
+One-statement writes (Postgres, one-call units only: docs/runs.md#common-rules).
+:meth:`~RunRepository.try_transition`, :meth:`~RunRepository.acquire_assignee`
+and the appends first try a form without the separate lock round trip: their
+UPDATE takes ``run:<id>`` itself if it is free
+(:func:`agentkeep.db.aggregate_try_lock_cte`) and runs as a transaction of its
+own (:meth:`agentkeep.db.Driver.execute_alone`), fenced as in step 4 on the
+row's latest version, plus ``updated_at <= now`` (``now`` was sampled before
+the statement: a stamp never moves back). The values it was computed from (the
+slot map and G, the array text) are read without the lock and are part of
+its fence. When it writes nothing for any reason but a definite answer
+(``try_transition``: the run absent or not in ``from_``), the steps above run.
+
 Reads decode every column strictly; a corrupt value raises
 :class:`~agentkeep.errors.RunCorrupt` naming the row and column, and one
 undecodable row fails the whole list.
@@ -323,8 +335,9 @@ class RunRepository:
         writable: False inside ``store.read()``: write methods then raise
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
         nested: False in a one-call unit, which holds exactly one operation
-            (``store.runs.<op>``): on Postgres :meth:`try_transition` then
-            runs as one statement of its own.
+            (``store.runs.<op>``): on Postgres :meth:`try_transition`,
+            :meth:`acquire_assignee` and the appends then write with one
+            statement of their own (see the module docstring).
     """
 
     def __init__(
