@@ -24,7 +24,15 @@ from sqlalchemy import create_engine, make_url, text
 from agentkeep import db
 from agentkeep.clock import SettableClock
 from agentkeep.errors import CommitOutcomeUnknown
-from agentkeep.runs.domain import Assignee, DegradationEntry, RunRecord, RunStatus, StepEntry
+from agentkeep.runs.domain import (
+    Assignee,
+    DegradationEntry,
+    Released,
+    RunRecord,
+    RunStatus,
+    Stale,
+    StepEntry,
+)
 from agentkeep.store import Store
 from tests.sessions.test_round_trips import Trace
 
@@ -33,7 +41,7 @@ T0_S = T0_MS // 1000
 
 
 def test_one_call_transition_and_acquire_round_trips(backend: str, db_url: str) -> None:
-    """psycopg: try_transition is 1 round trip (won or lost), acquire_assignee and an append 2.
+    """psycopg: try_transition 1 round trip (won or lost); acquire, append, vacate 2 (Stale: 1).
 
     Counted once every statement has run past psycopg's prepare threshold (5):
     the execution that prepares a statement takes one more round trip, once
@@ -59,11 +67,21 @@ def test_one_call_transition_and_acquire_round_trips(backend: str, db_url: str) 
             step = StepEntry.basic(f"ST-{i}", None, "ok", None, i)
             with trace.round_trips() as appended:
                 store.runs.append_step_entry("R-rt", step)
-            counts.append((len(won), len(lost), len(absent), len(acquired), len(appended)))
-        assert counts[6:] == [(1, 1, 1, 2, 2)] * 2, counts
+            with trace.round_trips() as stale:
+                assert isinstance(store.runs.vacate_assignee("R-rt", "other", 1), Stale)
+            counts.append(
+                (len(won), len(lost), len(absent), len(acquired), len(appended), len(stale))
+            )
+        assert counts[6:] == [(1, 1, 1, 2, 2, 1)] * 2, counts
+        with trace.round_trips() as released:
+            assert store.runs.vacate_assignee("R-rt", "main", 8) == Released(
+                generation=9, released=Assignee(op="S-7", desc="w", gen=8)
+            )
+        assert len(released) == 2, released
+        store.runs.acquire_assignee("R-rt", "main", "S-7", "w")
         rec = store.runs.get("R-rt")
-        assert rec.next_generation == 8
-        assert rec.current == {"main": Assignee(op="S-7", desc="w", gen=8)}
+        assert rec.next_generation == 10
+        assert rec.current == {"main": Assignee(op="S-7", desc="w", gen=10)}
         assert [e.step_id for e in rec.step_entries] == [f"ST-{i}" for i in range(8)]
     finally:
         store.close()
@@ -112,6 +130,13 @@ OPS: dict[str, tuple[Callable[[Store], Any], Any, Callable[[RunRecord], Any]]] =
         (2, Assignee(op="S-unit", desc="in unit", gen=1)),
         lambda rec: (rec.next_generation, rec.current["main"]),
     ),
+    # Seeded holder gen 1 (below); the vacate of gen 1 waits while the unit
+    # takes the slot (gen 2): Stale, showing the unit's holder.
+    "vacate_assignee": (
+        lambda s: s.runs.vacate_assignee("R-held", "main", 1),
+        Stale(current=Assignee(op="S-unit", desc="in unit", gen=2)),
+        lambda rec: (rec.next_generation, rec.current.get("main")),
+    ),
 }
 
 
@@ -131,6 +156,8 @@ def test_a_unit_holding_the_run_lock_excludes_the_one_statement_write(
         pytest.skip("the run lock is a Postgres advisory lock (SQLite: BEGIN IMMEDIATE)")
     call, expected, shown = OPS[op]
     store.runs.create(RunRecord.new("R-held", "T-1", 100))
+    if op == "vacate_assignee":
+        store.runs.acquire_assignee("R-held", "main", "S-old", "seeded")
     other = Store.open(db_url, clock=SettableClock(T0_MS + 1000), busy_timeout_ms=10_000)
     waiting = _waiting_for_advisory_lock(db_url)
     result: list[Any] = []
@@ -153,8 +180,10 @@ def test_a_unit_holding_the_run_lock_excludes_the_one_statement_write(
         assert rec.status == RunStatus.CANCELLED
         if op == "try_transition":
             assert shown(rec) == RunStatus.CANCELLED
-        else:
+        elif op == "acquire_assignee":
             assert shown(rec) == (2, Assignee(op="S-new", desc="after", gen=2))
+        else:
+            assert shown(rec) == (2, Assignee(op="S-unit", desc="in unit", gen=2))
     finally:
         other.close()
         waiting.engine.dispose()  # type: ignore[attr-defined]

@@ -18,9 +18,9 @@ Fences and locks, the same for every write:
    (:class:`~agentkeep.errors.ConcurrentModification`), never retried here.
 
 One-statement writes (Postgres, one-call units only: docs/runs.md#common-rules).
-:meth:`~RunRepository.try_transition`, :meth:`~RunRepository.acquire_assignee`
-and the appends first try a form without the separate lock round trip: their
-UPDATE takes ``run:<id>`` itself if it is free
+:meth:`~RunRepository.try_transition`, :meth:`~RunRepository.acquire_assignee`,
+:meth:`~RunRepository.vacate_assignee` and the appends first try a form
+without the separate lock round trip: their UPDATE takes ``run:<id>`` itself if it is free
 (:func:`agentkeep.db.aggregate_try_lock_cte`) and runs as a transaction of its
 own (:meth:`agentkeep.db.Driver.execute_alone`), fenced as in step 4 on the
 row's latest version, plus ``updated_at <= now`` (``now`` was sampled before
@@ -335,9 +335,9 @@ class RunRepository:
         writable: False inside ``store.read()``: write methods then raise
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
         nested: False in a one-call unit, which holds exactly one operation
-            (``store.runs.<op>``): on Postgres :meth:`try_transition`,
-            :meth:`acquire_assignee` and the appends then write with one
-            statement of their own (see the module docstring).
+            (``store.runs.<op>``): on Postgres :meth:`try_transition`, the
+            slot operations and the appends then write with one statement of
+            their own (see the module docstring).
     """
 
     def __init__(
@@ -709,76 +709,28 @@ class RunRepository:
         codec.check_text(slot, "slot")
         codec.check_text(op, "op")
         codec.check_text(desc, "desc")
-        if self._alone:
-            self._check_writable()
-            done = self._acquire_alone(run_id, slot, op, desc)
-            if done is not None:
-                return done
-        now = self._begin_write(run_id)
-        current, gen = self._read_slots(run_id)
-        if gen >= I64_MAX:
-            raise GenerationOverflow(run_id, gen)
-        new_gen = gen + 1
-        previous = current.get(slot)
-        current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": new_gen})
-        self._write_slots(run_id, current, gen, new_gen, now)
-        return new_gen, previous
 
-    def _acquire_alone(
-        self, run_id: str, slot: str, op: str, desc: str
-    ) -> tuple[int, Assignee | None] | None:
-        """:meth:`acquire_assignee` in a one-call unit on Postgres: two round trips.
+        def take(
+            current: dict[str, Assignee], gen: int
+        ) -> tuple[tuple[int, Assignee | None], bool]:
+            if gen >= I64_MAX:
+                raise GenerationOverflow(run_id, gen)
+            previous = current.get(slot)
+            current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": gen + 1})
+            return (gen + 1, previous), True
 
-        The slot map and G are read without the lock (decoded strictly: a
-        corrupt map or a missing run raises here, with nothing written), then
-        written by :data:`_SET_SLOTS_ALONE`, which takes the lock if it is
-        free and is fenced on what was read. Returns None, having written
-        nothing, when the unit cannot run statements alone, the lock was held
-        elsewhere, or the fence missed (another writer came between the read
-        and the write, or the stamp would move back): the locked path then
-        decides.
-        """
-        db = self._db
-        cur = db.execute_alone(_GET_SLOTS, {"id": run_id}, writes=False)
-        if cur is None:
-            return None
-        row = cur.fetchone()
-        if row is None:
-            raise RunNotFound(run_id)
-        old_current = row[0]
-        current, gen = self._decode(
-            run_id,
-            lambda: (
-                codec.decode_current(old_current),
-                codec.decode_u63(row[1], "next_generation"),
-            ),
-        )
-        if gen >= I64_MAX:
-            raise GenerationOverflow(run_id, gen)
-        new_gen = gen + 1
-        previous = current.get(slot)
-        current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": new_gen})
-        params: dict[str, Any] = {
-            "id": run_id,
-            "current": codec.encode_current(current),
-            "new_gen": new_gen,
-            "old_gen": gen,
-            "old_current": old_current,
-            "now": self._clock.now_ms() // 1000,
-            **aggregate_lock_params(db, LockNamespace.RUN, run_id),
-        }
-        cur = db.execute_alone(_SET_SLOTS_ALONE, params)
-        if cur is None or cur.fetchone() is None:
-            return None
-        return new_gen, previous
+        return self._change_slots(run_id, take)
 
     def vacate_assignee(self, run_id: str, slot: str, expected_gen: int) -> VacateOutcome:
         """Release ``slot`` only if its holder still carries ``expected_gen``.
 
         See docs/runs.md#vacate_assignee.
 
-        The comparison happens under the write lock, so a stale reader (a
-        liveness sweep that read an older holder) can never remove a newer one.
+        The comparison happens under the write lock, or (a one-call unit on
+        Postgres: one round trip when Stale, two when released) against a
+        map the write is fenced on, re-checked when it writes; either way a
+        stale reader (a liveness sweep that read an older holder) can never
+        remove a newer one.
 
         Returns:
             :class:`Released` with the new G and the removed holder; or
@@ -796,16 +748,92 @@ class RunRepository:
         if not isinstance(slot, str) or slot == "":
             raise AssigneeSlotRequired()
         check_u64(expected_gen, "expected_gen")
+
+        def release(current: dict[str, Assignee], gen: int) -> tuple[VacateOutcome, bool]:
+            held = current.get(slot)
+            if held is None or held.gen != expected_gen:
+                return Stale(current=held), False
+            if gen >= I64_MAX:
+                raise GenerationOverflow(run_id, gen)
+            del current[slot]
+            return Released(generation=gen + 1, released=held), True
+
+        return self._change_slots(run_id, release)
+
+    def _change_slots(
+        self,
+        run_id: str,
+        change: Callable[[dict[str, Assignee], int], tuple[T, bool]],
+    ) -> T:
+        """Read the slot map and G, let ``change`` edit the map, write it with G + 1.
+
+        ``change(current, gen)`` edits ``current`` in place and returns its
+        result and whether to write (False: nothing is written). It may raise
+        (``GenerationOverflow``), writing nothing. In a one-call unit on
+        Postgres the read and the write go without the separate lock round
+        trip (:meth:`_change_slots_alone`); otherwise, or when that wrote
+        nothing, under the lock: G read under it is the write's fence.
+        """
+        if self._alone:
+            self._check_writable()
+            done = self._change_slots_alone(run_id, change)
+            if done is not None:
+                return done[0]
         now = self._begin_write(run_id)
         current, gen = self._read_slots(run_id)
-        held = current.get(slot)
-        if held is None or held.gen != expected_gen:
-            return Stale(current=held)
-        if gen >= I64_MAX:
-            raise GenerationOverflow(run_id, gen)
-        del current[slot]
-        self._write_slots(run_id, current, gen, gen + 1, now)
-        return Released(generation=gen + 1, released=held)
+        result, write = change(current, gen)
+        if write:
+            self._write_slots(run_id, current, gen, gen + 1, now)
+        return result
+
+    def _change_slots_alone(
+        self,
+        run_id: str,
+        change: Callable[[dict[str, Assignee], int], tuple[T, bool]],
+    ) -> tuple[T] | None:
+        """:meth:`_change_slots` in a one-call unit on Postgres: one or two round trips.
+
+        The slot map and G are read without the lock (decoded strictly: a
+        corrupt map or a missing run raises here, with nothing written); a
+        result that writes nothing (``Stale``) is the answer, as of that read.
+        Otherwise :data:`_SET_SLOTS_ALONE` takes the lock if it is free and
+        writes, fenced on what was read. Returns ``(result,)``, or None,
+        having written nothing, when the unit cannot run statements alone,
+        the lock was held elsewhere, or the fence missed (another writer came
+        between the read and the write, or the stamp would move back): the
+        locked path then decides.
+        """
+        db = self._db
+        cur = db.execute_alone(_GET_SLOTS, {"id": run_id}, writes=False)
+        if cur is None:
+            return None
+        row = cur.fetchone()
+        if row is None:
+            raise RunNotFound(run_id)
+        old_current = row[0]
+        current, gen = self._decode(
+            run_id,
+            lambda: (
+                codec.decode_current(old_current),
+                codec.decode_u63(row[1], "next_generation"),
+            ),
+        )
+        result, write = change(current, gen)
+        if not write:
+            return (result,)
+        params: dict[str, Any] = {
+            "id": run_id,
+            "current": codec.encode_current(current),
+            "new_gen": gen + 1,
+            "old_gen": gen,
+            "old_current": old_current,
+            "now": self._clock.now_ms() // 1000,
+            **aggregate_lock_params(db, LockNamespace.RUN, run_id),
+        }
+        cur = db.execute_alone(_SET_SLOTS_ALONE, params)
+        if cur is None or cur.fetchone() is None:
+            return None
+        return (result,)
 
     def _read_slots(self, run_id: str) -> tuple[dict[str, Assignee], int]:
         row = self._db.execute(_GET_SLOTS, {"id": run_id}).fetchone()
