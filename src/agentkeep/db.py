@@ -88,6 +88,7 @@ from agentkeep.text import check_params, check_text
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.sql.selectable import CTE
 
 __all__ = [
     "ASYNC_DRIVERS",
@@ -95,6 +96,8 @@ __all__ = [
     "EngineSettings",
     "LockNamespace",
     "adopt_engine",
+    "aggregate_try_lock_cte",
+    "aggregate_lock_params",
     "attach_schema",
     "check_schema_name",
     "create_private_file",
@@ -1453,6 +1456,63 @@ class Driver:
             raise self.translate(exc) from exc
         return True
 
+    def execute_alone(
+        self, stmt: Statement, params: Mapping[str, Any], *, writes: bool = True
+    ) -> Any | None:
+        """Run ``stmt`` as a transaction of its own, ahead of the unit's (one round trip).
+
+        For a one-call operation whose work is one statement that carries its
+        own lock and fence (``runs.try_transition``): in a lean unit on
+        Postgres that has sent nothing yet, the statement runs in autocommit
+        mode, so the server commits it when it ends, and the unit's own
+        transaction stays unbegun (its next statement begins it as usual; a
+        unit that sends nothing more commits nothing). Returns the cursor, or
+        None when the statement cannot run alone: SQLite, a ``store.write()``
+        unit, a unit that has sent a statement, or one whose lock wait is
+        limited (a retry near its deadline); the caller then runs its usual
+        locked path.
+
+        A write (``writes``) is its own COMMIT: the operation's
+        :class:`CommitWatch` is marked before it is sent, and a connection
+        lost while it is in flight raises
+        :class:`~agentkeep.errors.CommitOutcomeUnknown`. A read
+        (``writes=False``, a SELECT that precedes such a write) fails as
+        :meth:`execute` does (``ConnectionLost``: nothing was written).
+
+        Raises:
+            InvalidInput, PayloadTooLarge: as :meth:`execute`.
+            CommitOutcomeUnknown: a write's connection was lost with it in flight.
+            ConnectionLost: a read's connection was lost.
+            StoreBusy, DatabaseError: the server refused it (nothing was written).
+        """
+        if not self._lean or self._prefetch or self._deferred or self._prefetched:
+            return None
+        if self._merge_begin:
+            # Autocommit since enter_lean; a limited lock wait rides on the BEGIN.
+            if self._pending_begin != _BEGIN_WRITE_PG:
+                return None
+        else:  # asyncpg: begin() switched autocommit off; nothing sent means no transaction
+            conn = getattr(self.raw, "_connection", None)
+            if conn is None or conn.is_in_transaction():
+                return None
+        form = stmt.compiled(self.target)
+        self._check(form, params)
+        bound = params if form.plain else form.bind(params)
+        if writes and (watch := _COMMIT_WATCH.get()) is not None:
+            watch.committing = True
+        try:
+            if not self._merge_begin:
+                self.raw.autocommit = True
+            try:
+                cur = self._cursor = self.raw.cursor()
+                cur.execute(form.sql, bound)
+            finally:
+                if not self._merge_begin:
+                    self.raw.autocommit = False  # the unit's next statement begins as usual
+        except self._error as exc:
+            raise (self.commit_failure(exc) if writes else self.translate(exc)) from exc
+        return cur
+
     # ------------------------------------------------------------------ pipelining
 
     @property
@@ -1784,6 +1844,32 @@ def migration_lock_key(schema: str | None) -> int:
     return 0 if schema is None else _key_hash(_namespaced("", schema))
 
 
+def aggregate_try_lock_cte(name: str = "aggregate_lock") -> CTE:
+    """The aggregate write lock, if free, as a CTE of a statement that takes it itself (Postgres).
+
+    ``WITH <name> AS (SELECT pg_try_advisory_xact_lock(:ns, :key) AS locked)``,
+    bound with :func:`aggregate_lock_params`: the lock :func:`lock_aggregate`
+    takes, without waiting for it. A statement whose write requires
+    ``<name>.locked`` (true when this statement now holds it) writes only
+    while it holds the lock, so a unit holding that aggregate's lock excludes
+    it; in autocommit mode the lock ends with the statement. When the lock is
+    held elsewhere the statement writes nothing and its caller takes the
+    usual path (:func:`lock_aggregate`, which waits). Never waiting inside
+    the statement keeps a lost connection during a lock wait where it was: before
+    COMMIT (``ConnectionLost``, retried), not inside a statement that is its
+    own COMMIT. The statement's fence must be one that Postgres re-checks on
+    the row's latest version (an UPDATE's WHERE), never a value read before.
+    """
+    locked = func.pg_try_advisory_xact_lock(bindparam("ns"), bindparam("key"))
+    return select(locked.label("locked")).cte(name)
+
+
+def aggregate_lock_params(driver: Driver, namespace: int, key: str) -> dict[str, int]:
+    """The parameters ``ns`` and ``key`` of the lock of :func:`aggregate_try_lock_cte`."""
+    check_text(key, "key")
+    return {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))}
+
+
 def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = False) -> None:
     """Take the write lock of one aggregate for the rest of the transaction.
 
@@ -1808,7 +1894,7 @@ def lock_aggregate(driver: Driver, namespace: int, key: str, *, shared: bool = F
     check_text(key, "key")
     if driver.postgres:
         stmt = _LOCK_SHARED_SQL if shared else _LOCK_SQL
-        params = {"ns": namespace, "key": _key_hash(_namespaced(key, driver.schema))}
+        params = aggregate_lock_params(driver, namespace, key)
         if not driver.send_with_begin(stmt, params):
             driver.execute(stmt, params)
 

@@ -114,7 +114,9 @@ class Repositories:
     def runs(self) -> RunRepository:
         """The run store's operations in this unit."""
         if self._runs is None:
-            self._runs = RunRepository(self.driver, self.clock, writable=self.writable)
+            self._runs = RunRepository(
+                self.driver, self.clock, writable=self.writable, nested=self.nested
+            )
         return self._runs
 
     @property

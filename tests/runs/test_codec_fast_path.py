@@ -66,6 +66,21 @@ STEP_TEXTS = [
     "[[]]",
     "[]",
     "",
+    # The regex path (a whole canonical pre-stats array) and texts just outside it.
+    '[{"step_id":"ST-1","step_ref":"","status":"","at":0}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":18446744073709551615}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":99999999999999999999}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":01}]',
+    '[{"step_id":"ST-1","step_ref":"r\x01","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"r\x7f","status":"s","at":1}]',
+    '[{"step_id":"ST-1\x00","step_ref":"r","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1},]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1}{"step_id":"ST-2","step_ref":null,'
+    '"status":null,"at":2}]',
+    '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1},'
+    '{"step_id":"ST-2","step_ref":"r","status":"s","at":1,"attempt":3}]',
+    '[{"step_id":"ST-1","step_ref":"a\\"b","status":"s","at":1}]',
+    '[{"step_id":"ST-1","step_ref":"{\\"step_id\\":\\"ST-9\\"}","status":"s","at":1}]',
 ]
 
 
@@ -116,6 +131,17 @@ CURRENT_TEXTS = [
     '{"op":"o","desc":"d","gen":1}',
     "[]",
     "{}",
+    # The regex path (a whole canonical map) and texts just outside it.
+    '{"":{"op":"","desc":"","gen":0}}',
+    '{"main":{"op":"o","desc":"d","gen":9223372036854775807}}',
+    '{"main":{"op":"o","desc":"d","gen":9999999999999999999}}',
+    '{"main":{"op":"o","desc":"d","gen":01}}',
+    '{"main":{"op":"o","desc":"d\x01","gen":1}}',
+    '{"main":{"op":"o","desc":"d\x7f","gen":1}}',
+    '{"a":{"op":"o","desc":"d","gen":1},}',
+    '{"a":{"op":"o","desc":"d","gen":1}{"b":{"op":"o","desc":"d","gen":1}}',
+    '{"a":{"op":"o","desc":"\\"b\\":{\\"op\\"","gen":1}}',
+    '{"b":{"op":"y","desc":"d","gen":2},"a":{"op":"x","desc":"d","gen":1},"b":{"op":"z","desc":"e","gen":3}}',
 ]
 
 

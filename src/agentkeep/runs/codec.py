@@ -60,6 +60,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
+from pydantic import BaseModel
+
 from agentkeep.bounds import I64_MAX, I64_MIN, U32_MAX, U64_MAX, check_u63
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.domain import (
@@ -230,16 +232,25 @@ _STEP_FIELDS: Final = frozenset(StepEntry.model_fields)
 _DEGRADATION_FIELDS: Final = frozenset(DegradationEntry.model_fields)
 _ASSIGNEE_FIELDS: Final = frozenset(Assignee.model_fields)
 _USAGE_FIELDS: Final = frozenset(Usage.model_fields)
-_setattr = object.__setattr__
 _str_new = str.__new__
 
 
+# The instance slots of a pydantic model, set through their descriptors (one C
+# call each, cheaper than object.__setattr__ with a name).
+_SLOT = BaseModel.__dict__
+_set_dict = _SLOT["__dict__"].__set__
+_set_fields_set = _SLOT["__pydantic_fields_set__"].__set__
+_set_extra = _SLOT["__pydantic_extra__"].__set__
+_set_private = _SLOT["__pydantic_private__"].__set__
+_new = object.__new__
+
+
 def _direct(cls: type[_M], values: dict[str, Any]) -> _M:
-    obj = object.__new__(cls)
-    _setattr(obj, "__dict__", values)
-    _setattr(obj, "__pydantic_fields_set__", set(values))
-    _setattr(obj, "__pydantic_extra__", None)
-    _setattr(obj, "__pydantic_private__", None)
+    obj = _new(cls)
+    _set_dict(obj, values)
+    _set_fields_set(obj, set(values))
+    _set_extra(obj, None)
+    _set_private(obj, None)
     return obj
 
 
@@ -486,24 +497,22 @@ _STEP_STATS_KEYS: Final = frozenset(
 )
 
 
+# Every field of a pre-stats step entry, in declaration order, stats fields None.
+_PRE_STATS: Final[dict[str, Any]] = {name: None for name in StepEntry.model_fields}
+
+
 def _pre_stats_fields(step_id: StepId, step_ref: Any, status: Any, at: Any) -> dict[str, Any]:
-    """The fields of a step entry written before step stats existed (every stats field None)."""
-    return {
-        "step_id": step_id,
-        "step_ref": step_ref,
-        "status": status,
-        "binding_digest": None,
-        "at": at,
-        "attempt": None,
-        "started_at_ms": None,
-        "completed_at_ms": None,
-        "duration_ms": None,
-        "worker_kind": None,
-        "model": None,
-        "usage": None,
-        "num_turns": None,
-        "adapter_data": None,
-    }
+    """The fields of a step entry written before step stats existed (every stats field None).
+
+    A copy of :data:`_PRE_STATS` with the four values set (a copy keeps the
+    declaration order and costs about half of building the dict).
+    """
+    fields = _PRE_STATS.copy()
+    fields["step_id"] = step_id
+    fields["step_ref"] = step_ref
+    fields["status"] = status
+    fields["at"] = at
+    return fields
 
 
 def _decode_step_entry(
@@ -612,11 +621,52 @@ def _scan_canonical(text: str) -> Any:
     return value if end == len(text) else None
 
 
+# A canonical array of pre-stats entries, matched whole by one regex: exactly
+# the four keys in their order, no whitespace, strings without a quote, a
+# backslash or a control character (so each string's JSON value is its text),
+# ``at`` a JSON integer without sign or leading zero. On an ASCII text (no lone
+# surrogate) every match is a text the strict path accepts, with the same
+# values, once ``at`` is checked against u64; anything else takes the scanner.
+_PLAIN_STRING: Final = r'"[^"\\\x00-\x1f]*"'
+_PRE_STATS_ENTRY: Final = (
+    r'\{"step_id":"(' + re.escape(StepId.PREFIX) + r'[^"\\\x00-\x1f]+)",'
+    r'"step_ref":(null|' + _PLAIN_STRING + r"),"
+    r'"status":(null|' + _PLAIN_STRING + r"),"
+    r'"at":(0|[1-9][0-9]{0,19})\}'
+)
+_PRE_STATS_ARRAY: Final = re.compile(
+    r"\[" + _PRE_STATS_ENTRY + r"(?:," + _PRE_STATS_ENTRY + r")*\]"
+)
+_PRE_STATS_ENTRIES: Final = re.compile(_PRE_STATS_ENTRY)
+
+
+def _plain_step_entries(text: str, build: bool) -> tuple[StepEntry, ...] | None:
+    """The regex fast path of :func:`_fast_step_entries`; None: not such an array."""
+    if not text.isascii() or _PRE_STATS_ARRAY.fullmatch(text) is None:
+        return None
+    out = []
+    for sid, step_ref, status, at_text in _PRE_STATS_ENTRIES.findall(text):
+        at = int(at_text)
+        if at > U64_MAX:
+            return None
+        if build:
+            fields = _PRE_STATS.copy()
+            fields["step_id"] = _str_new(StepId, sid)
+            fields["step_ref"] = None if step_ref == "null" else step_ref[1:-1]
+            fields["status"] = None if status == "null" else status[1:-1]
+            fields["at"] = at
+            out.append(_build(StepEntry, fields))
+    return tuple(out)
+
+
 def _fast_step_entries(text: str, build: bool = True) -> tuple[StepEntry, ...] | None:
     """The canonical fast path of :func:`decode_step_entries`; None: take the strict path.
 
     ``build=False`` (:func:`check_step_entries`): only the checks; ``()`` when they pass.
     """
+    plain = _plain_step_entries(text, build)
+    if plain is not None:
+        return plain
     items = _scan_canonical(text)
     if type(items) is not list:
         return None
@@ -658,8 +708,36 @@ def _fast_step_entries(text: str, build: bool = True) -> tuple[StepEntry, ...] |
     return tuple(out)
 
 
+# A canonical slot map, matched whole by one regex (as the step array above):
+# each holder exactly ``{"op":…,"desc":…,"gen":…}``, plain strings, ``gen``
+# a JSON integer without sign or leading zero, checked against 2**63-1.
+_HOLDER: Final = (
+    r'"([^"\\\x00-\x1f]*)":\{"op":"([^"\\\x00-\x1f]*)",'
+    r'"desc":"([^"\\\x00-\x1f]*)","gen":(0|[1-9][0-9]{0,18})\}'
+)
+_PLAIN_MAP: Final = re.compile(r"\{" + _HOLDER + r"(?:," + _HOLDER + r")*\}")
+_HOLDERS: Final = re.compile(_HOLDER)
+
+
+def _plain_current(text: str) -> dict[str, Assignee] | None:
+    """The regex fast path of :func:`_fast_current`; None: not such a map (or a repeated slot)."""
+    if not text.isascii() or _PLAIN_MAP.fullmatch(text) is None:
+        return None
+    holders = _HOLDERS.findall(text)
+    result: dict[str, Assignee] = {}
+    for slot, op, desc, gen_text in sorted(holders):
+        gen = int(gen_text)
+        if gen > I64_MAX or slot in result:
+            return None  # out of range, or a repeated slot: the strict path decides
+        result[slot] = _build(Assignee, {"op": op, "desc": desc, "gen": gen})
+    return result
+
+
 def _fast_current(text: str) -> dict[str, Assignee] | None:
     """The canonical fast path of :func:`decode_current`; None: take the strict path."""
+    plain = _plain_current(text)
+    if plain is not None:
+        return plain
     value = _scan_canonical(text)
     if type(value) is not dict:
         return None

@@ -17,6 +17,18 @@ Fences and locks, the same for every write:
    appends. Inside the lock a fence that matches nothing is a bug signal
    (:class:`~agentkeep.errors.ConcurrentModification`), never retried here.
 
+One-statement writes (Postgres, one-call units only: docs/runs.md#common-rules).
+:meth:`~RunRepository.try_transition`, :meth:`~RunRepository.acquire_assignee`,
+:meth:`~RunRepository.vacate_assignee` and the appends first try a form
+without the separate lock round trip: their UPDATE takes ``run:<id>`` itself if it is free
+(:func:`agentkeep.db.aggregate_try_lock_cte`) and runs as a transaction of its
+own (:meth:`agentkeep.db.Driver.execute_alone`), fenced as in step 4 on the
+row's latest version, plus ``updated_at <= now`` (``now`` was sampled before
+the statement: a stamp never moves back). The values it was computed from (the
+slot map and G, the array text) are read without the lock and are part of
+its fence. When it writes nothing for any reason but a definite answer
+(``try_transition``: the run absent or not in ``from_``), the steps above run.
+
 Reads decode every column strictly; a corrupt value raises
 :class:`~agentkeep.errors.RunCorrupt` naming the row and column, and one
 undecodable row fails the whole list.
@@ -32,12 +44,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, true, update
 
 from agentkeep import observability
 from agentkeep.bounds import I64_MAX, check_u64
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, lock_aggregate
+from agentkeep.db import (
+    Driver,
+    LockNamespace,
+    aggregate_lock_params,
+    aggregate_try_lock_cte,
+    lock_aggregate,
+)
 from agentkeep.errors import (
     AssigneeDescRequired,
     AssigneeSlotRequired,
@@ -157,6 +175,51 @@ _TRANSITION: Final = Statement(
     update(Run).values(status=p("to"), updated_at=p("now")).where(_BY_ID, Run.status == p("from_")),
     name="runs.transition",
 )
+
+
+def _transition_alone() -> Statement:
+    """``try_transition`` as one statement that takes the run's write lock itself (Postgres).
+
+    The UPDATE writes only if the statement got the ``run:<id>`` advisory
+    lock (:func:`agentkeep.db.aggregate_try_lock_cte`, which does not wait),
+    so a unit holding the run's lock excludes it, as it excludes the locked
+    path. Its fence is the locked path's (``status = :from_``) plus
+    ``updated_at <= :now``: a stamp never moves back (the clock behind the
+    stored stamp; or a row lock waited for while another writer stamped it).
+
+    One row: ``moved`` (1: this call won) and ``held``: the stored
+    ``updated_at`` if the statement's snapshot shows the row with status
+    ``from_``, for when ``moved`` is 0. NULL there means the run is absent
+    or in another status: the answer is False. Otherwise (the lock was held
+    elsewhere, the stamp guard refused, or the row changed) the locked path
+    decides.
+    """
+    lock = aggregate_try_lock_cte("run_lock")
+    moved = (
+        update(Run)
+        .values(status=p("to"), updated_at=p("now"))
+        .where(
+            _BY_ID,
+            Run.status == p("from_"),
+            Run.updated_at <= p("now"),
+            lock.c.locked.is_(true()),
+        )
+        .returning(Run.id)
+        .cte("moved")
+    )
+    return Statement(
+        select(
+            select(func.count()).select_from(moved).scalar_subquery().label("moved"),
+            select(Run.updated_at)
+            .where(_BY_ID, Run.status == p("from_"))
+            .scalar_subquery()
+            .label("held"),
+        ),
+        name="runs.transition_alone",
+    )
+
+
+_TRANSITION_ALONE: Final = _transition_alone()
 _GET_SLOTS: Final = Statement(
     select(Run.current_json, Run.next_generation).where(_BY_ID), name="runs.get_slots"
 )
@@ -165,6 +228,64 @@ _SET_SLOTS: Final = Statement(
     .values(current_json=p("current"), next_generation=p("new_gen"), updated_at=p("now"))
     .where(_BY_ID, Run.next_generation == p("old_gen")),
     name="runs.set_slots",
+)
+
+
+def _set_slots_alone() -> Statement:
+    """``acquire_assignee``'s write as one statement that takes the run's lock itself (Postgres).
+
+    For a one-call unit that read the slot map and G without the lock: the
+    UPDATE writes only if the statement got the ``run:<id>`` advisory lock
+    (:func:`agentkeep.db.aggregate_try_lock_cte`, which does not wait), and
+    is fenced on everything the new map was computed from, re-checked on the
+    row's latest version: G (``next_generation = :old_gen``) and the stored
+    map text itself (a run deleted and created again under the same id with
+    the same G differs there), plus ``updated_at <= :now`` (a stamp never
+    moves back). Returns the run id when it wrote; no row: the locked path
+    decides.
+    """
+    lock = aggregate_try_lock_cte("run_lock")
+    return Statement(
+        update(Run)
+        .values(current_json=p("current"), next_generation=p("new_gen"), updated_at=p("now"))
+        .where(
+            _BY_ID,
+            Run.next_generation == p("old_gen"),
+            Run.current_json.is_not_distinct_from(p("old_current")),
+            Run.updated_at <= p("now"),
+            lock.c.locked.is_(true()),
+        )
+        .returning(Run.id),
+        name="runs.set_slots_alone",
+    )
+
+
+_SET_SLOTS_ALONE: Final = _set_slots_alone()
+
+
+def _set_array_alone(column: Any, name: str) -> Statement:
+    """An append's write as one statement that takes the run's lock itself (Postgres).
+
+    For a one-call unit that read the array without the lock: the UPDATE
+    writes only if the statement got the ``run:<id>`` advisory lock
+    (:func:`agentkeep.db.aggregate_try_lock_cte`, which does not wait), fenced
+    as the locked path's (the stored array text is the text that was read
+    and checked), plus ``updated_at <= :now`` (a stamp never moves back).
+    Returns the run id when it wrote; no row: the locked path decides.
+    """
+    lock = aggregate_try_lock_cte("run_lock")
+    return Statement(
+        update(Run)
+        .values({column: p("new"), Run.updated_at: p("now")})
+        .where(_BY_ID, column == p("old"), Run.updated_at <= p("now"), lock.c.locked.is_(true()))
+        .returning(Run.id),
+        name=name,
+    )
+
+
+_SET_STEPS_ALONE: Final = _set_array_alone(Run.step_entries_json, "runs.set_steps_alone")
+_SET_DEGRADATIONS_ALONE: Final = _set_array_alone(
+    Run.degradations_json, "runs.set_degradations_alone"
 )
 _SET_RESULT: Final = Statement(
     update(Run).values(result_ref_json=p("v"), updated_at=p("now")).where(_BY_ID),
@@ -213,21 +334,33 @@ class RunRepository:
         clock: the time source; ``updated_at = clock.now_ms() // 1000``.
         writable: False inside ``store.read()``: write methods then raise
             :class:`~agentkeep.errors.ReadOnlyUnitOfWork`.
+        nested: False in a one-call unit, which holds exactly one operation
+            (``store.runs.<op>``): on Postgres :meth:`try_transition`, the
+            slot operations and the appends then write with one statement of
+            their own (see the module docstring).
     """
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+        # A one-call unit (not nested) holds this one operation and nothing else:
+        # a single-statement operation may then run as a transaction of its own.
+        self._alone = not nested and driver.postgres
 
     # ------------------------------------------------------------------ helpers
 
     def _begin_write(self, run_id: str) -> int:
         """Take the ``run:<id>`` lock; return ``now`` in Unix seconds, sampled after it."""
-        if not self._writable:
-            raise ReadOnlyUnitOfWork("run store writes need store.write(), not store.read()")
+        self._check_writable()
         lock_aggregate(self._db, LockNamespace.RUN, run_id)
         return self._clock.now_ms() // 1000
+
+    def _check_writable(self) -> None:
+        if not self._writable:
+            raise ReadOnlyUnitOfWork("run store writes need store.write(), not store.read()")
 
     def _decode(self, run_id: str, fn: Callable[[], T]) -> T:
         try:
@@ -389,7 +522,11 @@ class RunRepository:
     def append_step_entry(self, run_id: str, entry: StepEntry) -> None:
         """Append one step entry; earlier entries are kept as stored.
 
-        See docs/runs.md#append_step_entry.
+        See docs/runs.md#append_step_entry. In a one-call unit on Postgres:
+        the array read and checked without the lock, then one statement that
+        takes the lock if free and writes, fenced on the text read
+        (:func:`_set_array_alone`); otherwise, or when that wrote nothing,
+        the locked path.
 
         Raises:
             RunNotFound: no such run.
@@ -403,6 +540,7 @@ class RunRepository:
             codec.encode_step_entry(entry),
             _GET_STEPS,
             _SET_STEPS,
+            _SET_STEPS_ALONE,
             codec.check_step_entries,
             "step_entries",
         )
@@ -420,6 +558,7 @@ class RunRepository:
             codec.encode_degradation(entry),
             _GET_DEGRADATIONS,
             _SET_DEGRADATIONS,
+            _SET_DEGRADATIONS_ALONE,
             codec.check_degradations,
             "degradations",
         )
@@ -430,19 +569,43 @@ class RunRepository:
         item_json: str,
         read: Statement,
         write: Statement,
+        write_alone: Statement,
         check: Callable[[object], None],
         field: str,
     ) -> None:
+        if self._alone:
+            self._check_writable()
+            cur = self._db.execute_alone(read, {"id": run_id}, writes=False)
+            if cur is not None:
+                # Read without the lock; one statement then takes it and writes,
+                # fenced on the text read here (see _set_array_alone).
+                old = self._checked_array(run_id, cur.fetchone(), check)
+                params = {
+                    "id": run_id,
+                    "new": codec.append_json_array(old, item_json),
+                    "old": old,
+                    "now": self._clock.now_ms() // 1000,
+                    **aggregate_lock_params(self._db, LockNamespace.RUN, run_id),
+                }
+                cur = self._db.execute_alone(write_alone, params)
+                if cur is not None and cur.fetchone() is not None:
+                    return
+                # The lock was held elsewhere, the array changed, or the stamp
+                # would move back: the locked path decides.
         now = self._begin_write(run_id)
-        row = self._db.execute(read, {"id": run_id}).fetchone()
-        if row is None:
-            raise RunNotFound(run_id)
-        old = row[0]
-        self._decode(run_id, lambda: check(old))  # a corrupt array is refused, never extended
+        old = self._checked_array(run_id, self._db.execute(read, {"id": run_id}).fetchone(), check)
         new = codec.append_json_array(old, item_json)
         result = self._db.execute(write, {"id": run_id, "new": new, "now": now, "old": old})
         if result.rowcount != 1:
             raise ConcurrentModification(f"run {run_id}: {field} changed under the write lock")
+
+    def _checked_array(self, run_id: str, row: Any, check: Callable[[object], None]) -> str:
+        """The stored array text of ``row``, checked: RunNotFound, RunCorrupt (never extended)."""
+        if row is None:
+            raise RunNotFound(run_id)
+        old = row[0]
+        self._decode(run_id, lambda: check(old))  # a corrupt array is refused, never extended
+        return old  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ status
 
@@ -471,10 +634,41 @@ class RunRepository:
         matching row also wins). Returns False, writing nothing, when the run
         is absent or its status is not ``from_``; never an error for those.
         Of concurrent callers with the same ``from_``, exactly one wins.
+
+        In a one-call unit on Postgres it is first one statement, committed on
+        its own (one round trip): the UPDATE takes the ``run:<id>`` lock
+        itself if it is free and is fenced as below, plus ``updated_at <=
+        now``, so that a stamp never moves back (see :func:`_transition_alone`).
+        Its snapshot showing the run absent or not in ``from_`` means False.
+        When it wrote nothing otherwise (the lock held elsewhere, the stamp
+        guard, a concurrent change), the locked path decides.
+        Elsewhere: the run's lock, ``now`` sampled after it, then
+        ``UPDATE … WHERE id AND status = :from_``.
         """
         run_id = _rid(run_id)
         from_json = _encode_status(from_, "from_")
         to_json = _encode_status(to, "to")
+        if self._alone:
+            self._check_writable()
+            params: dict[str, Any] = {
+                "id": run_id,
+                "from_": from_json,
+                "to": to_json,
+                "now": self._clock.now_ms() // 1000,
+                **aggregate_lock_params(self._db, LockNamespace.RUN, run_id),
+            }
+            cur = self._db.execute_alone(_TRANSITION_ALONE, params)
+            if cur is not None:
+                moved, held = cur.fetchone()
+                if moved == 1:
+                    return True
+                if held is None:
+                    observability.refused(
+                        "run_transition", "run %s: not %s (to %s)", run_id, from_, to
+                    )
+                    return False
+                # The row was in from_ but the lock was held elsewhere, the stamp
+                # would move back, or the row changed: the locked path decides.
         now = self._begin_write(run_id)
         params = {"id": run_id, "from_": from_json, "to": to_json, "now": now}
         if self._db.execute(_TRANSITION, params).rowcount == 1:
@@ -515,23 +709,28 @@ class RunRepository:
         codec.check_text(slot, "slot")
         codec.check_text(op, "op")
         codec.check_text(desc, "desc")
-        now = self._begin_write(run_id)
-        current, gen = self._read_slots(run_id)
-        if gen >= I64_MAX:
-            raise GenerationOverflow(run_id, gen)
-        new_gen = gen + 1
-        previous = current.get(slot)
-        current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": new_gen})
-        self._write_slots(run_id, current, gen, new_gen, now)
-        return new_gen, previous
+
+        def take(
+            current: dict[str, Assignee], gen: int
+        ) -> tuple[tuple[int, Assignee | None], bool]:
+            if gen >= I64_MAX:
+                raise GenerationOverflow(run_id, gen)
+            previous = current.get(slot)
+            current[slot] = codec.build_model(Assignee, {"op": op, "desc": desc, "gen": gen + 1})
+            return (gen + 1, previous), True
+
+        return self._change_slots(run_id, take)
 
     def vacate_assignee(self, run_id: str, slot: str, expected_gen: int) -> VacateOutcome:
         """Release ``slot`` only if its holder still carries ``expected_gen``.
 
         See docs/runs.md#vacate_assignee.
 
-        The comparison happens under the write lock, so a stale reader (a
-        liveness sweep that read an older holder) can never remove a newer one.
+        The comparison happens under the write lock, or (a one-call unit on
+        Postgres: one round trip when Stale, two when released) against a
+        map the write is fenced on, re-checked when it writes; either way a
+        stale reader (a liveness sweep that read an older holder) can never
+        remove a newer one.
 
         Returns:
             :class:`Released` with the new G and the removed holder; or
@@ -549,16 +748,92 @@ class RunRepository:
         if not isinstance(slot, str) or slot == "":
             raise AssigneeSlotRequired()
         check_u64(expected_gen, "expected_gen")
+
+        def release(current: dict[str, Assignee], gen: int) -> tuple[VacateOutcome, bool]:
+            held = current.get(slot)
+            if held is None or held.gen != expected_gen:
+                return Stale(current=held), False
+            if gen >= I64_MAX:
+                raise GenerationOverflow(run_id, gen)
+            del current[slot]
+            return Released(generation=gen + 1, released=held), True
+
+        return self._change_slots(run_id, release)
+
+    def _change_slots(
+        self,
+        run_id: str,
+        change: Callable[[dict[str, Assignee], int], tuple[T, bool]],
+    ) -> T:
+        """Read the slot map and G, let ``change`` edit the map, write it with G + 1.
+
+        ``change(current, gen)`` edits ``current`` in place and returns its
+        result and whether to write (False: nothing is written). It may raise
+        (``GenerationOverflow``), writing nothing. In a one-call unit on
+        Postgres the read and the write go without the separate lock round
+        trip (:meth:`_change_slots_alone`); otherwise, or when that wrote
+        nothing, under the lock: G read under it is the write's fence.
+        """
+        if self._alone:
+            self._check_writable()
+            done = self._change_slots_alone(run_id, change)
+            if done is not None:
+                return done[0]
         now = self._begin_write(run_id)
         current, gen = self._read_slots(run_id)
-        held = current.get(slot)
-        if held is None or held.gen != expected_gen:
-            return Stale(current=held)
-        if gen >= I64_MAX:
-            raise GenerationOverflow(run_id, gen)
-        del current[slot]
-        self._write_slots(run_id, current, gen, gen + 1, now)
-        return Released(generation=gen + 1, released=held)
+        result, write = change(current, gen)
+        if write:
+            self._write_slots(run_id, current, gen, gen + 1, now)
+        return result
+
+    def _change_slots_alone(
+        self,
+        run_id: str,
+        change: Callable[[dict[str, Assignee], int], tuple[T, bool]],
+    ) -> tuple[T] | None:
+        """:meth:`_change_slots` in a one-call unit on Postgres: one or two round trips.
+
+        The slot map and G are read without the lock (decoded strictly: a
+        corrupt map or a missing run raises here, with nothing written); a
+        result that writes nothing (``Stale``) is the answer, as of that read.
+        Otherwise :data:`_SET_SLOTS_ALONE` takes the lock if it is free and
+        writes, fenced on what was read. Returns ``(result,)``, or None,
+        having written nothing, when the unit cannot run statements alone,
+        the lock was held elsewhere, or the fence missed (another writer came
+        between the read and the write, or the stamp would move back): the
+        locked path then decides.
+        """
+        db = self._db
+        cur = db.execute_alone(_GET_SLOTS, {"id": run_id}, writes=False)
+        if cur is None:
+            return None
+        row = cur.fetchone()
+        if row is None:
+            raise RunNotFound(run_id)
+        old_current = row[0]
+        current, gen = self._decode(
+            run_id,
+            lambda: (
+                codec.decode_current(old_current),
+                codec.decode_u63(row[1], "next_generation"),
+            ),
+        )
+        result, write = change(current, gen)
+        if not write:
+            return (result,)
+        params: dict[str, Any] = {
+            "id": run_id,
+            "current": codec.encode_current(current),
+            "new_gen": gen + 1,
+            "old_gen": gen,
+            "old_current": old_current,
+            "now": self._clock.now_ms() // 1000,
+            **aggregate_lock_params(db, LockNamespace.RUN, run_id),
+        }
+        cur = db.execute_alone(_SET_SLOTS_ALONE, params)
+        if cur is None or cur.fetchone() is None:
+            return None
+        return (result,)
 
     def _read_slots(self, run_id: str) -> tuple[dict[str, Assignee], int]:
         row = self._db.execute(_GET_SLOTS, {"id": run_id}).fetchone()
