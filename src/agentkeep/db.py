@@ -1105,6 +1105,7 @@ class Driver:
         "_pipeline",
         "_prefetch",
         "_prefetched",
+        "_text_bounds",
         "limits",
         "_pg_read_committed",
         "postgres",
@@ -1126,6 +1127,7 @@ class Driver:
         self.raw = raw
         #: The size limits of written values (:mod:`agentkeep.limits`).
         self.limits = limits
+        self._text_bounds = limits.text_bounds()
         self.target = target
         self.postgres = target.dialect.name == "postgresql"
         schemas = target.schema_translate_map
@@ -1244,12 +1246,23 @@ class Driver:
         return changed
 
     def _check(self, form: Compiled, params: Mapping[str, Any]) -> None:
-        """The text rule on every string, the size limits on every written value."""
+        """The text rule on every string, the size limits on every written value.
+
+        A written integer or None is never measured, nor text within its
+        kind's :meth:`~agentkeep.limits.Limits.text_bounds` (a length test
+        here, no call); anything else goes to :meth:`~agentkeep.limits.Limits.check`.
+        """
         check_params(params)
-        if form.written:
-            limits = self.limits
-            for param, column, kind in form.written:
-                limits.check(column, kind, params.get(param))
+        written = form.written
+        if written:
+            bounds = self._text_bounds
+            for param, column, kind in written:
+                value = params.get(param)
+                if value is None or type(value) is int:
+                    continue
+                if type(value) is str and len(value) <= bounds[kind]:
+                    continue
+                self.limits.check(column, kind, value)
 
     def limit_lock_wait(self, ms: int) -> None:
         """Wait at most ``ms`` for a lock in this unit (a retry near the operation's deadline).

@@ -259,6 +259,7 @@ from agentkeep.sessions.records import (
     BlobProfile,
     FullGraphScope,
     HeadScope,
+    HydratedSessionCheckpoint,
     LoadScope,
     PersistedSessionRead,
     ReplaceFullGraph,
@@ -271,6 +272,7 @@ from agentkeep.sessions.records import (
     UnchangedGraph,
     UsageDelta,
     UsageLedgerEntry,
+    checked_builder,
 )
 from agentkeep.sessions.turn_inputs import (
     _check_completion as _check_turn_input_completion,
@@ -280,7 +282,7 @@ from agentkeep.sessions.turn_inputs import (
     ensure_turn_input_completion,
 )
 from agentkeep.statements import Statement, upsert
-from agentkeep.strict_json import canonical_json
+from agentkeep.strict_json import canonical_json, canonical_json_checked, json_value_problem
 
 __all__ = [
     "ACTIVE_PATH",
@@ -744,6 +746,33 @@ def _optional_id(value: object, field: str) -> str | None:
     return None if value is None else check_id(value, field)
 
 
+def _node_text(stored: dict[str, Any], i: int) -> str:
+    """The canonical JSON of node ``i`` of a delta (``stored``: its four fields).
+
+    The payload is checked as a JSON value (:class:`InvalidInput` naming
+    ``commit.graph.nodes[i].payload``), then the node is encoded. The common
+    case walks the payload once: checked where it sits in the node (one
+    level down), with ASCII ids and an ``int`` timestamp, nothing else in the
+    node can fail ``canonical_json``'s walk, so the text is encoded without
+    it. Any other case (a problem found, a non-ASCII id) takes the two
+    steps one by one, which raise the error they always did.
+    """
+    field = f"commit.graph.nodes[{i}].payload"
+    node_id, parent, payload = stored["node_id"], stored["parent_node_id"], stored["payload"]
+    if (
+        json_value_problem(payload, 1) is None
+        and node_id.isascii()
+        and (parent is None or parent.isascii())
+        and type(stored["timestamp"]) is int
+    ):
+        try:
+            return canonical_json_checked(stored)
+        except ValueError:
+            pass  # an integer past the digit limit: the two steps raise its error
+    check_json(payload, field)
+    return _json_text(stored, field)
+
+
 class _Prepared:
     """A commit's arguments, checked and encoded before the lock is taken."""
 
@@ -797,19 +826,18 @@ class _Prepared:
         _optional_id(self.leaf, "commit.graph.leaf_node_id")
         self.nodes: list[tuple[str, str | None, str]] = []
         for i, node in enumerate(nodes):
-            check_id(node.node_id, f"commit.graph.nodes[{i}].node_id")
-            _optional_id(node.parent_node_id, f"commit.graph.nodes[{i}].parent_node_id")
-            payload = check_json(node.payload, f"commit.graph.nodes[{i}].payload")
+            node_id, parent, timestamp = node.node_id, node.parent_node_id, node.timestamp
+            check_id(node_id, f"commit.graph.nodes[{i}].node_id")
+            _optional_id(parent, f"commit.graph.nodes[{i}].parent_node_id")
             # The fields model_dump(mode="json") gives, without its serializer: a
             # checked payload encodes to the same canonical text.
             stored = {
-                "node_id": node.node_id,
-                "parent_node_id": node.parent_node_id,
-                "timestamp": node.timestamp,
-                "payload": payload,
+                "node_id": node_id,
+                "parent_node_id": parent,
+                "timestamp": timestamp,
+                "payload": node.payload,
             }
-            text = _json_text(stored, f"commit.graph.nodes[{i}].payload")
-            self.nodes.append((node.node_id, node.parent_node_id, text))
+            self.nodes.append((node_id, parent, _node_text(stored, i)))
 
 
 def _decode_node(
@@ -860,13 +888,35 @@ def _read_totals(db: Driver, session_id: str) -> tuple[UsageLedgerEntry, ...]:
         SessionCorrupt: a stored total does not decode.
     """
     return tuple(
-        UsageLedgerEntry.model_construct(
+        _LEDGER_ENTRY(
             source=source,
             model=model,
-            usage=TokenUsage.model_construct(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True))),
+            usage=_TOKEN_USAGE(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True))),
         )
         for source, model, numbers in _total_rows(db, session_id)
     )
+
+
+# Builders of read records from checked values (records.checked_builder).
+_TOKEN_USAGE: Final = checked_builder(TokenUsage, dict.fromkeys(_USAGE_FIELDS, 1))
+_LEDGER_ENTRY: Final = checked_builder(
+    UsageLedgerEntry, {"source": "s", "model": "m", "usage": TokenUsage()}
+)
+_GRAPH: Final = checked_builder(SessionGraph, {"nodes": (), "leaf_node_id": "n"})
+_READ: Final = checked_builder(
+    PersistedSessionRead,
+    {
+        "session_id": "s",
+        "head_revision": 1,
+        "config": {"k": [1]},
+        "agent_frames": ({"f": 1},),
+        "current_agent_frame_id": "f",
+        "graph": SessionGraph(),
+        "checkpoint_ref": "r",
+        "checkpoint": HydratedSessionCheckpoint(turn_state={"t": 1}),
+        "token_ledger": (),
+    },
+)
 
 
 _NODE_FIELDS: Final = frozenset(SessionNodeRecord.model_fields)
@@ -1405,13 +1455,17 @@ class SessionCommitRepository:
                 if (node := _decode_node(session_id, seq, node_id, raw)) is not None
             ]
         checkpoint = hydrate(db, manifest_of(checkpoint_ref, decode_blob(checkpoint_ref, row[8:])))
-        return PersistedSessionRead(
+        # Every value is checked above (or decoded JSON, or a validated record's):
+        # built without validation, unless an id is a str subclass the caller passed.
+        plain = type(session_id) is str and (leaf is None or type(leaf) is str)
+        read, graph = (_READ, _GRAPH) if plain else (PersistedSessionRead, SessionGraph)
+        return read(
             session_id=session_id,
             head_revision=revision,
             config=config,
             agent_frames=tuple(frames),
             current_agent_frame_id=frame_id,
-            graph=SessionGraph(nodes=tuple(nodes), leaf_node_id=leaf),
+            graph=graph(nodes=tuple(nodes), leaf_node_id=leaf),
             checkpoint_ref=checkpoint_ref,
             checkpoint=checkpoint,
             token_ledger=_read_totals(db, session_id),
