@@ -78,7 +78,6 @@ from _common import raw_connect, sqlite_form
 from agentkeep import Store
 from agentkeep.db import DEFAULT_BUSY_TIMEOUT_MS
 from agentkeep.migrations import upgrade
-from agentkeep.sessions import checkpoints as C
 from agentkeep.sessions import commits as K
 from agentkeep.sessions import records as R
 from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity
@@ -602,23 +601,26 @@ def growth(
 
 
 def raw_load(conn: sqlite3.Connection, sid: str, *, path: bool) -> Callable[[], object]:
-    """Head, the active path (the store's recursive query) or every live node by seq,
-    the manifest (joined to the head, or read after it on older code); ``json.loads``
-    of each node: the SQL of the store's load, and plain JSON."""
-    nodes = K.ACTIVE_PATH if path else K._FULL_GRAPH
-    head_q, nodes_q, blob_q = (sqlite_form(s) for s in (K._GET_HEAD, nodes, C._GET))
+    """The head with its manifest blob and the ledger totals (one statement; two on
+    older code, the totals read after the head), the active path (the store's
+    recursive query) or every live node by seq; ``json.loads`` of each node and of
+    the manifest: the SQL of the store's load, and plain JSON."""
+    nodes_q = sqlite_form(K.ACTIVE_PATH if path else K._FULL_GRAPH)
+    combined = getattr(K, "_GET_HEAD_AND_TOTALS", None)
+    if combined is not None:
+        head_q, totals_q, at = sqlite_form(combined), None, K._HEAD_AT
+    else:  # older code: the head joined to its manifest, then the totals
+        head_q, totals_q, at = sqlite_form(K._GET_HEAD), sqlite_form(K._GET_TOTALS), 0
 
     def load() -> object:
         conn.execute("BEGIN")
-        head = conn.execute(head_q.sql, head_q.bind({"sid": sid})).fetchone()
+        head = conn.execute(head_q.sql, head_q.bind({"sid": sid})).fetchall()[0][at:]
+        if totals_q is not None:
+            conn.execute(totals_q.sql, totals_q.bind({"sid": sid})).fetchall()
         params = {"sid": sid, "leaf": head[2]} if path else {"sid": sid}
         rows = conn.execute(nodes_q.sql, nodes_q.bind(params)).fetchall()
         loaded = [json.loads(r[-1]) for r in rows]
-        if len(head) > 8:  # the head query joins its manifest blob (kind, compression, content)
-            json.loads(bytes(head[-1]))
-        else:
-            blob = conn.execute(blob_q.sql, blob_q.bind({"hash": head[3]})).fetchone()
-            json.loads(bytes(blob[2]))
+        json.loads(bytes(head[10]))  # the manifest blob's content
         conn.commit()
         return loaded
 

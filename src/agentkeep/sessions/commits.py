@@ -310,16 +310,6 @@ _HEAD_COLUMNS: Final = (
     SessionHeadRow.current_agent_frame_id,
     SessionHeadRow.graph_node_count,
 )
-#: The head and, by an outer join, its checkpoint manifest blob
-#: (:data:`~agentkeep.sessions.checkpoints.BLOB_COLUMNS`, all null when the
-#: blob is missing): one statement for what the resume read needs first.
-_GET_HEAD: Final = Statement(
-    select(*_HEAD_COLUMNS, *BLOB_COLUMNS)
-    .select_from(SessionHeadRow)
-    .outerjoin(BlobRow, BlobRow.hash == SessionHeadRow.checkpoint_ref)
-    .where(_BY_SESSION_HEAD),
-    name="sessions.get_head",
-)
 _GET_HEAD_REVISION: Final = Statement(
     select(SessionHeadRow.head_revision).where(_BY_SESSION_HEAD),
     name="sessions.get_head_revision",
@@ -423,6 +413,44 @@ _GET_TOTALS: Final = Statement(
     .order_by(UsageTotalRow.ordinal),
     name="sessions.get_usage_totals",
 )
+#: Columns of :data:`_GET_HEAD_AND_TOTALS`: the row kind, the head, its blob, a total.
+_HEAD_AT: Final = 1
+_TOTAL_AT: Final = 1 + len(_HEAD_COLUMNS) + len(BLOB_COLUMNS)
+
+
+def _head_and_totals(dialect: Dialect) -> Any:
+    """The resume read's first statement: the head row (the head's columns, then
+    its manifest blob's by an outer join, null when the blob is missing) and then
+    the session's ledger totals by ordinal (as :data:`_GET_TOTALS`): one
+    statement, so one snapshot.
+
+    Each row starts with its kind: ``0`` the head (the total columns null),
+    ``1`` a total (the head columns null); the head comes first. No head row:
+    the session has none. The nulls take their column's type from the other
+    branch (both dialects' ``UNION`` rules).
+    """
+    head_names = [f"h{i}" for i in range(len(_HEAD_COLUMNS) + len(BLOB_COLUMNS))]
+    total_names = [f"t{i}" for i in range(len(_TOTAL_COLUMNS))]
+    head: Any = (
+        select(
+            literal_column("0").label("kind"),
+            *(c.label(n) for c, n in zip((*_HEAD_COLUMNS, *BLOB_COLUMNS), head_names, strict=True)),
+            *(null().label(n) for n in total_names),
+        )
+        .select_from(SessionHeadRow)
+        .outerjoin(BlobRow, BlobRow.hash == SessionHeadRow.checkpoint_ref)
+        .where(_BY_SESSION_HEAD)
+    )
+    totals: Any = select(
+        literal_column("1").label("kind"),
+        *(null().label(n) for n in head_names),
+        *(c.label(n) for c, n in zip(_TOTAL_COLUMNS, total_names, strict=True)),
+    ).where(UsageTotalRow.session_id == p("sid"))
+    ordinal = total_names[2]
+    return head.union_all(totals).order_by(literal_column("kind"), literal_column(ordinal))
+
+
+_GET_HEAD_AND_TOTALS: Final = Statement(_head_and_totals, name="sessions.get_head_and_totals")
 
 
 def _put_total(dialect: Dialect) -> Any:
@@ -867,8 +895,19 @@ def _total_rows(db: Driver, session_id: str) -> list[tuple[str, str, list[Any]]]
         SessionCorrupt: a stored total does not decode (a non-text key, a
             counter or ordinal that is not an integer in ``0..2**63-1``).
     """
+    return _checked_totals(session_id, db.execute(_GET_TOTALS, {"sid": session_id}).fetchall())
+
+
+def _checked_totals(
+    session_id: str, rows: Sequence[Sequence[Any]]
+) -> list[tuple[str, str, list[Any]]]:
+    """:func:`_total_rows` of rows already read (:data:`_TOTAL_COLUMNS` each).
+
+    Raises:
+        SessionCorrupt: a stored total does not decode.
+    """
     out = []
-    for row in db.execute(_GET_TOTALS, {"sid": session_id}).fetchall():
+    for row in rows:
         source, model, *numbers = row
         key = f"{session_id}/{source}/{model}"
         for column, value in (("source", source), ("model", model)):
@@ -881,8 +920,8 @@ def _total_rows(db: Driver, session_id: str) -> list[tuple[str, str, list[Any]]]
     return out
 
 
-def _read_totals(db: Driver, session_id: str) -> tuple[UsageLedgerEntry, ...]:
-    """The session's ledger totals by ordinal (:func:`_total_rows`, as entries).
+def _ledger(session_id: str, rows: Sequence[Sequence[Any]]) -> tuple[UsageLedgerEntry, ...]:
+    """The session's ledger from its total rows read by ordinal (:func:`_checked_totals`).
 
     Raises:
         SessionCorrupt: a stored total does not decode.
@@ -893,7 +932,7 @@ def _read_totals(db: Driver, session_id: str) -> tuple[UsageLedgerEntry, ...]:
             model=model,
             usage=_TOKEN_USAGE(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True))),
         )
-        for source, model, numbers in _total_rows(db, session_id)
+        for source, model, numbers in _checked_totals(session_id, rows)
     )
 
 
@@ -1408,18 +1447,22 @@ class SessionCommitRepository:
         check_id(session_id, "session_id")
         if not isinstance(scope, FullGraphScope | ActivePathScope | HeadScope):
             raise InvalidInput("scope", f"expected a load scope, got {type(scope).__name__}")
-        db = self._db
-        # psycopg: the ledger totals go out with the head, in its round trip.
-        with db.prefetching([(_GET_TOTALS, {"sid": session_id})]):
-            row = db.execute(_GET_HEAD, {"sid": session_id}).fetchone()
-            if row is None:
-                return None
-            return self._loaded(session_id, scope, row)
+        # The head, its manifest blob and the ledger totals: one statement.
+        rows = self._db.execute(_GET_HEAD_AND_TOTALS, {"sid": session_id}).fetchall()
+        if not rows or rows[0][0] != 0:
+            return None
+        totals = [r[_TOTAL_AT:] for r in rows[1:]]
+        return self._loaded(session_id, scope, rows[0][_HEAD_AT:_TOTAL_AT], totals)
 
     def _loaded(
-        self, session_id: str, scope: LoadScope, row: Sequence[Any]
+        self,
+        session_id: str,
+        scope: LoadScope,
+        row: Sequence[Any],
+        totals: Sequence[Sequence[Any]],
     ) -> PersistedSessionRead:
-        """:meth:`load_session` once the head row (and its manifest blob) is read."""
+        """:meth:`load_session` once the head row (with its manifest blob) and the
+        ledger's total rows are read."""
         db = self._db
         version, revision, head_leaf, checkpoint_ref, config_json, frames_json, frame_id = row[:7]
         if version != HEAD_SCHEMA_VERSION:
@@ -1468,7 +1511,7 @@ class SessionCommitRepository:
             graph=graph(nodes=tuple(nodes), leaf_node_id=leaf),
             checkpoint_ref=checkpoint_ref,
             checkpoint=checkpoint,
-            token_ledger=_read_totals(db, session_id),
+            token_ledger=_ledger(session_id, totals),
         )
 
     @staticmethod
