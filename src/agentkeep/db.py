@@ -1177,6 +1177,11 @@ class Driver:
         against the text rule (:mod:`agentkeep.text`), every written value
         against its column's limit (:mod:`agentkeep.limits`).
 
+        On psycopg, a lean unit's pending ``BEGIN`` (and any prefetched
+        reads: :meth:`prefetching`) go out with the statement in one
+        pipelined round trip; the result is then already read (``fetchone``
+        / ``fetchall`` / ``rowcount`` as on a cursor).
+
         Raises:
             InvalidInput: a string holds a NUL or a lone surrogate.
             PayloadTooLarge: a written value is over its limit.
@@ -1190,7 +1195,8 @@ class Driver:
         # The common case (a named or pyformat driver, nothing fixed in the
         # construct) binds the caller's dict as it is.
         bound = params if form.plain else form.bind(params)
-        if self._prefetch:
+        if self._prefetch or (self._pending_begin is not None and self._pipeline):
+            # psycopg: a pending BEGIN goes out with the statement, one round trip.
             return self._execute_with_prefetch(form.sql, bound)
         try:
             if self._pending_begin is not None:
