@@ -78,7 +78,6 @@ from _common import raw_connect, sqlite_form
 from agentkeep import Store
 from agentkeep.db import DEFAULT_BUSY_TIMEOUT_MS
 from agentkeep.migrations import upgrade
-from agentkeep.sessions import checkpoints as C
 from agentkeep.sessions import commits as K
 from agentkeep.sessions import records as R
 from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity
@@ -313,6 +312,217 @@ def scratch_databases(server: str, names: list[str]) -> Iterator[list[str]]:
 
 
 # --------------------------------------------------------------------------
+# The raw floor: the turn's own statements, replayed by the bare driver
+
+
+class _RecordingCursor:
+    """A DBAPI cursor that logs what it executes into its connection's log."""
+
+    def __init__(self, cur: Any, log: list[tuple[Any, ...]]) -> None:
+        self._cur, self._log = cur, log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cur)
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        self._log.append(("execute", sql, _frozen(params)))
+        return self._cur.execute(sql) if params is None else self._cur.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        for params in rows:
+            self._log.append(("execute", sql, _frozen(params)))
+        return self._cur.executemany(sql, rows)
+
+
+class _RecordingConnection:
+    """A DBAPI connection (sqlite3 or psycopg) that logs every statement, COMMIT,
+    ROLLBACK, pipeline and autocommit switch the store's driver makes on it."""
+
+    def __init__(self, raw: Any, log: list[tuple[Any, ...]]) -> None:
+        object.__setattr__(self, "_raw", raw)
+        object.__setattr__(self, "_log", log)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "autocommit":
+            self._log.append(("autocommit", value))
+        setattr(self._raw, name, value)
+
+    def cursor(self, *args: Any, **kwargs: Any) -> _RecordingCursor:
+        return _RecordingCursor(self._raw.cursor(*args, **kwargs), self._log)
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        self._log.append(("execute", sql, _frozen(params)))
+        return self._raw.execute(sql) if params is None else self._raw.execute(sql, params)
+
+    def commit(self) -> None:
+        self._log.append(("commit",))
+        self._raw.commit()
+
+    def rollback(self) -> None:
+        self._log.append(("rollback",))
+        self._raw.rollback()
+
+    @contextmanager
+    def pipeline(self) -> Iterator[Any]:
+        self._log.append(("pipeline",))
+        try:
+            with self._raw.pipeline() as pipe:
+                yield pipe
+        finally:
+            self._log.append(("end-pipeline",))
+
+
+def _frozen(params: Any) -> Any:
+    return dict(params) if isinstance(params, dict) else params
+
+
+def recording_store(url: str, log: list[tuple[Any, ...]]) -> Store:
+    """A store whose drivers run on recording connections (the log of every unit)."""
+    store = Store.open(url)
+    make = store._driver
+
+    def driver(raw: Any, **kwargs: Any) -> Any:
+        made = make(raw, **kwargs)
+        made.raw = _RecordingConnection(raw, log)
+        return made
+
+    store._driver = driver  # type: ignore[method-assign]
+    return store
+
+
+@dataclass
+class TurnCounts:
+    """What one turn sends, from the recorded log (load-independent)."""
+
+    statements: float  # statements executed (BEGIN, SAVEPOINT ... included; COMMIT not)
+    commits: float
+    round_trips: float  # Postgres: a pipeline or a lone statement or COMMIT is one
+
+
+def turn_counts(events: list[tuple[Any, ...]], turns: int) -> TurnCounts:
+    statements = sum(1 for e in events if e[0] == "execute")
+    commits = sum(1 for e in events if e[0] in ("commit", "rollback"))
+    trips, depth = 0, 0
+    for e in events:
+        if e[0] == "pipeline":
+            depth += 1
+            trips += depth == 1
+        elif e[0] == "end-pipeline":
+            depth -= 1
+        elif e[0] in ("execute", "commit", "rollback") and depth == 0:
+            trips += 1
+    return TurnCounts(statements / turns, commits / turns, trips / turns)
+
+
+class RawReplay:
+    """Replays a recorded log with the bare driver (``sqlite3`` / ``psycopg``) on a
+    database in the same state: the same statements, parameters, transactions and
+    pipelines, rows fetched, and nothing else (no checks, no encoding, no objects).
+    Its CPU time per turn is the floor the store's turn stands on."""
+
+    def __init__(self, conn: Any, postgres: bool) -> None:
+        self.conn, self.postgres = conn, postgres
+        if postgres:
+            conn.autocommit = False
+
+    def run(self, events: list[tuple[Any, ...]]) -> None:
+        conn, pending = self.conn, None
+        for e in events:
+            kind = e[0]
+            if kind == "execute":
+                sql, params = e[1], e[2]
+                if self.postgres:
+                    cur = conn.cursor()
+                    cur.execute(sql, params)
+                    if pending is None:
+                        if cur.pgresult is not None and cur.pgresult.nfields:
+                            cur.fetchall()
+                    else:
+                        pending.append(cur)
+                else:
+                    conn.execute(sql, () if params is None else params).fetchall()
+            elif kind == "commit":
+                conn.commit()
+            elif kind == "rollback":
+                conn.rollback()
+            elif kind == "autocommit":
+                conn.autocommit = e[1]
+            elif kind == "pipeline":
+                pipe = conn.pipeline()
+                pipe.__enter__()
+                pending = []
+            elif kind == "end-pipeline":
+                pipe.__exit__(None, None, None)
+                for cur in pending or ():
+                    if cur.pgresult is not None and cur.pgresult.nfields:
+                        cur.fetchall()
+                pending = None
+
+
+def python_calls(turn: Callable[[int], None], start: int, count: int) -> float:
+    """Python function calls per turn (cProfile's count, builtins included)."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for i in range(start, start + count):
+        turn(i)
+    profile.disable()
+    return pstats.Stats(profile).total_calls / count  # type: ignore[attr-defined,no-any-return]
+
+
+#: Turns per length whose Python calls are counted (after the timed window).
+CALL_TURNS = 10
+
+
+def raw_floor(
+    backend: str, rec_url: str, raw_conn: Any, lengths: list[int], count: int
+) -> tuple[dict[tuple[str, int], float], dict[str, TurnCounts]]:
+    """Thread CPU ms per turn of the raw replay of the head and tail=32 turns, and
+    the counts of one turn, at each length.
+
+    A recording store (its own database) runs each loop as the growth table
+    does; the log of every unit, from the lease claim on, is replayed on
+    ``raw_conn`` (a fresh database of the same schema), the window's turns timed.
+    """
+    upgrade(rec_url)
+    log: list[tuple[Any, ...]] = []
+    store = recording_store(rec_url, log)
+    replay = RawReplay(raw_conn, backend == "Postgres")
+    floors: dict[tuple[str, int], float] = {}
+    counts: dict[str, TurnCounts] = {}
+    try:
+        for j, (name, scope) in enumerate(_scopes()):
+            if name == "full path":
+                continue
+            name = f"agentkeep {name}"
+            del log[:]
+            loop = AgentkeepLoop(store, f"s-{j}", scope)
+            done = 0
+            for length in lengths:
+                loop.grow(length)
+                start = len(log)
+                for i in range(length, length + count):
+                    loop.turn(i)
+                replay.run(log[done:start])
+                window_events = log[start:]
+                timed = cpu_timed(lambda _s, _n, ev=window_events: replay.run(ev), 0, 1)  # type: ignore[misc]
+                floors[name, length] = timed / count * 1e3
+                done = len(log)
+                counts[name] = turn_counts(window_events, count)
+    finally:
+        store.close()
+    return floors, counts
+
+
+# --------------------------------------------------------------------------
 # The growth table
 
 
@@ -322,8 +532,13 @@ def growth(
     lg: Any,
     lengths: list[int],
     count: int,
+    floor: tuple[str, Any] | None = None,
 ) -> list[str]:
-    """Per-turn cost at each length: every agentkeep scope and the LangGraph saver."""
+    """Per-turn cost at each length: every agentkeep scope and the LangGraph saver.
+
+    ``floor``: (recording store URL, raw connection) for :func:`raw_floor`,
+    whose figures are printed next to the store's (None: skipped).
+    """
     upgrade(ak_url)
     store = Store.open(ak_url)
     try:
@@ -333,10 +548,12 @@ def growth(
         ]
         loops.append(("langgraph", LangGraphLoop(lg, "thread-1")))
         figures: dict[tuple[str, int], tuple[float, float]] = {}
+        calls: dict[tuple[str, int], float] = {}
         for length in lengths:
             for name, loop in loops:
                 loop.grow(length)
                 figures[name, length] = window(loop.turn, length, count)
+                calls[name, length] = python_calls(loop.turn, length + count, CALL_TURNS)
                 cpu, wall = figures[name, length]
                 print(
                     f"  [{backend}] {name:<24} at {length:>6} turns: "
@@ -346,11 +563,13 @@ def growth(
                 )
     finally:
         store.close()
+    floors, counts = raw_floor(backend, *floor, lengths, count) if floor else ({}, {})
     lines = [
         f"{backend}: ms per turn over turns L..L+{count - 1} (thread CPU / wall); "
-        "ratio = agentkeep CPU / langgraph CPU"
+        "ratio = agentkeep CPU / langgraph CPU; raw = the same turn's statements replayed "
+        "by the bare driver (thread CPU ms; x = the loop's CPU / raw)"
     ]
-    header = f"  {'loop':<24}" + "".join(f" | {f'L={n:,}':>24}" for n in lengths)
+    header = f"  {'loop':<24}" + "".join(f" | {f'L={n:,}':>24} | {'raw':>13}" for n in lengths)
     lines += [header, "  " + "-" * (len(header) - 2)]
     for name, _ in loops:
         cells = []
@@ -358,7 +577,22 @@ def growth(
             cpu, wall = figures[name, n]
             ratio = cpu / figures["langgraph", n][0]
             cells.append(f" | {cpu:6.2f} / {wall:6.2f} {ratio:6.1f}x")
+            raw = floors.get((name, n))
+            cells.append(f" | {raw:5.2f} {cpu / raw:5.1f}x" if raw else f" | {'':>13}")
         lines.append(f"  {name:<24}" + "".join(cells))
+    lines.append(
+        f"  per turn (at L={lengths[-1]:,}): Python calls (cProfile, {CALL_TURNS} turns); "
+        "statements / COMMITs / round trips sent (recorded)"
+    )
+    for name, _ in loops:
+        c = counts.get(name)
+        sent = (
+            f"; {c.statements:.1f} statements, {c.commits:.1f} COMMITs, "
+            f"{c.round_trips:.1f} round trips"
+            if c
+            else ""
+        )
+        lines.append(f"    {name:<24} {calls[name, lengths[-1]]:7.0f} calls{sent}")
     return lines
 
 
@@ -367,23 +601,26 @@ def growth(
 
 
 def raw_load(conn: sqlite3.Connection, sid: str, *, path: bool) -> Callable[[], object]:
-    """Head, the active path (the store's recursive query) or every live node by seq,
-    the manifest (joined to the head, or read after it on older code); ``json.loads``
-    of each node: the SQL of the store's load, and plain JSON."""
-    nodes = K.ACTIVE_PATH if path else K._FULL_GRAPH
-    head_q, nodes_q, blob_q = (sqlite_form(s) for s in (K._GET_HEAD, nodes, C._GET))
+    """The head with its manifest blob and the ledger totals (one statement; two on
+    older code, the totals read after the head), the active path (the store's
+    recursive query) or every live node by seq; ``json.loads`` of each node and of
+    the manifest: the SQL of the store's load, and plain JSON."""
+    nodes_q = sqlite_form(K.ACTIVE_PATH if path else K._FULL_GRAPH)
+    combined = getattr(K, "_GET_HEAD_AND_TOTALS", None)
+    if combined is not None:
+        head_q, totals_q, at = sqlite_form(combined), None, K._HEAD_AT
+    else:  # older code: the head joined to its manifest, then the totals
+        head_q, totals_q, at = sqlite_form(K._GET_HEAD), sqlite_form(K._GET_TOTALS), 0
 
     def load() -> object:
         conn.execute("BEGIN")
-        head = conn.execute(head_q.sql, head_q.bind({"sid": sid})).fetchone()
+        head = conn.execute(head_q.sql, head_q.bind({"sid": sid})).fetchall()[0][at:]
+        if totals_q is not None:
+            conn.execute(totals_q.sql, totals_q.bind({"sid": sid})).fetchall()
         params = {"sid": sid, "leaf": head[2]} if path else {"sid": sid}
         rows = conn.execute(nodes_q.sql, nodes_q.bind(params)).fetchall()
         loaded = [json.loads(r[-1]) for r in rows]
-        if len(head) > 8:  # the head query joins its manifest blob (kind, compression, content)
-            json.loads(bytes(head[-1]))
-        else:
-            blob = conn.execute(blob_q.sql, blob_q.bind({"hash": head[3]})).fetchone()
-            json.loads(bytes(blob[2]))
+        json.loads(bytes(head[10]))  # the manifest blob's content
         conn.commit()
         return loaded
 
@@ -763,13 +1000,28 @@ def main() -> None:
         if not args.no_growth:
             with sqlite_saver(tmp / "langgraph.db") as lg:
                 ak = f"sqlite:///{tmp / 'agentkeep.db'}"
-                out += growth("SQLite", ak, lg, lengths, args.window) + [""]
+                upgrade(f"sqlite:///{tmp / 'raw.db'}")
+                raw = raw_connect(tmp / "raw.db")
+                try:
+                    floor = (f"sqlite:///{tmp / 'recorded.db'}", raw)
+                    out += growth("SQLite", ak, lg, lengths, args.window, floor) + [""]
+                finally:
+                    raw.close()
         if not args.no_postgres and not args.no_growth:
-            names = ["agentkeep_bench_turns_ak", "agentkeep_bench_turns_lg"]
-            with scratch_databases(args.pg_url, names) as (ak, lg_url):
+            import psycopg
+
+            names = [f"agentkeep_bench_turns_{n}" for n in ("ak", "lg", "rec", "raw")]
+            with scratch_databases(args.pg_url, names) as (ak, lg_url, rec, raw_url):
                 with postgres_saver(lg_url) as lg:
-                    ak_url = ak.replace("postgresql://", "postgresql+psycopg://", 1)
-                    out += growth("Postgres", ak_url, lg, lengths, args.window) + [""]
+                    ak_url, rec_url, raw_ak = (
+                        u.replace("postgresql://", "postgresql+psycopg://", 1)
+                        for u in (ak, rec, raw_url)
+                    )
+                    upgrade(raw_ak)
+                    with psycopg.connect(raw_url) as raw_pg:
+                        floor_pg = (rec_url, raw_pg)
+                        out += growth("Postgres", ak_url, lg, lengths, args.window, floor_pg)
+                        out += [""]
         out += bench_path_load(tmp, args.n, args.rounds)
         out += [""] + bench_atomic_apply(tmp, args.n, args.rounds)
     print()

@@ -190,3 +190,25 @@ def test_the_async_store_takes_the_same_limits(async_url: str) -> None:
             await astore.close()
 
     asyncio.run(scenario())
+
+
+def test_text_bounds_pass_only_text_that_cannot_be_over(open_with: Callable[..., Store]) -> None:
+    limits = Limits(max_id_length=7, max_payload_bytes=41, max_blob_bytes=None)
+    assert limits.text_bounds() == {
+        "id": 7,
+        "payload": 10,
+        "snapshot": 16 * MIB,
+        "blob": float("inf"),
+    }
+    # text past the bound is measured: 11 characters (38 bytes) pass, 12 (42 bytes) are refused
+    store = open_with(max_payload_bytes=40)
+    store.runs.create(RunRecord.new("R-1", "T-1", created_at=1))
+    store.runs.set_input_json("R-1", '"' + "\U0001f600" * 9 + '"')  # 38 bytes, 11 characters
+    refused(
+        store,
+        lambda: store.runs.set_input_json("R-1", '"' + "\U0001f600" * 10 + '"'),
+        "input_json",
+        42,
+        40,
+        "bytes",
+    )

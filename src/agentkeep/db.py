@@ -1108,6 +1108,7 @@ class Driver:
         "_pipeline",
         "_prefetch",
         "_prefetched",
+        "_text_bounds",
         "limits",
         "_pg_read_committed",
         "postgres",
@@ -1129,6 +1130,7 @@ class Driver:
         self.raw = raw
         #: The size limits of written values (:mod:`agentkeep.limits`).
         self.limits = limits
+        self._text_bounds = limits.text_bounds()
         self.target = target
         self.postgres = target.dialect.name == "postgresql"
         schemas = target.schema_translate_map
@@ -1178,6 +1180,11 @@ class Driver:
         against the text rule (:mod:`agentkeep.text`), every written value
         against its column's limit (:mod:`agentkeep.limits`).
 
+        On psycopg, a lean unit's pending ``BEGIN`` (and any prefetched
+        reads: :meth:`prefetching`) go out with the statement in one
+        pipelined round trip; the result is then already read (``fetchone``
+        / ``fetchall`` / ``rowcount`` as on a cursor).
+
         Raises:
             InvalidInput: a string holds a NUL or a lone surrogate.
             PayloadTooLarge: a written value is over its limit.
@@ -1191,7 +1198,8 @@ class Driver:
         # The common case (a named or pyformat driver, nothing fixed in the
         # construct) binds the caller's dict as it is.
         bound = params if form.plain else form.bind(params)
-        if self._prefetch:
+        if self._prefetch or (self._pending_begin is not None and self._pipeline):
+            # psycopg: a pending BEGIN goes out with the statement, one round trip.
             return self._execute_with_prefetch(form.sql, bound)
         try:
             if self._pending_begin is not None:
@@ -1255,12 +1263,23 @@ class Driver:
         return changed
 
     def _check(self, form: Compiled, params: Mapping[str, Any]) -> None:
-        """The text rule on every string, the size limits on every written value."""
+        """The text rule on every string, the size limits on every written value.
+
+        A written integer or None is never measured, nor text within its
+        kind's :meth:`~agentkeep.limits.Limits.text_bounds` (a length test
+        here, no call); anything else goes to :meth:`~agentkeep.limits.Limits.check`.
+        """
         check_params(params)
-        if form.written:
-            limits = self.limits
-            for param, column, kind in form.written:
-                limits.check(column, kind, params.get(param))
+        written = form.written
+        if written:
+            bounds = self._text_bounds
+            for param, column, kind in written:
+                value = params.get(param)
+                if value is None or type(value) is int:
+                    continue
+                if type(value) is str and len(value) <= bounds[kind]:
+                    continue
+                self.limits.check(column, kind, value)
 
     def limit_lock_wait(self, ms: int) -> None:
         """Wait at most ``ms`` for a lock in this unit (a retry near the operation's deadline).

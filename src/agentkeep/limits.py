@@ -107,6 +107,23 @@ class Limits:
             return self.max_blob_bytes
         return self.max_payload_bytes
 
+    def text_bounds(self) -> dict[ColumnKind, float]:
+        """Per kind, the longest ``str`` (in characters) :meth:`check` passes unmeasured.
+
+        An id of at most ``max_id_length`` characters, or other text of at
+        most a quarter of its byte limit (4 UTF-8 bytes per character at most),
+        is within its limit whatever it holds; no limit is ``inf``. The
+        driver checks written text against these first and calls
+        :meth:`check` only for longer text (and every binary value).
+        """
+        inf = float("inf")
+        kinds: tuple[ColumnKind, ...] = ("id", "payload", "snapshot", "blob")
+        bounds: dict[ColumnKind, float] = {}
+        for kind in kinds:
+            limit = self.of(kind)
+            bounds[kind] = inf if limit is None else limit if kind == "id" else limit // 4
+        return bounds
+
     def check(self, field: str, kind: ColumnKind, value: object) -> None:
         """Measure one written value of column ``field`` (of ``kind``) against its limit.
 

@@ -407,7 +407,7 @@ def _reject_unknown(value: object) -> Any:
 _ENCODE_WALKED: Final = _walked_encoder() or _ENCODE_SORTED
 
 
-def json_value_problem(value: object) -> str | None:
+def json_value_problem(value: object, depth: int = 0) -> str | None:
     """Say why ``value`` is not a storable JSON value, or return None if it is.
 
     A storable JSON value is ``None``, ``bool``, ``int``, a finite ``float``,
@@ -418,12 +418,15 @@ def json_value_problem(value: object) -> str | None:
 
     Args:
         value: the candidate value.
+        depth: how deep ``value`` sits inside the value that will be encoded
+            (a field of an object: 1): its own nesting may go
+            ``JSON_MAX_DEPTH - depth`` levels.
 
     Returns:
         None when the value is acceptable, else a short description of the
         first problem found.
     """
-    return _json_problem(value, 0)
+    return _json_problem(value, depth)
 
 
 # Leaves of these exact types are always storable; the walk skips them inline.
@@ -496,6 +499,22 @@ def canonical_json(value: Any) -> str:
     try:
         return _ENCODE_WALKED(value)
     except ValueError as exc:  # an integer beyond Python's digit limit
+        raise JsonError("value", str(exc)) from None
+
+
+def canonical_json_checked(value: Any) -> str:
+    """:func:`canonical_json` of a value the caller checked: the encoding without the walk.
+
+    For a value whose :func:`json_value_problem` is None (the caller walked
+    its parts): the same text as :func:`canonical_json`, without walking the
+    value a second time.
+
+    Raises:
+        JsonError: (kind ``value``) an integer beyond Python's digit limit.
+    """
+    try:
+        return _ENCODE_WALKED(value)
+    except ValueError as exc:
         raise JsonError("value", str(exc)) from None
 
 

@@ -43,6 +43,7 @@ from agentkeep.sessions.records import (
     BlobProfile,
     CheckpointManifest,
     HydratedSessionCheckpoint,
+    checked_builder,
 )
 from agentkeep.statements import Statement, upsert
 from agentkeep.strict_json import canonical_json
@@ -270,7 +271,8 @@ def hydrate(db: Driver, manifest: CheckpointManifest | None) -> HydratedSessionC
         blob = get_blob(db, component_ref)
         return None if blob is None else blob[1]
 
-    return HydratedSessionCheckpoint(
+    # The manifest was validated; the bodies are decoded JSON: built without validation.
+    return _HYDRATED(
         turn_state=manifest.turn_state,
         tool_state=body(manifest.tool_state_ref),
         tool_state_ref=manifest.tool_state_ref,
@@ -280,3 +282,19 @@ def hydrate(db: Driver, manifest: CheckpointManifest | None) -> HydratedSessionC
         execution_state=body(manifest.execution_state_ref),
         execution_state_ref=manifest.execution_state_ref,
     )
+
+
+#: Builds a checkpoint from a validated manifest and decoded bodies (records.checked_builder).
+_HYDRATED: Final = checked_builder(
+    HydratedSessionCheckpoint,
+    {
+        "turn_state": {"t": [1]},
+        "tool_state": 1,
+        "tool_state_ref": "a",
+        "plugin_snapshot": "p",
+        "plugin_snapshot_ref": "b",
+        "plugin_snapshot_revision": 2,
+        "execution_state": None,
+        "execution_state_ref": "c",
+    },
+)

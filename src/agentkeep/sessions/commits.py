@@ -259,6 +259,7 @@ from agentkeep.sessions.records import (
     BlobProfile,
     FullGraphScope,
     HeadScope,
+    HydratedSessionCheckpoint,
     LoadScope,
     PersistedSessionRead,
     ReplaceFullGraph,
@@ -271,6 +272,7 @@ from agentkeep.sessions.records import (
     UnchangedGraph,
     UsageDelta,
     UsageLedgerEntry,
+    checked_builder,
 )
 from agentkeep.sessions.turn_inputs import (
     _check_completion as _check_turn_input_completion,
@@ -280,7 +282,7 @@ from agentkeep.sessions.turn_inputs import (
     ensure_turn_input_completion,
 )
 from agentkeep.statements import Statement, upsert
-from agentkeep.strict_json import canonical_json
+from agentkeep.strict_json import canonical_json, canonical_json_checked, json_value_problem
 
 __all__ = [
     "ACTIVE_PATH",
@@ -307,16 +309,6 @@ _HEAD_COLUMNS: Final = (
     SessionHeadRow.agent_frames_json,
     SessionHeadRow.current_agent_frame_id,
     SessionHeadRow.graph_node_count,
-)
-#: The head and, by an outer join, its checkpoint manifest blob
-#: (:data:`~agentkeep.sessions.checkpoints.BLOB_COLUMNS`, all null when the
-#: blob is missing): one statement for what the resume read needs first.
-_GET_HEAD: Final = Statement(
-    select(*_HEAD_COLUMNS, *BLOB_COLUMNS)
-    .select_from(SessionHeadRow)
-    .outerjoin(BlobRow, BlobRow.hash == SessionHeadRow.checkpoint_ref)
-    .where(_BY_SESSION_HEAD),
-    name="sessions.get_head",
 )
 _GET_HEAD_REVISION: Final = Statement(
     select(SessionHeadRow.head_revision).where(_BY_SESSION_HEAD),
@@ -421,6 +413,44 @@ _GET_TOTALS: Final = Statement(
     .order_by(UsageTotalRow.ordinal),
     name="sessions.get_usage_totals",
 )
+#: Columns of :data:`_GET_HEAD_AND_TOTALS`: the row kind, the head, its blob, a total.
+_HEAD_AT: Final = 1
+_TOTAL_AT: Final = 1 + len(_HEAD_COLUMNS) + len(BLOB_COLUMNS)
+
+
+def _head_and_totals(dialect: Dialect) -> Any:
+    """The resume read's first statement: the head row (the head's columns, then
+    its manifest blob's by an outer join, null when the blob is missing) and then
+    the session's ledger totals by ordinal (as :data:`_GET_TOTALS`): one
+    statement, so one snapshot.
+
+    Each row starts with its kind: ``0`` the head (the total columns null),
+    ``1`` a total (the head columns null); the head comes first. No head row:
+    the session has none. The nulls take their column's type from the other
+    branch (both dialects' ``UNION`` rules).
+    """
+    head_names = [f"h{i}" for i in range(len(_HEAD_COLUMNS) + len(BLOB_COLUMNS))]
+    total_names = [f"t{i}" for i in range(len(_TOTAL_COLUMNS))]
+    head: Any = (
+        select(
+            literal_column("0").label("kind"),
+            *(c.label(n) for c, n in zip((*_HEAD_COLUMNS, *BLOB_COLUMNS), head_names, strict=True)),
+            *(null().label(n) for n in total_names),
+        )
+        .select_from(SessionHeadRow)
+        .outerjoin(BlobRow, BlobRow.hash == SessionHeadRow.checkpoint_ref)
+        .where(_BY_SESSION_HEAD)
+    )
+    totals: Any = select(
+        literal_column("1").label("kind"),
+        *(null().label(n) for n in head_names),
+        *(c.label(n) for c, n in zip(_TOTAL_COLUMNS, total_names, strict=True)),
+    ).where(UsageTotalRow.session_id == p("sid"))
+    ordinal = total_names[2]
+    return head.union_all(totals).order_by(literal_column("kind"), literal_column(ordinal))
+
+
+_GET_HEAD_AND_TOTALS: Final = Statement(_head_and_totals, name="sessions.get_head_and_totals")
 
 
 def _put_total(dialect: Dialect) -> Any:
@@ -744,6 +774,33 @@ def _optional_id(value: object, field: str) -> str | None:
     return None if value is None else check_id(value, field)
 
 
+def _node_text(stored: dict[str, Any], i: int) -> str:
+    """The canonical JSON of node ``i`` of a delta (``stored``: its four fields).
+
+    The payload is checked as a JSON value (:class:`InvalidInput` naming
+    ``commit.graph.nodes[i].payload``), then the node is encoded. The common
+    case walks the payload once: checked where it sits in the node (one
+    level down), with ASCII ids and an ``int`` timestamp, nothing else in the
+    node can fail ``canonical_json``'s walk, so the text is encoded without
+    it. Any other case (a problem found, a non-ASCII id) takes the two
+    steps one by one, which raise the error they always did.
+    """
+    field = f"commit.graph.nodes[{i}].payload"
+    node_id, parent, payload = stored["node_id"], stored["parent_node_id"], stored["payload"]
+    if (
+        json_value_problem(payload, 1) is None
+        and node_id.isascii()
+        and (parent is None or parent.isascii())
+        and type(stored["timestamp"]) is int
+    ):
+        try:
+            return canonical_json_checked(stored)
+        except ValueError:
+            pass  # an integer past the digit limit: the two steps raise its error
+    check_json(payload, field)
+    return _json_text(stored, field)
+
+
 class _Prepared:
     """A commit's arguments, checked and encoded before the lock is taken."""
 
@@ -797,19 +854,18 @@ class _Prepared:
         _optional_id(self.leaf, "commit.graph.leaf_node_id")
         self.nodes: list[tuple[str, str | None, str]] = []
         for i, node in enumerate(nodes):
-            check_id(node.node_id, f"commit.graph.nodes[{i}].node_id")
-            _optional_id(node.parent_node_id, f"commit.graph.nodes[{i}].parent_node_id")
-            payload = check_json(node.payload, f"commit.graph.nodes[{i}].payload")
+            node_id, parent, timestamp = node.node_id, node.parent_node_id, node.timestamp
+            check_id(node_id, f"commit.graph.nodes[{i}].node_id")
+            _optional_id(parent, f"commit.graph.nodes[{i}].parent_node_id")
             # The fields model_dump(mode="json") gives, without its serializer: a
             # checked payload encodes to the same canonical text.
             stored = {
-                "node_id": node.node_id,
-                "parent_node_id": node.parent_node_id,
-                "timestamp": node.timestamp,
-                "payload": payload,
+                "node_id": node_id,
+                "parent_node_id": parent,
+                "timestamp": timestamp,
+                "payload": node.payload,
             }
-            text = _json_text(stored, f"commit.graph.nodes[{i}].payload")
-            self.nodes.append((node.node_id, node.parent_node_id, text))
+            self.nodes.append((node_id, parent, _node_text(stored, i)))
 
 
 def _decode_node(
@@ -839,8 +895,19 @@ def _total_rows(db: Driver, session_id: str) -> list[tuple[str, str, list[Any]]]
         SessionCorrupt: a stored total does not decode (a non-text key, a
             counter or ordinal that is not an integer in ``0..2**63-1``).
     """
+    return _checked_totals(session_id, db.execute(_GET_TOTALS, {"sid": session_id}).fetchall())
+
+
+def _checked_totals(
+    session_id: str, rows: Sequence[Sequence[Any]]
+) -> list[tuple[str, str, list[Any]]]:
+    """:func:`_total_rows` of rows already read (:data:`_TOTAL_COLUMNS` each).
+
+    Raises:
+        SessionCorrupt: a stored total does not decode.
+    """
     out = []
-    for row in db.execute(_GET_TOTALS, {"sid": session_id}).fetchall():
+    for row in rows:
         source, model, *numbers = row
         key = f"{session_id}/{source}/{model}"
         for column, value in (("source", source), ("model", model)):
@@ -853,20 +920,42 @@ def _total_rows(db: Driver, session_id: str) -> list[tuple[str, str, list[Any]]]
     return out
 
 
-def _read_totals(db: Driver, session_id: str) -> tuple[UsageLedgerEntry, ...]:
-    """The session's ledger totals by ordinal (:func:`_total_rows`, as entries).
+def _ledger(session_id: str, rows: Sequence[Sequence[Any]]) -> tuple[UsageLedgerEntry, ...]:
+    """The session's ledger from its total rows read by ordinal (:func:`_checked_totals`).
 
     Raises:
         SessionCorrupt: a stored total does not decode.
     """
     return tuple(
-        UsageLedgerEntry.model_construct(
+        _LEDGER_ENTRY(
             source=source,
             model=model,
-            usage=TokenUsage.model_construct(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True))),
+            usage=_TOKEN_USAGE(**dict(zip(_USAGE_FIELDS, numbers[1:], strict=True))),
         )
-        for source, model, numbers in _total_rows(db, session_id)
+        for source, model, numbers in _checked_totals(session_id, rows)
     )
+
+
+# Builders of read records from checked values (records.checked_builder).
+_TOKEN_USAGE: Final = checked_builder(TokenUsage, dict.fromkeys(_USAGE_FIELDS, 1))
+_LEDGER_ENTRY: Final = checked_builder(
+    UsageLedgerEntry, {"source": "s", "model": "m", "usage": TokenUsage()}
+)
+_GRAPH: Final = checked_builder(SessionGraph, {"nodes": (), "leaf_node_id": "n"})
+_READ: Final = checked_builder(
+    PersistedSessionRead,
+    {
+        "session_id": "s",
+        "head_revision": 1,
+        "config": {"k": [1]},
+        "agent_frames": ({"f": 1},),
+        "current_agent_frame_id": "f",
+        "graph": SessionGraph(),
+        "checkpoint_ref": "r",
+        "checkpoint": HydratedSessionCheckpoint(turn_state={"t": 1}),
+        "token_ledger": (),
+    },
+)
 
 
 _NODE_FIELDS: Final = frozenset(SessionNodeRecord.model_fields)
@@ -1358,18 +1447,22 @@ class SessionCommitRepository:
         check_id(session_id, "session_id")
         if not isinstance(scope, FullGraphScope | ActivePathScope | HeadScope):
             raise InvalidInput("scope", f"expected a load scope, got {type(scope).__name__}")
-        db = self._db
-        # psycopg: the ledger totals go out with the head, in its round trip.
-        with db.prefetching([(_GET_TOTALS, {"sid": session_id})]):
-            row = db.execute(_GET_HEAD, {"sid": session_id}).fetchone()
-            if row is None:
-                return None
-            return self._loaded(session_id, scope, row)
+        # The head, its manifest blob and the ledger totals: one statement.
+        rows = self._db.execute(_GET_HEAD_AND_TOTALS, {"sid": session_id}).fetchall()
+        if not rows or rows[0][0] != 0:
+            return None
+        totals = [r[_TOTAL_AT:] for r in rows[1:]]
+        return self._loaded(session_id, scope, rows[0][_HEAD_AT:_TOTAL_AT], totals)
 
     def _loaded(
-        self, session_id: str, scope: LoadScope, row: Sequence[Any]
+        self,
+        session_id: str,
+        scope: LoadScope,
+        row: Sequence[Any],
+        totals: Sequence[Sequence[Any]],
     ) -> PersistedSessionRead:
-        """:meth:`load_session` once the head row (and its manifest blob) is read."""
+        """:meth:`load_session` once the head row (with its manifest blob) and the
+        ledger's total rows are read."""
         db = self._db
         version, revision, head_leaf, checkpoint_ref, config_json, frames_json, frame_id = row[:7]
         if version != HEAD_SCHEMA_VERSION:
@@ -1405,16 +1498,20 @@ class SessionCommitRepository:
                 if (node := _decode_node(session_id, seq, node_id, raw)) is not None
             ]
         checkpoint = hydrate(db, manifest_of(checkpoint_ref, decode_blob(checkpoint_ref, row[8:])))
-        return PersistedSessionRead(
+        # Every value is checked above (or decoded JSON, or a validated record's):
+        # built without validation, unless an id is a str subclass the caller passed.
+        plain = type(session_id) is str and (leaf is None or type(leaf) is str)
+        read, graph = (_READ, _GRAPH) if plain else (PersistedSessionRead, SessionGraph)
+        return read(
             session_id=session_id,
             head_revision=revision,
             config=config,
             agent_frames=tuple(frames),
             current_agent_frame_id=frame_id,
-            graph=SessionGraph(nodes=tuple(nodes), leaf_node_id=leaf),
+            graph=graph(nodes=tuple(nodes), leaf_node_id=leaf),
             checkpoint_ref=checkpoint_ref,
             checkpoint=checkpoint,
-            token_ledger=_read_totals(db, session_id),
+            token_ledger=_ledger(session_id, totals),
         )
 
     @staticmethod
