@@ -36,7 +36,9 @@ channels: errors, interrupts, resumes) is replaced.
 Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
 NOTHING``) and one node upsert (on Postgres one statement: the blob insert is
 a data-modifying CTE of the upsert); a pending-write put: the lease read and
-one insert per write. Nothing written is read back. A one-call put on
+one insert per write on SQLite (one ``executemany``); on Postgres the
+writes of ``idx >= 0`` in one multi-row insert (per 8), each negative
+index its own upsert. Nothing written is read back. A one-call put on
 psycopg is two round trips: ``BEGIN``, the locks, the lease read and the
 writes pipelined, then ``COMMIT``.
 
@@ -47,6 +49,7 @@ compression other than ``none``, or whose bytes do not match its hash, is
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -213,6 +216,70 @@ def _put_write(dialect: Any, *, replace: bool) -> Any:
 _ADD_WRITE: Final = Statement(
     lambda d: _put_write(d, replace=False), name="checkpoint_nodes.add_write"
 )
+
+#: Pending writes inserted by one statement at most (Postgres; more go in several).
+_ROWS_PER_INSERT: Final = 8
+
+
+def _add_writes(dialect: Any, count: int) -> Any:
+    """The insert of ``count`` pending writes of one task (``ON CONFLICT DO NOTHING``).
+
+    One statement for all of them (on psycopg each pipelined statement costs
+    client CPU): the shared ``sid``, ``nid``, ``task`` and ``path`` once,
+    ``idx<i>``, ``channel<i>``, ``type<i>``, ``value<i>`` per row. A key
+    repeated within the statement keeps its first row, as when the rows are
+    inserted one by one.
+    """
+    rows: list[dict[str, Any]] = [
+        {
+            "session_id": p("sid"),
+            "node_id": p("nid"),
+            "task_id": p("task"),
+            "write_idx": p(f"idx{i}"),
+            "channel": p(f"channel{i}"),
+            "value_type": p(f"type{i}"),
+            "value": p(f"value{i}"),
+            "task_path": p("path"),
+        }
+        for i in range(count)
+    ]
+    keys = [_W.session_id, _W.node_id, _W.task_id, _W.write_idx]
+    return upsert(dialect, _W).values(rows).on_conflict_do_nothing(index_elements=keys)
+
+
+#: ``_ADD_WRITES[n]``: the insert of ``n`` rows (2..``_ROWS_PER_INSERT``).
+_ADD_WRITES: Final = {
+    n: Statement(functools.partial(_add_writes, count=n), name=f"checkpoint_nodes.add_writes_{n}")
+    for n in range(2, _ROWS_PER_INSERT + 1)
+}
+
+
+def _add_write_statements(
+    rows: Sequence[Mapping[str, Any]],
+) -> list[tuple[Statement, Mapping[str, Any]]]:
+    """``rows`` (of one task) as multi-row inserts of at most ``_ROWS_PER_INSERT``."""
+    out: list[tuple[Statement, Mapping[str, Any]]] = []
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        if len(chunk) == 1:
+            out.append((_ADD_WRITE, chunk[0]))
+            continue
+        first = chunk[0]
+        params: dict[str, Any] = {
+            "sid": first["sid"],
+            "nid": first["nid"],
+            "task": first["task"],
+            "path": first["path"],
+        }
+        for i, row in enumerate(chunk):
+            params[f"idx{i}"] = row["idx"]
+            params[f"channel{i}"] = row["channel"]
+            params[f"type{i}"] = row["type"]
+            params[f"value{i}"] = row["value"]
+        out.append((_ADD_WRITES[len(chunk)], params))
+    return out
+
+
 _REPLACE_WRITE: Final = Statement(
     lambda d: _put_write(d, replace=True), name="checkpoint_nodes.replace_write"
 )
@@ -301,6 +368,8 @@ def _check_bytes(value: object, field: str) -> bytes:
 
 
 def _encodable(value: str, field: str) -> str:
+    if value.isascii():  # no surrogate: nothing to encode (isascii is free in CPython)
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -519,8 +588,8 @@ class CheckpointNodeRepository:
             fence = check_fence(fence, "fence")
         if not add and not replace:
             return
-        if self._db.postgres:  # one statement each, pipelined on psycopg (see _guarded)
-            rows = [(_ADD_WRITE, row) for row in add] + [(_REPLACE_WRITE, row) for row in replace]
+        if self._db.postgres:  # pipelined on psycopg (see _guarded)
+            rows = _add_write_statements(add) + [(_REPLACE_WRITE, row) for row in replace]
             self._guarded(session_id, lease_session_id, fence, renew_ms, rows, blobs=False)
         else:
             self._guarded(session_id, lease_session_id, fence, renew_ms, (), blobs=False)
