@@ -1568,9 +1568,14 @@ class Driver:
 
     @property
     def commits_ahead(self) -> bool:
-        """True when ``prefetching(commit=True)`` sends COMMIT in the round trip:
-        psycopg with pipelining, in a one-call (lean) unit, which begins explicitly."""
-        return self._pipeline and self._merge_begin
+        """True when ``prefetching(commit=True)`` would send COMMIT in the round trip.
+
+        psycopg with pipelining, in a one-call (lean) unit, which begins
+        explicitly, that has sent nothing yet (its ``BEGIN`` is pending): so
+        the round trip holds the whole unit, and :meth:`restart` after a
+        refused check loses nothing but it.
+        """
+        return self._pipeline and self._merge_begin and self._pending_begin is not None
 
     def restart(self) -> None:
         """Roll back a one-call write unit's aborted transaction and begin it again.

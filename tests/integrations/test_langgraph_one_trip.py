@@ -205,3 +205,23 @@ def test_a_statement_after_the_pipelined_commit_is_refused(store: Store) -> None
     call: Callable[[], Any] = lambda: store._call_operation(after)  # noqa: E731
     with pytest.raises(RuntimeError, match="after the unit's pipelined COMMIT"):
         call()
+
+
+def test_a_put_after_other_work_of_its_unit_keeps_that_work(store: Store) -> None:
+    """Only a unit that has sent nothing yet takes the one round trip: a put after
+    other statements of its unit goes the two-round-trip way, so a lease that is
+    not free never restarts (rolls back) the work before it."""
+    clock = store.clock
+    assert isinstance(clock, SettableClock)
+    sid = AgentkeepSaver(store).session_id(THREAD)
+    owner = LeaseOwnerIdentity(owner_id="other", incarnation_id="i1")
+    store.leases.try_claim_session_execution_lease(sid, owner, 1000)
+    clock.advance(1000)  # expired, not released: not free
+
+    def unit(r: Any) -> None:
+        r.leases.try_claim_session_execution_lease("other-session", owner, 5000)
+        r.checkpoint_nodes.put_checkpoint_node(sid, "c1", b"body")
+
+    store._call_operation(unit)
+    assert store.checkpoint_nodes.get_checkpoint_node(sid, "c1") is not None
+    assert store.leases.get_session_execution_lease("other-session") is not None
