@@ -108,7 +108,9 @@ __all__ = [
     "ensure_attached",
     "engine_settings",
     "CommitWatch",
+    "Answered",
     "Driver",
+    "PrefetchCheckFailed",
     "is_memory_sqlite",
     "is_postgres",
     "is_autocommit",
@@ -1052,6 +1054,35 @@ _SQLITE_BUSY_SNAPSHOT: Final = 517
 _PG_JOINABLE: Final = frozenset({"read committed", "read uncommitted"})
 
 
+class Answered(NamedTuple):
+    """A read for :meth:`Driver.prefetching` sent as another statement whose rows answer it.
+
+    ``sent`` returns the rows ``stmt`` would return, or fails with
+    ``division_by_zero`` (SQLSTATE 22012) when a condition the caller needs
+    does not hold (see :class:`PrefetchCheckFailed`).
+    """
+
+    stmt: Statement
+    params: Mapping[str, Any]
+    sent: Statement
+    sent_params: Mapping[str, Any]
+
+
+#: The SQLSTATE a checking read (:class:`Answered`) fails with to refuse.
+CHECK_FAILED_SQLSTATE: Final = "22012"
+
+
+class PrefetchCheckFailed(Exception):
+    """A checking read of a one-round-trip commit refused (:meth:`Driver.prefetching`).
+
+    Nothing of the round trip was committed (the server skipped the rest of
+    the pipeline, COMMIT included) and the transaction is aborted: the caller
+    calls :meth:`Driver.restart` and does the work the two-round-trip way,
+    which judges the condition itself. Never leaves the repository that asked
+    for the check.
+    """
+
+
 class CommitWatch:
     """Set by :meth:`Driver.commit` when an operation starts sending its COMMIT.
 
@@ -1098,6 +1129,9 @@ class Driver:
     """
 
     __slots__ = (
+        "_began",
+        "_commit_ahead",
+        "_committed",
         "_cursor",
         "_deferred",
         "_error",
@@ -1151,8 +1185,13 @@ class Driver:
             self.postgres and target.dialect.driver in _MERGED_BEGIN_DRIVERS and _libpq_pipelines()
         )
         self._deferred: list[_Deferred] = []
-        self._prefetch: list[tuple[Statement, Mapping[str, Any]]] = []
+        self._prefetch: list[tuple[Statement, Mapping[str, Any], Statement, Mapping[str, Any]]] = []
         self._prefetched: list[tuple[Statement, Mapping[str, Any], _Fetched]] = []
+        # One-round-trip commit (prefetching(commit=True)): COMMIT goes with the
+        # prefetched statements; _committed once it came back.
+        self._commit_ahead = False
+        self._committed = False
+        self._began: str | None = None  # the BEGIN last sent in a round trip (restart)
 
     @classmethod
     def of(
@@ -1193,12 +1232,18 @@ class Driver:
         self._check(form, params)
         if self._prefetched and (hit := self._take_prefetched(stmt, params)) is not None:
             return hit
+        if self._committed:
+            raise _after_commit(stmt)
         if self._deferred:
             self.flush()
         # The common case (a named or pyformat driver, nothing fixed in the
         # construct) binds the caller's dict as it is.
         bound = params if form.plain else form.bind(params)
-        if self._prefetch or (self._pending_begin is not None and self._pipeline):
+        if (
+            self._prefetch
+            or self._commit_ahead
+            or (self._pending_begin is not None and self._pipeline)
+        ):
             # psycopg: a pending BEGIN goes out with the statement, one round trip.
             return self._execute_with_prefetch(form.sql, bound)
         try:
@@ -1235,6 +1280,8 @@ class Driver:
         form = stmt.compiled(self.target)
         for one in params:
             self._check(form, one)
+        if self._committed:
+            raise _after_commit(stmt)
         if self._deferred:
             self.flush()
         rows: Any = params if form.plain else [form.bind(p) for p in params]
@@ -1340,6 +1387,9 @@ class Driver:
         if self._deferred:
             self.flush()
         self._prefetch, self._prefetched = [], []
+        if self._committed:  # COMMIT went with the unit's round trip (prefetching)
+            self._committed = False
+            return
         if self._pending_begin is not None:  # the unit sent nothing: nothing to commit
             self._pending_begin = None
             return
@@ -1393,6 +1443,7 @@ class Driver:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
         self._pending_begin = None
         self._deferred, self._prefetch, self._prefetched = [], [], []
+        self._commit_ahead = self._committed = False
         self.raw.rollback()
 
     def close_cursor(self) -> None:
@@ -1436,6 +1487,7 @@ class Driver:
         """
         self._pending_begin = None
         self._deferred, self._prefetch, self._prefetched = [], [], []
+        self._commit_ahead = self._committed = False
         if self._lean:
             self._autocommit(False)
 
@@ -1450,6 +1502,7 @@ class Driver:
         if self._cursor is not None:
             self.close_cursor()
         self._pending_begin = None
+        self._commit_ahead = self._committed = False
         if self._deferred or self._prefetch or self._prefetched:
             self._deferred, self._prefetch, self._prefetched = [], [], []
 
@@ -1463,7 +1516,7 @@ class Driver:
         writes are deferred (:meth:`execute` sends them first, with the BEGIN).
         """
         pending = self._pending_begin
-        if pending is None or self._prefetch or self._deferred:
+        if pending is None or self._prefetch or self._deferred or self._commit_ahead:
             return False
         form = stmt.compiled(self.target)
         literal = {k: int(v) for k, v in (params if form.plain else form.bind(params)).items()}
@@ -1543,7 +1596,12 @@ class Driver:
         return self._pipeline
 
     @contextmanager
-    def prefetching(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> Iterator[None]:
+    def prefetching(
+        self,
+        reads: Sequence[tuple[Statement, Mapping[str, Any]] | Answered],
+        *,
+        commit: bool = False,
+    ) -> Iterator[None]:
         """Send ``reads`` with the next statement sent in the block, in its round trip (psycopg).
 
         For a repository that knows the reads it will make right after its
@@ -1558,19 +1616,81 @@ class Driver:
         asyncpg nothing is sent early: each read runs when executed, so both
         paths run the same repository code.
 
+        An :class:`Answered` read is sent as its ``sent`` statement, whose
+        rows answer an :meth:`execute` of its ``stmt``.
+
+        One-round-trip commit (``commit=True``, docs/architecture.md#one-round-trip-commit):
+        ``COMMIT`` goes at the end of the same round trip, and the unit's
+        :meth:`commit` then sends nothing. Only for a one-call unit whose
+        every statement is among ``reads`` (or is the first statement) and
+        whose every decision is already made by the server in that round
+        trip: anything the caller judges from the results afterwards must
+        have been enforced by a checking read (an :class:`Answered` whose
+        ``sent`` fails with SQLSTATE 22012 when the condition does not
+        hold), since the work is committed by then. A statement not answered
+        from the round trip after it raises ``RuntimeError`` (it would run
+        outside the transaction). Outcomes of that round trip:
+
+        * it came back: committed;
+        * a checking read refused: :class:`PrefetchCheckFailed`, nothing
+          committed (the server skips the rest of a failed pipeline, COMMIT
+          included); call :meth:`restart` and do it the two-round-trip way;
+        * the server refused another statement or the COMMIT: its typed
+          error (``StoreBusy``, ``DatabaseError``), nothing committed;
+        * the connection was lost: the COMMIT may or may not have been
+          applied, :class:`~agentkeep.errors.CommitOutcomeUnknown`, as for a
+          lost answer to a COMMIT sent alone (:meth:`commit_failure`).
+
+        Without pipelining ``commit`` is ignored: the unit commits as usual.
+
         Raises:
             InvalidInput, PayloadTooLarge: as :meth:`execute`, for a read's parameters.
         """
         if not self._pipeline:
             yield
             return
-        for stmt, params in reads:
-            self._check(stmt.compiled(self.target), params)
-        self._prefetch, self._prefetched = list(reads), []
+        prefetch = []
+        for read in reads:
+            if isinstance(read, Answered):
+                item = (read.stmt, read.params, read.sent, read.sent_params)
+            else:
+                item = (read[0], read[1], read[0], read[1])
+            self._check(item[2].compiled(self.target), item[3])
+            prefetch.append(item)
+        self._prefetch, self._prefetched = prefetch, []
+        self._commit_ahead = commit
         try:
             yield
         finally:
             self._prefetch, self._prefetched = [], []
+            self._commit_ahead = False
+
+    @property
+    def commits_ahead(self) -> bool:
+        """True when ``prefetching(commit=True)`` would send COMMIT in the round trip.
+
+        psycopg with pipelining, in a one-call (lean) unit, which begins
+        explicitly, that has sent nothing yet (its ``BEGIN`` is pending): so
+        the round trip holds the whole unit, and :meth:`restart` after a
+        refused check loses nothing but it.
+        """
+        return self._pipeline and self._merge_begin and self._pending_begin is not None
+
+    def restart(self) -> None:
+        """Roll back a one-call write unit's aborted transaction and begin it again.
+
+        After :class:`PrefetchCheckFailed`: the next statement sends a fresh
+        ``BEGIN`` with it (psycopg), as the unit began (its lock wait limit
+        included).
+
+        Raises:
+            ConnectionLost, DatabaseError: the rollback failed.
+        """
+        try:
+            self.rollback()
+        except self._error as exc:
+            raise self.translate(exc) from exc
+        self._pending_begin = self._began or _BEGIN_WRITE_PG
 
     def defer(
         self,
@@ -1629,6 +1749,8 @@ class Driver:
         deferred, self._deferred = self._deferred, []
         if not deferred:
             return
+        if self._committed:
+            raise RuntimeError("deferred writes after the unit's pipelined COMMIT")
         out: list[_Fetched | None] = []
         try:
             self._round_trip([(d.sql, d.params) for d in deferred], out)
@@ -1670,17 +1792,32 @@ class Driver:
     def _execute_with_prefetch(self, sql: str, bound: Any) -> _Fetched:
         reads, self._prefetch = self._prefetch, []
         items = [(sql, bound)]
-        for stmt, params in reads:
-            form = stmt.compiled(self.target)
+        for _, _, sent, params in reads:
+            form = sent.compiled(self.target)
             items.append((form.sql, params if form.plain else form.bind(params)))
+        commit, self._commit_ahead = self._commit_ahead, False
+        if commit:
+            items.append(("COMMIT", None))
+            watch = _COMMIT_WATCH.get()
+            if watch is not None:
+                watch.committing = True
         out: list[_Fetched | None] = []
         try:
             self._round_trip(items, out)
         except self._error as exc:
-            raise self.translate(exc) from exc
+            if not commit:
+                raise self.translate(exc) from exc
+            if getattr(exc, "sqlstate", None) == CHECK_FAILED_SQLSTATE and any(
+                read[2] is not read[0] for read in reads
+            ):
+                raise PrefetchCheckFailed(str(exc)) from exc
+            # A server error: the pipeline stopped there, COMMIT not run (definite).
+            # A lost connection: the COMMIT may have been applied (unknown).
+            raise self.commit_failure(exc) from exc
+        self._committed = commit
         self._prefetched = [
             (stmt, params, result)
-            for (stmt, params), result in zip(reads, out[1:], strict=True)
+            for (stmt, params, _, _), result in zip(reads, out[1:], strict=False)
             if result is not None
         ]
         first = out[0]
@@ -1697,7 +1834,7 @@ class Driver:
         batch: list[tuple[str, Any]] = []
         if self._pending_begin is not None:
             batch = [(part, None) for part in self._pending_begin.split("; ")]
-            self._pending_begin = None
+            self._began, self._pending_begin = self._pending_begin, None
         skip = len(batch)
         batch.extend(items)
         raw = self.raw
@@ -1757,6 +1894,8 @@ class Driver:
         self._plain(f"RELEASE SAVEPOINT {name}")
 
     def _plain(self, sql: str) -> None:
+        if self._committed:
+            raise RuntimeError(f"{sql}: a statement after the unit's pipelined COMMIT")
         if self._deferred:
             self.flush()
         try:
@@ -1765,6 +1904,13 @@ class Driver:
             self.raw.execute(sql)
         except self._error as exc:
             raise self.translate(exc) from exc
+
+
+def _after_commit(stmt: Statement) -> RuntimeError:
+    return RuntimeError(
+        f"{stmt.name or stmt!r}: a statement after the unit's pipelined COMMIT "
+        "(prefetching(commit=True) takes every statement of the unit)"
+    )
 
 
 @functools.cache

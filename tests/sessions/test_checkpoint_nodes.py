@@ -108,6 +108,18 @@ def test_pending_writes_once_per_task_and_index(store: Store) -> None:
     assert [w.value for w in nodes.list_checkpoint_nodes(SID)[0].writes] == [b"1", b"2", b"e2"]
 
 
+def test_many_pending_writes_of_one_call_keep_the_first_of_a_repeated_index(store: Store) -> None:
+    """On Postgres the writes of one call go in multi-row inserts of up to 8 rows: a
+    repeated index within one insert, or across two, keeps its first row, as one by one."""
+    writes = [PendingWrite(i, f"c{i}", "json", b"%d" % i) for i in range(19)]
+    writes.insert(3, PendingWrite(1, "again", "json", b"same insert"))
+    writes.append(PendingWrite(2, "again", "json", b"a later insert"))
+    writes.append(PendingWrite(-3, "__interrupt__", "json", b"i"))
+    store.checkpoint_nodes.put_pending_writes(SID, "c1", "t", writes)
+    got = [(w.idx, w.channel) for w in store.checkpoint_nodes.list_pending_writes(SID, "c1")]
+    assert got == [(-3, "__interrupt__")] + [(i, f"c{i}") for i in range(19)]
+
+
 @pytest.mark.parametrize(
     ("call", "field"),
     [

@@ -224,8 +224,9 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
 
         ``op(calls)`` calls one method of a ``checkpoint_nodes`` facade or
         repository. The unit sends no SAVEPOINT and, on psycopg, pipelines the
-        put's writes with its lock and lease read (two round trips: that one
-        and COMMIT; ``CheckpointNodeRepository._guarded``). On a sync Store it
+        put's writes with its lock and lease read, and outside ``owning``
+        COMMIT too, when the server finds the lease free (one round trip;
+        two with a fence: ``CheckpointNodeRepository._guarded``). On a sync Store it
         runs the repository method in ``Store._call_operation`` directly (the
         facade's argument check and telemetry wrapper cost more CPU than a
         SQLite put's statements; the saver checks its own arguments); a lost

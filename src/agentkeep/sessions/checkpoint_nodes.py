@@ -24,8 +24,9 @@ is renewed when half its TTL is gone. A refused write leaves nothing: in a
 unit that may hold other work or a caller that catches (``store.write()``,
 ``call_write``) the checks run before anything is written; in a one-call
 unit on psycopg the writes go out in the round trip of the lock and the lease
-read, after them, and a refusal rolls that unit (this operation alone) back
-(``CheckpointNodeRepository._guarded``).
+read, after them, and a refusal rolls that unit (this operation alone) back;
+without a fence ``COMMIT`` goes in that round trip too, once the server
+found the lease free (``CheckpointNodeRepository._guarded``).
 
 Idempotency. Putting a node again under the same id replaces its parent,
 JSON, blob and run (the last put wins, as LangGraph's savers do); a pending
@@ -36,9 +37,14 @@ channels: errors, interrupts, resumes) is replaced.
 Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
 NOTHING``) and one node upsert (on Postgres one statement: the blob insert is
 a data-modifying CTE of the upsert); a pending-write put: the lease read and
-one insert per write. Nothing written is read back. A one-call put on
-psycopg is two round trips: ``BEGIN``, the locks, the lease read and the
-writes pipelined, then ``COMMIT``.
+one insert per write on SQLite (one ``executemany``); on Postgres the
+writes of ``idx >= 0`` in one multi-row insert (per 8), each negative
+index its own upsert. Nothing written is read back. A one-call put on
+psycopg without a fence is one round trip: ``BEGIN``, the locks, the lease
+read (as :data:`_FREE_LEASE_READ`, which refuses unless the lease is free),
+the writes and ``COMMIT`` pipelined (docs/architecture.md#one-round-trip-commit);
+a fenced one, or one whose lease is not free, two: the same without
+``COMMIT`` (the guard judges the lease), then ``COMMIT``.
 
 Corrupt data fails loudly: a node whose blob is missing, stored with a
 compression other than ``none``, or whose bytes do not match its hash, is
@@ -47,23 +53,25 @@ compression other than ``none``, or whose bytes do not match its hash, is
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from sqlalchemy import Integer, case, cast, delete, exists, literal, select
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, exists, select
 from sqlalchemy.orm import aliased
+from sqlalchemy.sql import Select
 
 from agentkeep.clock import Clock
-from agentkeep.db import Driver
+from agentkeep.db import Answered, Driver, PrefetchCheckFailed
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
 from agentkeep.sessions.checkpoints import put_opaque_blob
 from agentkeep.sessions.domain import MAX_I64, LeaseFence, check_fence, check_id
 from agentkeep.sessions.leases import begin_session_write, guard_session_write, lease_read
 from agentkeep.sessions.maintenance import _batches, _in_list, _in_params
-from agentkeep.sessions.models import BlobRow, GraphNodeRow, PendingWriteRow
+from agentkeep.sessions.models import BlobRow, GraphNodeRow, PendingWriteRow, SessionLeaseRow
 from agentkeep.statements import Statement, upsert
 
 __all__ = [
@@ -79,6 +87,7 @@ __all__ = [
 KIND_OPAQUE: Final = "opaque"
 
 _N = GraphNodeRow
+_L = SessionLeaseRow
 _W = PendingWriteRow
 _LIVE = _N.tombstoned == p("live")
 
@@ -213,6 +222,70 @@ def _put_write(dialect: Any, *, replace: bool) -> Any:
 _ADD_WRITE: Final = Statement(
     lambda d: _put_write(d, replace=False), name="checkpoint_nodes.add_write"
 )
+
+#: Pending writes inserted by one statement at most (Postgres; more go in several).
+_ROWS_PER_INSERT: Final = 8
+
+
+def _add_writes(dialect: Any, count: int) -> Any:
+    """The insert of ``count`` pending writes of one task (``ON CONFLICT DO NOTHING``).
+
+    One statement for all of them (on psycopg each pipelined statement costs
+    client CPU): the shared ``sid``, ``nid``, ``task`` and ``path`` once,
+    ``idx<i>``, ``channel<i>``, ``type<i>``, ``value<i>`` per row. A key
+    repeated within the statement keeps its first row, as when the rows are
+    inserted one by one.
+    """
+    rows: list[dict[str, Any]] = [
+        {
+            "session_id": p("sid"),
+            "node_id": p("nid"),
+            "task_id": p("task"),
+            "write_idx": p(f"idx{i}"),
+            "channel": p(f"channel{i}"),
+            "value_type": p(f"type{i}"),
+            "value": p(f"value{i}"),
+            "task_path": p("path"),
+        }
+        for i in range(count)
+    ]
+    keys = [_W.session_id, _W.node_id, _W.task_id, _W.write_idx]
+    return upsert(dialect, _W).values(rows).on_conflict_do_nothing(index_elements=keys)
+
+
+#: ``_ADD_WRITES[n]``: the insert of ``n`` rows (2..``_ROWS_PER_INSERT``).
+_ADD_WRITES: Final = {
+    n: Statement(functools.partial(_add_writes, count=n), name=f"checkpoint_nodes.add_writes_{n}")
+    for n in range(2, _ROWS_PER_INSERT + 1)
+}
+
+
+def _add_write_statements(
+    rows: Sequence[Mapping[str, Any]],
+) -> list[tuple[Statement, Mapping[str, Any]]]:
+    """``rows`` (of one task) as multi-row inserts of at most ``_ROWS_PER_INSERT``."""
+    out: list[tuple[Statement, Mapping[str, Any]]] = []
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        if len(chunk) == 1:
+            out.append((_ADD_WRITE, chunk[0]))
+            continue
+        first = chunk[0]
+        params: dict[str, Any] = {
+            "sid": first["sid"],
+            "nid": first["nid"],
+            "task": first["task"],
+            "path": first["path"],
+        }
+        for i, row in enumerate(chunk):
+            params[f"idx{i}"] = row["idx"]
+            params[f"channel{i}"] = row["channel"]
+            params[f"type{i}"] = row["type"]
+            params[f"value{i}"] = row["value"]
+        out.append((_ADD_WRITES[len(chunk)], params))
+    return out
+
+
 _REPLACE_WRITE: Final = Statement(
     lambda d: _put_write(d, replace=True), name="checkpoint_nodes.replace_write"
 )
@@ -239,6 +312,40 @@ _DELETE_NODE_WRITES: Final = Statement(
     delete(_W).where(_W.session_id == p("sid"), _W.node_id.in_(_in_list())),
     name="checkpoint_nodes.delete_node_writes",
 )
+
+
+def _free_lease_read(dialect: Any) -> Any:
+    """The guard's lease read (:func:`~agentkeep.sessions.leases.lease_read`) that refuses
+    unless the lease is *free*: no row, or a row never claimed or released (no token,
+    no owner, a generation >= 0).
+
+    Its rows are the lease read's. A row that is not free makes it fail with
+    ``division_by_zero`` (:data:`agentkeep.db.CHECK_FAILED_SQLSTATE`): the
+    divisor depends on the row, so the planner cannot fold it, and the first
+    branch keeps a scan that looks at other sessions' rows from refusing.
+    LEASE_GUARD without a fence lets every free row pass (its owner decodes
+    as none, and a row without a token is not live): a write that passed
+    this read passes the guard, judged on the same row.
+    """
+    free = (
+        (_L.lease_token.is_(None)) & (_L.lease_owner_id.is_(None)) & (_L.lease_fencing_token >= 0)
+    )
+    divisor = case((_L.session_id != p("sid"), 1), (free, 1), else_=0)
+    return (
+        select(*_lease_columns(dialect))
+        .where(_L.session_id == p("sid"))
+        .where(cast(literal(1) / divisor, Integer) == 1)
+    )
+
+
+def _lease_columns(dialect: Any) -> tuple[Any, ...]:
+    """The columns of the guard's lease read, in its order (``leases.lease_read``)."""
+    read = lease_read("")[0].construct(dialect)
+    assert isinstance(read, Select)
+    return tuple(read.selected_columns)
+
+
+_FREE_LEASE_READ: Final = Statement(_free_lease_read, name="checkpoint_nodes.free_lease_read")
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +408,8 @@ def _check_bytes(value: object, field: str) -> bytes:
 
 
 def _encodable(value: str, field: str) -> str:
+    if value.isascii():  # no surrogate: nothing to encode (isascii is free in CPython)
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -375,15 +484,46 @@ class CheckpointNodeRepository:
         refusal and commit, the writes are sent only after the guard passed.
         Elsewhere (SQLite, asyncpg) every statement runs when executed, in
         the same order.
+
+        One round trip (a one-call unit on psycopg, no fence): the lease read
+        is sent as :data:`_FREE_LEASE_READ` and ``COMMIT`` follows the writes
+        in the same round trip (``prefetching(commit=True)``,
+        docs/architecture.md#one-round-trip-commit). The server commits only
+        when the lease is free, and a free lease passes the guard, which then
+        judges the same row; a lease that is not free stops the round trip
+        before ``COMMIT`` (nothing written), the unit begins again
+        (:meth:`~agentkeep.db.Driver.restart`) and the two round trips above
+        let the guard judge it. A fenced write always takes those two: its
+        guard may renew the lease.
         """
         db = self._db
         lease_sid = lease_session_id or session_id
+        if fence is None and not self._nested and writes and db.commits_ahead:
+            read = Answered(*lease_read(lease_sid), _FREE_LEASE_READ, {"sid": lease_sid})
+            try:
+                with db.prefetching([read, *writes], commit=True):
+                    self._run_guarded(session_id, lease_sid, fence, renew_ms, writes, blobs)
+                return
+            except PrefetchCheckFailed:
+                db.restart()  # the lease is not free: the guard judges it (below)
         ahead = () if self._nested else writes
         with db.prefetching([lease_read(lease_sid), *ahead]):
-            now = begin_session_write(db, self._clock, self._writable, session_id, blobs=blobs)
-            guard_session_write(db, lease_sid, fence, now, renew_ms)
-            for stmt, params in writes:
-                db.execute(stmt, params)
+            self._run_guarded(session_id, lease_sid, fence, renew_ms, writes, blobs)
+
+    def _run_guarded(
+        self,
+        session_id: str,
+        lease_sid: str,
+        fence: LeaseFence | None,
+        renew_ms: int | None,
+        writes: Sequence[tuple[Statement, Mapping[str, Any]]],
+        blobs: bool,
+    ) -> None:
+        db = self._db
+        now = begin_session_write(db, self._clock, self._writable, session_id, blobs=blobs)
+        guard_session_write(db, lease_sid, fence, now, renew_ms)
+        for stmt, params in writes:
+            db.execute(stmt, params)
 
     @staticmethod
     def _check_guard(lease_session_id: object, renew_ms: object) -> None:
@@ -519,8 +659,8 @@ class CheckpointNodeRepository:
             fence = check_fence(fence, "fence")
         if not add and not replace:
             return
-        if self._db.postgres:  # one statement each, pipelined on psycopg (see _guarded)
-            rows = [(_ADD_WRITE, row) for row in add] + [(_REPLACE_WRITE, row) for row in replace]
+        if self._db.postgres:  # pipelined on psycopg (see _guarded)
+            rows = _add_write_statements(add) + [(_REPLACE_WRITE, row) for row in replace]
             self._guarded(session_id, lease_session_id, fence, renew_ms, rows, blobs=False)
         else:
             self._guarded(session_id, lease_session_id, fence, renew_ms, (), blobs=False)
