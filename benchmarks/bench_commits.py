@@ -73,11 +73,11 @@ COMMIT_STATEMENTS: tuple[Statement, ...] = (
     K._PUT_USAGE,
     K._GET_TOTALS,
     K._PUT_TOTAL,
-    K._PUT_NODE,
+    K._PUT_NODES[1],
     K._PUT_HEAD,
 )
 #: The repository statements of one active-path load, in the store's order (raw_load).
-LOAD_STATEMENTS: tuple[Statement, ...] = (K._GET_HEAD, K.ACTIVE_PATH, C._GET, K._GET_TOTALS)
+LOAD_STATEMENTS: tuple[Statement, ...] = (K._GET_HEAD_AND_TOTALS, K.ACTIVE_PATH)
 
 
 def check_same_statements(what: str, call: Callable[[], object], expected: Sequence[Any]) -> None:
@@ -239,7 +239,7 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
             c.execute(
                 put_node.sql,
                 put_node.bind(
-                    {"sid": "s", "nid": node_id, "parent": state["leaf"], "json": node_json}
+                    {"sid": "s", "nid0": node_id, "parent0": state["leaf"], "json0": node_json}
                 ),
             ).fetchone()
             is not None
@@ -285,16 +285,21 @@ def store_load(store: Store) -> Callable[[], object]:
 
 
 def raw_load(conn: sqlite3.Connection) -> Callable[[], object]:
-    get_head, path, get_blob, usage = map(_form, LOAD_STATEMENTS)
+    head_and_totals, path = map(_form, LOAD_STATEMENTS)
+    head_at, total_at = K._HEAD_AT, K._TOTAL_AT
 
     def load() -> object:
         conn.execute("BEGIN")
-        head = conn.execute(get_head.sql, get_head.bind({"sid": "s"})).fetchone()
-        rows = conn.execute(path.sql, path.bind({"sid": "s", "leaf": head[2]})).fetchall()
-        nodes = [json.loads(r[3]) for r in rows]
-        blob = conn.execute(get_blob.sql, get_blob.bind({"hash": head[3]})).fetchone()
-        json.loads(bytes(blob[2]))
-        ledger = conn.execute(usage.sql, usage.bind({"sid": "s"})).fetchall()
+        rows = conn.execute(head_and_totals.sql, head_and_totals.bind({"sid": "s"})).fetchall()
+        # The head row first (its columns, then its manifest blob's), then the totals.
+        head = rows[0][head_at:total_at]
+        leaf, content = head[2], head[-1]
+        nodes = [
+            json.loads(r[3])
+            for r in conn.execute(path.sql, path.bind({"sid": "s", "leaf": leaf})).fetchall()
+        ]
+        json.loads(bytes(content))
+        ledger = [r[total_at:] for r in rows[1:]]
         conn.commit()
         return nodes, ledger
 
