@@ -442,10 +442,14 @@ def test_postgres_aggregate_lock_serialises_writers_of_one_run(
 ) -> None:
     """Postgres only: ``lock_aggregate(RUN, id)`` blocks a second writer of the same run.
 
-    The first unit takes the lock through ``uow.runs.update_status`` and stays
-    open; a second store's ``try_transition`` of the same run waits on the
-    advisory lock (seen in pg_stat_activity), returns only after the first
-    commits and then sees its write; another run is not blocked meanwhile.
+    The first unit takes the lock through ``uow.runs.update_status`` (leaving
+    the status as it is) and stays open; a second store's one-call
+    ``try_transition`` of the same run, whose statement finds the run in
+    ``from_`` but its lock held, waits on the advisory lock on its locked
+    path (seen in pg_stat_activity), returns only after the first commits
+    and then wins; another run is not blocked meanwhile. (A run whose
+    committed status is not ``from_`` is refused at once, without waiting:
+    the statement's snapshot decides, docs/runs.md#common-rules.)
     """
     store.runs.create(RunRecord.new("R-1", "T-1", 10, status=RunStatus.INTERRUPTED))
     store.runs.create(RunRecord.new("R-2", "T-1", 20, status=RunStatus.INTERRUPTED))
@@ -462,7 +466,7 @@ def test_postgres_aggregate_lock_serialises_writers_of_one_run(
         started.set()
         try:
             outcome["won"] = contender.runs.try_transition(
-                "R-1", RunStatus.FAILED, RunStatus.RUNNING
+                "R-1", RunStatus.INTERRUPTED, RunStatus.RUNNING
             )
             order.append("contender returned")
         except BaseException as exc:  # noqa: BLE001 - asserted below
@@ -474,7 +478,7 @@ def test_postgres_aggregate_lock_serialises_writers_of_one_run(
     try:
         contender.runs.get("R-2")  # warm its pool: the wait below is the lock, not a connect
         with store.write() as uow:
-            uow.runs.update_status("R-1", RunStatus.FAILED)
+            uow.runs.update_status("R-1", RunStatus.INTERRUPTED)
             thread.start()
             assert started.wait(5)
             waiting: list[tuple[Any, ...]] = []
@@ -498,6 +502,6 @@ def test_postgres_aggregate_lock_serialises_writers_of_one_run(
 
     assert "error" not in outcome, outcome.get("error")
     assert order == ["holder commits", "contender returned"]
-    assert outcome["won"] is True  # it saw the holder's committed FAILED
+    assert outcome["won"] is True  # it decided after the holder committed
     assert store.runs.get("R-1").status is RunStatus.RUNNING
     assert store.runs.get("R-2").status is RunStatus.RUNNING

@@ -49,6 +49,7 @@ import itertools
 import os
 import random
 import re
+import select as _select
 import sqlite3
 import threading
 import time
@@ -1570,6 +1571,11 @@ class Driver:
         form = stmt.compiled(self.target)
         self._check(form, params)
         bound = params if form.plain else form.bind(params)
+        if writes and self.closed_while_idle():
+            # A pooled connection the server closed: the locked path's first
+            # statement fails as ConnectionLost (nothing sent, retried), where a
+            # write sent alone would be its own COMMIT (CommitOutcomeUnknown).
+            return None
         if writes and (watch := _COMMIT_WATCH.get()) is not None:
             watch.committing = True
         try:
@@ -1674,7 +1680,46 @@ class Driver:
         the round trip holds the whole unit, and :meth:`restart` after a
         refused check loses nothing but it.
         """
-        return self._pipeline and self._merge_begin and self._pending_begin is not None
+        return (
+            self._pipeline
+            and self._merge_begin
+            and self._pending_begin is not None
+            and not self.closed_while_idle()
+        )
+
+    def closed_while_idle(self) -> bool:
+        """True when the server closed (or wrote to) this Postgres connection while it sat idle.
+
+        There is no pre-ping when a pooled connection is checked out: a unit
+        whose first round trip fails on a connection the server had already
+        closed (a restarted server, a terminated backend, an idle timeout)
+        gets ``ConnectionLost``, which is definite (nothing was applied) and
+        retried on a fresh connection. A first round trip that carries its
+        own ``COMMIT`` (:meth:`commits_ahead`, :meth:`execute_alone`) cannot
+        tell that case from a connection lost after the server committed, so
+        it would report ``CommitOutcomeUnknown``. Before sending one, the unit
+        asks this: the connection has sent nothing since it was checked out,
+        so any input waiting on its socket is the server's goodbye (a closed
+        socket reads as ready; a terminated backend sends its FATAL message
+        first) or an unsolicited message; either way the unit takes its
+        ordinary path, whose first round trip carries no ``COMMIT``. One
+        ``select`` with a zero timeout on psycopg; asyncpg reports a
+        connection its event loop saw close. A connection that dies silently
+        (no FIN reaches the client) or while the round trip is in flight is
+        not seen here: that stays ``CommitOutcomeUnknown``.
+        """
+        if not self.postgres:
+            return False
+        conn = getattr(self.raw, "_connection", None) or self.raw
+        pgconn = getattr(conn, "pgconn", None)
+        if pgconn is None:  # asyncpg
+            is_closed = getattr(conn, "is_closed", None)
+            return bool(is_closed()) if is_closed is not None else False
+        try:
+            ready, _, _ = _select.select([pgconn.socket], [], [], 0)
+        except (OSError, ValueError, self._error):
+            return True  # no usable socket: the connection is gone
+        return bool(ready)
 
     def restart(self) -> None:
         """Roll back a one-call write unit's aborted transaction and begin it again.
@@ -2266,9 +2311,21 @@ def _disconnect_sqlstate(orig: BaseException) -> bool:
 
 
 def _is_disconnect(orig: BaseException, raw: Any, target: CompileTarget) -> bool:
-    """True if ``orig`` says the connection under ``raw`` is gone."""
-    if _disconnect_sqlstate(orig):
-        return True
+    """True if ``orig`` says the connection under ``raw`` is gone.
+
+    The error's causes count too: psycopg leaving pipeline mode on a
+    terminated backend raises ``OperationalError("cannot exit pipeline mode
+    while busy")``, with no SQLSTATE, while handling the server's
+    ``AdminShutdown``; that is a lost connection, and a COMMIT sent in that
+    pipeline has an unknown outcome.
+    """
+    cause: BaseException | None = orig
+    for _ in range(8):  # a bounded walk of __cause__ / __context__
+        if cause is None:
+            break
+        if _disconnect_sqlstate(cause):
+            return True
+        cause = cause.__cause__ or cause.__context__
     if getattr(raw, "closed", False) or getattr(raw, "broken", False):  # psycopg
         return True
     try:

@@ -281,9 +281,12 @@ def test_a_connection_lost_with_the_one_statement_in_flight_is_an_unknown_outcom
 ) -> None:
     """The statement is its own COMMIT: a lost connection is ``CommitOutcomeUnknown``, not retried.
 
-    The backend is terminated just before the statement is sent (so it is
-    not applied, and the client cannot tell): the one-call form raises
-    ``CommitOutcomeUnknown`` naming the operation, and the store goes on.
+    The backend is terminated just before the statement is sent, after the
+    unit found the connection open (``Driver.closed_while_idle``: a
+    connection already closed takes the locked path and is retried, see
+    tests/test_idle_closed_connections.py), so it is not applied and the
+    client cannot tell: the one-call form raises ``CommitOutcomeUnknown``
+    naming the operation, and the store goes on.
     """
     if backend != "postgres":
         pytest.skip("Postgres only: a backend to terminate")
@@ -291,22 +294,23 @@ def test_a_connection_lost_with_the_one_statement_in_flight_is_an_unknown_outcom
         make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False),
         autocommit=True,
     )
-    original = db.Driver.execute_alone
+    original = db.Driver.closed_while_idle
     fired: list[int] = []
 
-    def execute_alone(driver: db.Driver, stmt: Any, params: Any, *, writes: bool = True) -> Any:
+    def closed_while_idle(driver: db.Driver) -> bool:
+        closed = original(driver)
         if not fired:
             pid = driver.raw.info.backend_pid
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
                 threading.Event().wait(0.002)
             fired.append(pid)
-        return original(driver, stmt, params, writes=writes)
+        return closed
 
     store = Store.open(db_url, clock=SettableClock(T0_MS))
     try:
         store.runs.create(RunRecord.new("R-lost", "T-1", 100))
-        monkeypatch.setattr(db.Driver, "execute_alone", execute_alone)
+        monkeypatch.setattr(db.Driver, "closed_while_idle", closed_while_idle)
         with pytest.raises(CommitOutcomeUnknown) as info:
             store.runs.try_transition("R-lost", RunStatus.PENDING, RunStatus.RUNNING)
         assert info.value.operation == "runs.try_transition"

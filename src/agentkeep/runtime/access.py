@@ -264,7 +264,10 @@ class RuntimeAccess:
         except StoreBusy:
             raise
         except DatabaseError as exc:
-            raise WriteFailed(f"failed to write {queue[0]}: {exc}") from exc
+            # Every write answered (the error came after the last one, as psycopg
+            # left pipeline mode): name the batch, not a write that succeeded.
+            failed = queue[0] if queue else "the deferred writes"
+            raise WriteFailed(f"failed to write {failed}: {exc}") from exc
         finally:
             queue.clear()
 
