@@ -505,3 +505,45 @@ def test_postgres_aggregate_lock_serialises_writers_of_one_run(
     assert outcome["won"] is True  # it decided after the holder committed
     assert store.runs.get("R-1").status is RunStatus.RUNNING
     assert store.runs.get("R-2").status is RunStatus.RUNNING
+
+
+def _raised_over(outer: BaseException, inner: BaseException) -> BaseException:
+    """``outer`` raised while handling ``inner`` (as psycopg's pipeline exit does)."""
+    try:
+        try:
+            raise inner
+        except BaseException:
+            raise outer  # noqa: B904 - the implicit __context__ is the point
+    except BaseException as exc:  # noqa: BLE001 - returned for inspection
+        return exc
+
+
+def test_a_client_error_over_a_terminated_backend_is_a_lost_connection() -> None:
+    """psycopg's "cannot exit pipeline mode while busy" over ``AdminShutdown``: disconnect.
+
+    A server error with its own SQLSTATE is judged by it, and the walk stops at
+    agentkeep's own errors (a handled failure of an earlier attempt).
+    """
+    psycopg = pytest.importorskip("psycopg")
+    from agentkeep.errors import ConnectionLost
+    from agentkeep.statements import CompileTarget
+
+    target = CompileTarget.of(create_engine("postgresql+psycopg://").dialect)
+
+    class Raw:
+        closed = broken = False
+
+    def disconnect(exc: BaseException) -> bool:
+        return db._is_disconnect(exc, Raw(), target)
+
+    shutdown = psycopg.errors.AdminShutdown("terminating connection")
+    busy = psycopg.OperationalError("cannot exit pipeline mode while busy")
+    assert not disconnect(psycopg.OperationalError("cannot exit pipeline mode while busy"))
+    assert disconnect(_raised_over(busy, shutdown))
+    unique = psycopg.errors.UniqueViolation("duplicate key")
+    assert not disconnect(_raised_over(unique, shutdown))
+    lost = ConnectionLost("an earlier attempt")
+    lost.__cause__ = psycopg.errors.AdminShutdown("earlier")
+    assert not disconnect(
+        _raised_over(psycopg.OperationalError("cannot exit pipeline mode while busy"), lost)
+    )

@@ -2313,18 +2313,22 @@ def _disconnect_sqlstate(orig: BaseException) -> bool:
 def _is_disconnect(orig: BaseException, raw: Any, target: CompileTarget) -> bool:
     """True if ``orig`` says the connection under ``raw`` is gone.
 
-    The error's causes count too: psycopg leaving pipeline mode on a
-    terminated backend raises ``OperationalError("cannot exit pipeline mode
-    while busy")``, with no SQLSTATE, while handling the server's
-    ``AdminShutdown``; that is a lost connection, and a COMMIT sent in that
-    pipeline has an unknown outcome.
+    A client-side driver error (no SQLSTATE) is judged by the driver error
+    it was raised over: psycopg leaving pipeline mode on a terminated backend
+    raises ``OperationalError("cannot exit pipeline mode while busy")`` while
+    handling the server's ``AdminShutdown``; that is a lost connection, and a
+    COMMIT sent in that pipeline has an unknown outcome. The walk stops at an
+    error the server sent (it has its own SQLSTATE) and at agentkeep's own
+    errors (an earlier, handled failure of another attempt).
     """
     cause: BaseException | None = orig
     for _ in range(8):  # a bounded walk of __cause__ / __context__
-        if cause is None:
+        if cause is None or isinstance(cause, AgentkeepError):
             break
         if _disconnect_sqlstate(cause):
             return True
+        if getattr(cause, "sqlstate", None) is not None:
+            break
         cause = cause.__cause__ or cause.__context__
     if getattr(raw, "closed", False) or getattr(raw, "broken", False):  # psycopg
         return True
