@@ -22,7 +22,7 @@ from agentkeep import Store
 from agentkeep.aio import AsyncStore
 from agentkeep.runtime import WriteFailed
 from tests.conftest import as_async_url
-from tests.sessions.test_round_trips import Trace
+from tests.sessions.test_round_trips import Trace, psycopg_async_calls
 
 from .builders import encode, input_record, receipt, user_session
 from .support import abort_trigger
@@ -76,20 +76,8 @@ def test_atomic_apply_takes_three_round_trips_on_psycopg(pg_url: str) -> None:
 
 
 def test_atomic_apply_takes_three_round_trips_on_psycopg_async(pg_url: str) -> None:
-    async def awaited(value: Any) -> Any:
-        return await value if asyncio.iscoroutine(value) or asyncio.isfuture(value) else value
-
-    loop = asyncio.new_event_loop()
-    try:
-        astore = loop.run_until_complete(AsyncStore.open(as_async_url(pg_url, "psycopg_async")))
-        try:
-            trace = Trace(astore.store.engine)
-            call = lambda fn: loop.run_until_complete(awaited(fn(astore)))  # noqa: E731
-            assert _boundaries(call, trace, "rt-rtrips-async") == [3] * BOUNDARIES
-        finally:
-            loop.run_until_complete(astore.close())
-    finally:
-        loop.close()
+    with psycopg_async_calls(pg_url) as (call, trace):
+        assert _boundaries(call, trace, "rt-rtrips-async") == [3] * BOUNDARIES
 
 
 def test_asyncpg_upserts_a_boundarys_inputs_in_one_batch_all_or_nothing(pg_url: str) -> None:

@@ -16,19 +16,16 @@ is a no-op). Never both, never neither.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from agentkeep import Store
-from agentkeep.aio import AsyncStore
 from agentkeep.clock import SettableClock
 from agentkeep.sessions.domain import Acquired, Busy, LeaseOwnerIdentity
-from tests.conftest import as_async_url
 from tests.racing import Racing
-from tests.sessions.test_round_trips import Trace
+from tests.sessions.test_round_trips import Trace, psycopg_async_calls
 
 T0_MS = 1_700_000_000_000
 ROUNDS = 10
@@ -72,20 +69,8 @@ def test_lease_cycle_round_trips_on_psycopg(pg_url: str) -> None:
 
 
 def test_lease_cycle_round_trips_on_psycopg_async(pg_url: str) -> None:
-    async def awaited(value: Any) -> Any:
-        return await value if asyncio.iscoroutine(value) or asyncio.isfuture(value) else value
-
-    loop = asyncio.new_event_loop()
-    try:
-        astore = loop.run_until_complete(AsyncStore.open(as_async_url(pg_url, "psycopg_async")))
-        try:
-            trace = Trace(astore.store.engine)
-            call = lambda fn: loop.run_until_complete(awaited(fn(astore)))  # noqa: E731
-            assert _cycle(call, trace, "sess-lease-rt-async") == [3, 3, 2] * 2
-        finally:
-            loop.run_until_complete(astore.close())
-    finally:
-        loop.close()
+    with psycopg_async_calls(pg_url) as (call, trace):
+        assert _cycle(call, trace, "sess-lease-rt-async") == [3, 3, 2] * 2
 
 
 # --------------------------------------------------------------------------

@@ -148,7 +148,16 @@ def test_a_fenced_turn_commit_takes_three_round_trips_on_psycopg(pg_url: str) ->
         assert _turns(lambda fn: fn(store), trace) == [3] * TURNS
 
 
-def test_a_fenced_turn_commit_takes_three_round_trips_on_psycopg_async(pg_url: str) -> None:
+@contextmanager
+def psycopg_async_calls(
+    pg_url: str,
+) -> Iterator[tuple[Callable[[Callable[[Any], Any]], Any], Trace]]:
+    """An AsyncStore on psycopg_async, driven from a sync test: ``(call, trace)``.
+
+    ``call(fn)`` runs ``fn(astore)`` on the store's event loop and awaits what
+    it returns; ``trace`` notes the round trips of the store's connections.
+    """
+
     async def awaited(value: Any) -> Any:
         return await value if asyncio.iscoroutine(value) or asyncio.isfuture(value) else value
 
@@ -157,9 +166,13 @@ def test_a_fenced_turn_commit_takes_three_round_trips_on_psycopg_async(pg_url: s
         astore = loop.run_until_complete(AsyncStore.open(as_async_url(pg_url, "psycopg_async")))
         try:
             trace = Trace(astore.store.engine)
-            counts = _turns(lambda fn: loop.run_until_complete(awaited(fn(astore))), trace)
-            assert counts == [3] * TURNS
+            yield (lambda fn: loop.run_until_complete(awaited(fn(astore)))), trace
         finally:
             loop.run_until_complete(astore.close())
     finally:
         loop.close()
+
+
+def test_a_fenced_turn_commit_takes_three_round_trips_on_psycopg_async(pg_url: str) -> None:
+    with psycopg_async_calls(pg_url) as (call, trace):
+        assert _turns(call, trace) == [3] * TURNS
