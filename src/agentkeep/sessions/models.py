@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 _ZERO = text("0")
+_RUN_ID_SET = text("run_id IS NOT NULL")
 
 
 class SessionLeaseRow(Base):
@@ -198,9 +199,14 @@ class GraphNodeRow(Base):
         UniqueConstraint("session_id", "node_id"),
         # Full-graph loads and node counts: WHERE session_id = ? AND tombstoned = 0 ORDER BY seq.
         Index("ix_graph_nodes_session_tombstoned_seq", "session_id", "tombstoned", "seq"),
-        # delete_nodes_for_runs: WHERE run_id IN (...).
-        Index("ix_graph_nodes_run_id", "run_id"),
-        {"sqlite_autoincrement": True},
+        # delete_nodes_for_runs: WHERE run_id IN (...), which implies the predicate.
+        # Partial (sessions_0005): turn nodes carry no run_id and add no entry.
+        Index(
+            "ix_graph_nodes_run_id",
+            "run_id",
+            sqlite_where=_RUN_ID_SET,
+            postgresql_where=_RUN_ID_SET,
+        ),
     )
 
 
@@ -226,7 +232,6 @@ class UsageDeltaRow(Base, _UsageCounters):
 
     __table_args__ = (
         Index("ix_usage_deltas_session_seq", "session_id", "seq"),
-        {"sqlite_autoincrement": True},
     )
 
 
