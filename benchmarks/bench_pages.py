@@ -113,7 +113,9 @@ class SaverLoop:
         checkpoint = self._empty()
         checkpoint["channel_values"] = {"state": _state(i)}
         checkpoint["channel_versions"] = {"state": i + 1}
-        self.cfg = self.saver.put(self.latest, checkpoint, {"source": "loop", "step": i}, {"state": i + 1})
+        self.cfg = self.saver.put(
+            self.latest, checkpoint, {"source": "loop", "step": i}, {"state": i + 1}
+        )
 
     def put_writes(self) -> None:
         i = self.turn
@@ -138,7 +140,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20, help="measured operations")
     args = ap.parse_args()
     n = args.n
-    print(f"sqlite {sqlite3.sqlite_version}; mean WAL pages per operation over {n}, after {args.seed}")
+    print(
+        f"sqlite {sqlite3.sqlite_version}; mean WAL pages per operation over {n}, after {args.seed}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         # agentkeep turn commit
         db = Path(tmp, "ak.db")

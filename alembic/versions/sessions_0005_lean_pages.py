@@ -38,7 +38,7 @@ Downgrade restores ``AUTOINCREMENT`` (SQLite rebuild; the new
 index.
 
 Revision ID: sessions_0005
-Revises: sessions_0004
+Revises: merge_0005
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "sessions_0005"
-down_revision = "sessions_0004"
+down_revision = "merge_0005"
 branch_labels = None
 depends_on = None
 

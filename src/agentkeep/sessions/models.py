@@ -230,9 +230,7 @@ class UsageDeltaRow(Base, _UsageCounters):
     source: Mapped[str] = mapped_column(Text, nullable=False)
     model: Mapped[str] = mapped_column(Text, nullable=False)
 
-    __table_args__ = (
-        Index("ix_usage_deltas_session_seq", "session_id", "seq"),
-    )
+    __table_args__ = (Index("ix_usage_deltas_session_seq", "session_id", "seq"),)
 
 
 class UsageTotalRow(Base, _UsageCounters):
