@@ -1,4 +1,4 @@
-"""sessions: fewer pages per write (graph_nodes, usage_deltas lose AUTOINCREMENT; a partial run_id index).
+"""sessions: fewer pages per write (no AUTOINCREMENT on graph_nodes, usage_deltas; partial index).
 
 Measured with ``benchmarks/bench_pages.py`` (WAL frames per operation, split by
 owning b-tree), an agent turn commit wrote ~14 pages and an ``AgentkeepSaver``
