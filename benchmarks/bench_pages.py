@@ -29,10 +29,12 @@ Operations (SQLite file, WAL, ``synchronous=NORMAL``; the payloads of
 from __future__ import annotations
 
 import argparse
+import gc
 import sqlite3
 import struct
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -137,7 +139,8 @@ def report(name: str, result: tuple[float, float, Counter[str]], n: int) -> None
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=200, help="operations before measuring")
-    ap.add_argument("--n", type=int, default=20, help="measured operations")
+    ap.add_argument("--n", type=int, default=100, help="measured operations")
+    ap.add_argument("--cpu", type=int, default=0, help="then time this many operations")
     args = ap.parse_args()
     n = args.n
     print(
@@ -158,6 +161,7 @@ def main() -> None:
             for _ in range(5):
                 commit()
             report("agentkeep turn commit", pager.measure(commit, n), n)
+            cpu("agentkeep turn commit", commit, args.cpu)
             read = store.commits.load_session("s", HeadScope())
             assert read is not None and read.head_revision == loop.rev
         finally:
@@ -176,6 +180,7 @@ def main() -> None:
             put, writes = _split(pager, sl, n)
             report("AgentkeepSaver put", put, n)
             report("AgentkeepSaver put_writes", writes, n)
+            cpu("AgentkeepSaver put+put_writes", sl.both, args.cpu)
         finally:
             store.close()
 
@@ -189,7 +194,24 @@ def main() -> None:
             put, writes = _split(pager, sl, n)
             report("SqliteSaver put", put, n)
             report("SqliteSaver put_writes", writes, n)
+            cpu("SqliteSaver put+put_writes", sl.both, args.cpu)
     sys.stdout.flush()
+
+
+def cpu(name: str, op: Callable[[], object], n: int) -> None:
+    """Print thread CPU µs per call of ``op`` over ``n`` calls (nothing when ``n`` is 0)."""
+    if n <= 0:
+        return
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.thread_time()
+        for _ in range(n):
+            op()
+        took = time.thread_time() - t0
+    finally:
+        gc.enable()
+    print(f"{name:<28} {took / n * 1e6:8.1f} us CPU per operation over {n}")
 
 
 def _split(
