@@ -32,8 +32,16 @@ file grows by their size until the old pages are reused, and the WAL holds
 the copy until the next checkpoint. Writers wait on the migration lock
 meanwhile. Measured: a 131 MB file of 300,000 nodes (~330-byte bodies) and
 100,000 usage rows upgraded in 1.8 s (2 shared cores, loaded) and grew to
-250 MB (the old pages on the free list). Postgres only swaps one index (``DROP INDEX``/``CREATE INDEX``,
-holding the table's write lock for the index build).
+250 MB (the old pages on the free list). Postgres only swaps one index
+(``DROP INDEX``/``CREATE INDEX``, holding the table's write lock for the
+index build).
+
+The revision follows ``merge_0005`` (the single head) instead of branching
+from ``sessions_0004`` and merging: it is then the head itself, and
+``downgrade merge_0005`` undoes it alone. It narrows decision 8 of the port
+("insertion-order columns are never reused") for these two ``seq`` columns
+only (docs/decisions.md#insertion-order-is-never-reused); ``enqueue_seq``,
+which claim ids carry, keeps ``AUTOINCREMENT``.
 
 Downgrade restores ``AUTOINCREMENT`` (SQLite rebuild; the new
 ``sqlite_sequence`` row starts at the table's largest ``seq``) and the full
