@@ -97,7 +97,9 @@ def upgrade() -> None:
         sa.Column("kind", sa.Text(), nullable=False),
         sa.Column("compression", sa.Text(), nullable=False),
         sa.Column("content", sa.LargeBinary(), nullable=False),
-        sa.CheckConstraint("compression IN ('none', 'zlib')", name=op.f("ck_blobs_compression")),
+        sa.CheckConstraint(
+            "compression IN ('none', 'zlib')", name=op.f("ck_blobs_compression")
+        ),
         sa.PrimaryKeyConstraint("hash", name="pk_blobs"),
     )
     op.create_table(
