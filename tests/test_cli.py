@@ -348,6 +348,7 @@ def test_environment_url_is_used_when_no_argument(
 # ---------------------------------------------------------------- every command, as a subprocess
 
 SCRIPT_NAMES = {
+    "sessions_0005",
     "merge_0005",
     "merge_0004",
     "merge_0003",
@@ -412,15 +413,15 @@ def test_every_command_as_a_subprocess(fresh_url: str, backend: str, tmp_path: P
 
     code, out, err = agentkeep("heads")  # scripts only: no database needed
     assert (code, err) == (0, "")
-    assert out == "merge_0005 (runs, runtime, sessions) (head) (mergepoint)\n"
+    assert out == "sessions_0005 (runs, runtime, sessions) (head)\n"
     code, out, err = agentkeep("heads", "--indicate-current", fresh_url)
     assert (code, err) == (0, "")
-    assert out == "merge_0005 (runs, runtime, sessions) (head) (mergepoint) (current)\n"
+    assert out == "sessions_0005 (runs, runtime, sessions) (head) (current)\n"
     code, out, err = agentkeep("history", fresh_url, "-i")
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert len(lines) == len(list(migrate.script_directory().walk_revisions()))
-    assert lines[0].startswith("merge_0004, sessions_0004 -> merge_0005 (")
+    assert lines[0].startswith("merge_0005 -> sessions_0005 (")
     assert lines[0].endswith("(current)")
     assert [line for line in lines if line.endswith("(current)")] == [lines[0]]
     assert "<base> -> runs_0001 (runs), runs: baseline" in out

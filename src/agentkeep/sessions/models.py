@@ -6,8 +6,11 @@ The coordination half (``session_execution_leases``, ``queued_work_batches``,
 turn commits, attachments, blobs, artifact refs, metadata) by
 ``sessions_0002_*.py``, the checkpoint additions (``graph_nodes.blob_ref``,
 ``graph_nodes.run_id``, ``session_pending_writes``) by ``sessions_0003_*.py``,
-the ledger totals (``session_usage_totals``) by ``sessions_0004_*.py``; the
-drift check keeps models and migrations equal.
+the ledger totals (``session_usage_totals``) by ``sessions_0004_*.py``, and
+``sessions_0005_*.py`` took ``AUTOINCREMENT`` off ``graph_nodes`` and
+``usage_deltas`` and made ``ix_graph_nodes_run_id`` partial (fewer pages per
+write: docs/sessions.md#pages-per-write); the drift check keeps models and
+migrations equal.
 Every table but the content-addressed ``blobs`` and ``artifact_refs`` is keyed
 by ``session_id``, so one database (and one Postgres server) holds many
 sessions (docs/decisions.md#many-sessions-per-database). The columns are
@@ -19,6 +22,9 @@ Invariants:
   keeps it (the next acquisition is fencing + 1).
 * ``enqueue_seq`` of batches and turn inputs is never reused
   (``AUTOINCREMENT`` on SQLite, a sequence on Postgres): it is the FIFO order.
+* ``seq`` of graph nodes and usage deltas is above every existing row's (the
+  rowid on SQLite, a sequence on Postgres): the order within a session. On
+  SQLite a value freed by deleting the newest rows may be handed out again.
 * ``claim_fencing_token`` of a row only grows; clearing a claim keeps it.
 * Deleting a batch deletes its items (``ON DELETE CASCADE``; SQLite enforces
   it because every connection sets ``foreign_keys=ON``).
@@ -49,6 +55,7 @@ __all__ = [
 ]
 
 _ZERO = text("0")
+_RUN_ID_SET = text("run_id IS NOT NULL")
 
 
 class SessionLeaseRow(Base):
@@ -198,9 +205,14 @@ class GraphNodeRow(Base):
         UniqueConstraint("session_id", "node_id"),
         # Full-graph loads and node counts: WHERE session_id = ? AND tombstoned = 0 ORDER BY seq.
         Index("ix_graph_nodes_session_tombstoned_seq", "session_id", "tombstoned", "seq"),
-        # delete_nodes_for_runs: WHERE run_id IN (...).
-        Index("ix_graph_nodes_run_id", "run_id"),
-        {"sqlite_autoincrement": True},
+        # delete_nodes_for_runs: WHERE run_id IN (...), which implies the predicate.
+        # Partial (sessions_0005): turn nodes carry no run_id and add no entry.
+        Index(
+            "ix_graph_nodes_run_id",
+            "run_id",
+            sqlite_where=_RUN_ID_SET,
+            postgresql_where=_RUN_ID_SET,
+        ),
     )
 
 
@@ -224,10 +236,7 @@ class UsageDeltaRow(Base, _UsageCounters):
     source: Mapped[str] = mapped_column(Text, nullable=False)
     model: Mapped[str] = mapped_column(Text, nullable=False)
 
-    __table_args__ = (
-        Index("ix_usage_deltas_session_seq", "session_id", "seq"),
-        {"sqlite_autoincrement": True},
-    )
+    __table_args__ = (Index("ix_usage_deltas_session_seq", "session_id", "seq"),)
 
 
 class UsageTotalRow(Base, _UsageCounters):
