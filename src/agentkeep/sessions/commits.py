@@ -172,6 +172,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Final
+from typing import cast as typed
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import (
@@ -257,6 +258,7 @@ from agentkeep.sessions.records import (
     ActivePathScope,
     AppendNodes,
     BlobProfile,
+    CheckpointManifest,
     FullGraphScope,
     HeadScope,
     HydratedSessionCheckpoint,
@@ -694,6 +696,29 @@ _GET_META: Final = Statement(
 
 _NEXT_TURN_INGRESS: Final = encode_ingress(NextTurnIngress())
 _DEFAULT_SCOPE: Final = FullGraphScope()
+_HEAD_SCOPE: Final = HeadScope()
+
+
+class _NeedsSnapshot:
+    """The type of :data:`NEEDS_SNAPSHOT`."""
+
+    __slots__ = ()
+
+
+#: What :meth:`SessionCommitRepository.load_head_alone` returns when the read needs
+#: more than its one statement (component blobs): read again in a snapshot.
+NEEDS_SNAPSHOT: Final = _NeedsSnapshot()
+
+
+def _has_components(manifest: CheckpointManifest) -> bool:
+    """True when hydrating ``manifest`` reads component blobs (more statements)."""
+    return (
+        manifest.tool_state_ref is not None
+        or manifest.plugin_snapshot_ref is not None
+        or manifest.execution_state_ref is not None
+    )
+
+
 _INGRESS: Final = TypeAdapter(TurnInputIngress)
 
 # Rows already warned about (log once per row: docs/decisions.md#corrupt-data-fails-loudly),
@@ -1452,7 +1477,27 @@ class SessionCommitRepository:
         if not rows or rows[0][0] != 0:
             return None
         totals = [r[_TOTAL_AT:] for r in rows[1:]]
-        return self._loaded(session_id, scope, rows[0][_HEAD_AT:_TOTAL_AT], totals)
+        read = self._loaded(session_id, scope, rows[0][_HEAD_AT:_TOTAL_AT], totals)
+        return typed(PersistedSessionRead, read)
+
+    def load_head_alone(self, session_id: str) -> PersistedSessionRead | _NeedsSnapshot | None:
+        """``load_session(session_id, HeadScope())`` when its one statement is the whole read.
+
+        The one-call ``store.commits.load_session(sid, HeadScope())`` runs
+        this outside a snapshot transaction (one round trip on Postgres, no
+        ``BEGIN`` / ``COMMIT`` on SQLite): a single statement is a consistent
+        snapshot by itself. When the checkpoint has component blobs, which
+        would take more statements that must see the same snapshot, nothing
+        more is read and :data:`NEEDS_SNAPSHOT` is returned: the caller then
+        runs :meth:`load_session` in a snapshot unit. Raises what
+        :meth:`load_session` raises.
+        """
+        check_id(session_id, "session_id")
+        rows = self._db.execute(_GET_HEAD_AND_TOTALS, {"sid": session_id}).fetchall()
+        if not rows or rows[0][0] != 0:
+            return None
+        totals = [r[_TOTAL_AT:] for r in rows[1:]]
+        return self._loaded(session_id, _HEAD_SCOPE, rows[0][_HEAD_AT:_TOTAL_AT], totals, True)
 
     def _loaded(
         self,
@@ -1460,9 +1505,11 @@ class SessionCommitRepository:
         scope: LoadScope,
         row: Sequence[Any],
         totals: Sequence[Sequence[Any]],
-    ) -> PersistedSessionRead:
+        alone: bool = False,
+    ) -> PersistedSessionRead | _NeedsSnapshot:
         """:meth:`load_session` once the head row (with its manifest blob) and the
-        ledger's total rows are read."""
+        ledger's total rows are read (``alone``: :data:`NEEDS_SNAPSHOT` instead of
+        reading component blobs, see :meth:`load_head_alone`)."""
         db = self._db
         version, revision, head_leaf, checkpoint_ref, config_json, frames_json, frame_id = row[:7]
         if version != HEAD_SCHEMA_VERSION:
@@ -1497,7 +1544,10 @@ class SessionCommitRepository:
                 for seq, node_id, raw in db.execute(_FULL_GRAPH, {"sid": session_id}).fetchall()
                 if (node := _decode_node(session_id, seq, node_id, raw)) is not None
             ]
-        checkpoint = hydrate(db, manifest_of(checkpoint_ref, decode_blob(checkpoint_ref, row[8:])))
+        manifest = manifest_of(checkpoint_ref, decode_blob(checkpoint_ref, row[8:]))
+        if alone and manifest is not None and _has_components(manifest):
+            return NEEDS_SNAPSHOT
+        checkpoint = hydrate(db, manifest)
         # Every value is checked above (or decoded JSON, or a validated record's):
         # built without validation, unless an id is a str subclass the caller passed.
         plain = type(session_id) is str and (leaf is None or type(leaf) is str)

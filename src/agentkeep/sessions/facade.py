@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentkeep.errors import CommitOutcomeUnknown, DatabaseError, SessionCorrupt
 from agentkeep.one_call import OneCalls, read, rerun, write
+from agentkeep.sessions.commits import _DEFAULT_SCOPE, _NeedsSnapshot
 from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
 from agentkeep.sessions.leases import SessionLeaseRepository as _LEASES
 from agentkeep.sessions.maintenance import MaintenanceRepository as _MAINTENANCE
@@ -24,6 +25,9 @@ from agentkeep.sessions.queue import QueuedWorkRepository as _QUEUE
 from agentkeep.sessions.records import (
     BlobProfile,
     GcReport,
+    HeadScope,
+    LoadScope,
+    PersistedSessionRead,
     RuntimeCommit,
     RuntimeCommitResult,
 )
@@ -150,7 +154,6 @@ class SessionCalls(OneCalls):
 
     _repository = "commits"
 
-    load_session = read(_SESSIONS.load_session)
     load_node = read(_SESSIONS.load_node, single_statement=True)
     get_head_revision = read(_SESSIONS.get_head_revision, single_statement=True)
     save_session_meta = write(_SESSIONS.save_session_meta)
@@ -159,6 +162,30 @@ class SessionCalls(OneCalls):
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self._commits = itertools.count(1)
+
+    def load_session(
+        self, session_id: str, scope: LoadScope = _DEFAULT_SCOPE
+    ) -> PersistedSessionRead | None:
+        """See :meth:`SessionCommitRepository.load_session`.
+
+        A :class:`HeadScope` read is one statement (head, manifest blob and
+        ledger totals), a consistent snapshot by itself: it runs without a
+        snapshot transaction (no ``BEGIN`` / ``COMMIT`` on SQLite, one round
+        trip in autocommit mode on Postgres). Only when the checkpoint has
+        component blobs, whose reads must see the same snapshot, is the read
+        made again in a snapshot unit. Every other scope reads in one
+        snapshot unit.
+        """
+        if type(scope) is HeadScope:
+            alone: PersistedSessionRead | _NeedsSnapshot | None = self._call_read(
+                lambda r: r.commits.load_head_alone(session_id), single_statement=True
+            )
+            if not isinstance(alone, _NeedsSnapshot):
+                return alone
+        read: PersistedSessionRead | None = self._call_read(
+            lambda r: r.commits.load_session(session_id, scope), single_statement=False
+        )
+        return read
 
     def commit_runtime_state(
         self, commit: RuntimeCommit, *, blob_profile: BlobProfile = BlobProfile.BALANCED

@@ -1,0 +1,184 @@
+"""The one-call HeadScope read is one statement outside a transaction (issue 14).
+
+``store.commits.load_session(sid, HeadScope())`` reads the head, its manifest
+blob and the ledger totals in one statement, which is a snapshot by itself: no
+``BEGIN`` / ``COMMIT`` on SQLite, one round trip in autocommit mode on
+Postgres (psycopg, psycopg async). A checkpoint with component blobs needs
+more statements from one snapshot: the read is then made again in a snapshot
+unit. Checked here: the statements sent, the round trips on the wire, the
+result equal to the snapshot read's, and readers racing a committer always
+see a head, checkpoint and ledger of the same commit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Any
+
+import pytest
+
+from agentkeep import Store
+from agentkeep.sessions.domain import LeaseOwnerIdentity
+from agentkeep.sessions.records import (
+    HeadScope,
+    HydratedSessionCheckpoint,
+    PersistedSessionRead,
+)
+from tests.racing import run_threads
+
+from .test_commits import SID, commit, hold, load, mk, node, usage
+from .test_resume_reads import statements_of
+from .test_round_trips import Trace, psycopg_async_calls
+
+_OWNER = LeaseOwnerIdentity(owner_id="owner-hr", incarnation_id="inc-hr")
+
+
+def _sqlite_log(store: Store) -> list[str]:
+    """Every statement SQLite runs on the store's connections from now on (BEGIN, COMMIT too)."""
+    log: list[str] = []
+    make = store._driver
+
+    def driver(raw: Any, **kwargs: Any) -> Any:
+        made = make(raw, **kwargs)
+        if isinstance(raw, sqlite3.Connection):
+            raw.set_trace_callback(log.append)
+        return made
+
+    store._driver = driver  # type: ignore[method-assign]
+    if store._parked:  # a parked connection and driver: traced too
+        store._parked[0][1].raw.set_trace_callback(log.append)
+    return log
+
+
+def _turn(store: Store, fence: Any, turn: int, *, tool: bool) -> None:
+    checkpoint = HydratedSessionCheckpoint(
+        turn_state={"turn": turn}, tool_state={"turn": turn} if tool else None
+    )
+    commit(
+        store,
+        mk(
+            fence,
+            expected=turn,
+            nodes=(node(f"n{turn}", None if turn == 0 else f"n{turn - 1}"),),
+            usage_deltas=(usage(input_tokens=1),),
+            checkpoint=checkpoint,
+        ),
+    )
+
+
+@pytest.mark.parametrize("tool", [False, True], ids=["inline", "components"])
+def test_head_read_is_one_statement_unless_the_checkpoint_has_components(
+    store: Store, backend: str, tool: bool
+) -> None:
+    fence = hold(store)
+    assert store.commits.load_session(SID, HeadScope()) is None
+    for turn in range(3):
+        _turn(store, fence, turn, tool=tool)
+    snapshot = load(store, scope=HeadScope())  # the repository's read in a snapshot unit
+    assert snapshot is not None
+    log = _sqlite_log(store) if backend == "sqlite" else []
+    names = statements_of(store, lambda: store.commits.load_session(SID, HeadScope()))
+    got = store.commits.load_session(SID, HeadScope())
+    assert got == snapshot
+    assert got is not None and got.head_revision == 3
+    assert got.checkpoint is not None and got.checkpoint.turn_state == {"turn": 2}
+    assert got.checkpoint.tool_state == ({"turn": 2} if tool else None)
+    assert got.token_ledger[0].usage.input_tokens == 3
+    if not tool:
+        assert names == ["sessions.get_head_and_totals"]
+    else:  # the lone statement, then the whole read in a snapshot
+        assert names[0] == names[1] == "sessions.get_head_and_totals"
+        assert len(names) == 3
+    if backend == "sqlite":
+        kinds = [sql.split()[0].upper() for sql in log]
+        if not tool:
+            assert kinds == ["SELECT", "SELECT"], log
+        else:
+            assert kinds.count("BEGIN") == 2 and kinds.count("COMMIT") == 2, log
+            assert kinds[0] == "SELECT", log  # the lone statement, outside a transaction
+
+
+def _assert_consistent(read: PersistedSessionRead | None) -> None:
+    """Head, checkpoint and ledger totals of one commit (turn ``t`` is revision ``t + 1``)."""
+    if read is None:
+        return
+    turns = read.head_revision
+    assert read.checkpoint is not None
+    assert read.checkpoint.turn_state == {"turn": turns - 1}
+    if read.checkpoint.tool_state_ref is not None:
+        assert read.checkpoint.tool_state == {"turn": turns - 1}
+    assert read.graph.leaf_node_id == f"n{turns - 1}"
+    assert read.token_ledger[0].usage.input_tokens == turns
+
+
+@pytest.mark.parametrize("tool", [False, True], ids=["inline", "components"])
+def test_head_reads_racing_a_committer_see_one_commit(db_url: str, tool: bool) -> None:
+    turns = 30
+    with Store.open(db_url) as writer:
+        fence = hold(writer)
+        done = threading.Event()
+
+        def commit_all() -> int:
+            try:
+                for turn in range(turns):
+                    _turn(writer, fence, turn, tool=tool)
+            finally:
+                done.set()
+            return turns
+
+        def read_all() -> int:
+            seen = 0
+            with Store.open(db_url) as reader:
+                while not done.is_set() or seen == 0:
+                    _assert_consistent(reader.commits.load_session(SID, HeadScope()))
+                    seen += 1
+                _assert_consistent(reader.commits.load_session(SID, HeadScope()))
+            return seen
+
+        results = run_threads([(commit_all, ()), (read_all, ()), (read_all, ())])
+        assert results[0] == turns and all(n > 0 for n in results[1:])
+
+
+@pytest.fixture
+def pg_url(backend: str, db_url: str) -> str:
+    if backend != "postgres":
+        pytest.skip("Postgres only: round trips on the wire")
+    return db_url
+
+
+def _head_round_trips(call: Any, trace: Trace) -> list[int]:
+    """Round trips of a HeadScope read (inline checkpoint, then with components)."""
+    out = call(lambda st: st.leases.try_claim_session_execution_lease(SID, _OWNER, 600_000))
+    counts = []
+    for turn, tool in enumerate((False, True)):
+        rc = mk(
+            out.lease,
+            expected=turn,
+            nodes=(node(f"n{turn}", None if turn == 0 else f"n{turn - 1}"),),
+            checkpoint=HydratedSessionCheckpoint(
+                turn_state={"turn": turn}, tool_state={"t": 1} if tool else None
+            ),
+        )
+        call(lambda st, rc=rc: st.commits.commit_runtime_state(rc))
+        with trace.round_trips() as trips:
+            read = call(lambda st: st.commits.load_session(SID, HeadScope()))
+        assert read.head_revision == turn + 1
+        assert read.checkpoint.tool_state == ({"t": 1} if tool else None)
+        counts.append(len(trips))
+    return counts
+
+
+def test_head_read_is_one_round_trip_on_psycopg(pg_url: str) -> None:
+    with Store.open(pg_url) as store:
+        trace = Trace(store.engine)
+        inline, components = _head_round_trips(lambda fn: fn(store), trace)
+    assert inline == 1
+    assert components > 1  # the lone statement, then a snapshot read
+
+
+def test_head_read_is_one_round_trip_on_psycopg_async(pg_url: str) -> None:
+    with psycopg_async_calls(pg_url) as (call, trace):
+        inline, components = _head_round_trips(call, trace)
+    assert inline == 1
+    assert components > 1
