@@ -397,7 +397,7 @@ _PUT_USAGE: Final = Statement(
     .values(session_id=p("sid"), source=p("source"), model=p("model"), **_COUNTER_BINDS),
     name="sessions.put_usage",
 )
-#: The ledger-total columns :func:`_total_rows` decodes: source, model,
+#: The ledger-total columns :func:`_checked_totals` decodes: source, model,
 #: ordinal, then the counters in the order of ``_USAGE_FIELDS``.
 _TOTAL_COLUMNS: Final = (
     UsageTotalRow.source,
@@ -453,6 +453,32 @@ def _head_and_totals(dialect: Dialect) -> Any:
 
 
 _GET_HEAD_AND_TOTALS: Final = Statement(_head_and_totals, name="sessions.get_head_and_totals")
+
+
+def _head_counters_and_totals(dialect: Dialect) -> Any:
+    """Steps 6 and 10b's reads in one statement: ``(0, head_revision, graph_node_count,
+    nulls)`` when the session has a head, then its ledger totals by ordinal as
+    ``(1, null, null, *total columns)`` (:data:`_TOTAL_COLUMNS`)."""
+    total_names = [f"t{i}" for i in range(len(_TOTAL_COLUMNS))]
+    head: Any = select(
+        literal_column("0").label("kind"),
+        SessionHeadRow.head_revision.label("h0"),
+        SessionHeadRow.graph_node_count.label("h1"),
+        *(null().label(n) for n in total_names),
+    ).where(_BY_SESSION_HEAD)
+    totals: Any = select(
+        literal_column("1").label("kind"),
+        null().label("h0"),
+        null().label("h1"),
+        *(c.label(n) for c, n in zip(_TOTAL_COLUMNS, total_names, strict=True)),
+    ).where(UsageTotalRow.session_id == p("sid"))
+    ordinal = total_names[2]
+    return head.union_all(totals).order_by(literal_column("kind"), literal_column(ordinal))
+
+
+_GET_HEAD_COUNTERS_AND_TOTALS: Final = Statement(
+    _head_counters_and_totals, name="sessions.get_head_counters_and_totals"
+)
 
 
 def _put_total(dialect: Dialect) -> Any:
@@ -913,20 +939,11 @@ def _counters(usage: TokenUsage) -> tuple[int, ...]:
     return tuple(getattr(usage, name) for name in _USAGE_FIELDS)
 
 
-def _total_rows(db: Driver, session_id: str) -> list[tuple[str, str, list[Any]]]:
-    """The session's ledger totals by ordinal, as ``(source, model, [ordinal, *counters])``.
-
-    Raises:
-        SessionCorrupt: a stored total does not decode (a non-text key, a
-            counter or ordinal that is not an integer in ``0..2**63-1``).
-    """
-    return _checked_totals(session_id, db.execute(_GET_TOTALS, {"sid": session_id}).fetchall())
-
-
 def _checked_totals(
     session_id: str, rows: Sequence[Sequence[Any]]
 ) -> list[tuple[str, str, list[Any]]]:
-    """:func:`_total_rows` of rows already read (:data:`_TOTAL_COLUMNS` each).
+    """The ledger totals of ``rows`` (:data:`_TOTAL_COLUMNS` each, by ordinal), as
+    ``(source, model, [ordinal, *counters])``.
 
     Raises:
         SessionCorrupt: a stored total does not decode.
@@ -1087,10 +1104,14 @@ def _fence_reads(commit: RuntimeCommit) -> list[tuple[Statement, dict[str, Any]]
     fence = commit.session_execution_lease
     if fence is not None and fence.session_id == sid:
         reads.append(lease_read(sid))
-    reads.append((_GET_HEAD_COUNTERS, {"sid": sid}))
-    if commit.usage_deltas:
-        reads.append((_GET_TOTALS, {"sid": sid}))
+    reads.append((_head_read(commit), {"sid": sid}))
     return reads
+
+
+def _head_read(commit: RuntimeCommit) -> Statement:
+    """Step 6's read: the head's counters, with the ledger totals (step 10b) when the
+    commit has usage deltas (one statement instead of two)."""
+    return _GET_HEAD_COUNTERS_AND_TOTALS if commit.usage_deltas else _GET_HEAD_COUNTERS
 
 
 class _NodesInserted:
@@ -1237,8 +1258,14 @@ class SessionCommitRepository:
             raise SessionExecutionLeaseExpired(sid)
         ensure_session_execution_lease(db, sid, fence, now)
 
-        # 6. Head CAS.
-        row = db.execute(_GET_HEAD_COUNTERS, {"sid": sid}).fetchone()
+        # 6. Head CAS (the ledger totals of step 10b come in the same statement).
+        totals: Sequence[Sequence[Any]] = ()
+        if commit.usage_deltas:
+            rows = db.execute(_GET_HEAD_COUNTERS_AND_TOTALS, {"sid": sid}).fetchall()
+            row = rows[0][1:3] if rows and rows[0][0] == 0 else None
+            totals = [r[3:] for r in rows if r[0] == 1]
+        else:
+            row = db.execute(_GET_HEAD_COUNTERS, {"sid": sid}).fetchone()
         actual = 0 if row is None else _check_revision(sid, row[0])
         live_nodes = 0 if row is None else _check_count(sid, row[1])
         expected = commit.expected_head_revision
@@ -1275,7 +1302,7 @@ class SessionCommitRepository:
                 },
             )
         if commit.usage_deltas:
-            self._add_to_totals(commit)
+            self._add_to_totals(commit, totals)
 
         # 11. Graph delta.
         if prepared.replace:
@@ -1371,8 +1398,11 @@ class SessionCommitRepository:
         db.flush()
         return result
 
-    def _add_to_totals(self, commit: RuntimeCommit) -> None:
+    def _add_to_totals(self, commit: RuntimeCommit, total_rows: Sequence[Sequence[Any]]) -> None:
         """Step 10b: add the commit's usage to the session's ledger totals.
+
+        ``total_rows``: the session's totals by ordinal (:data:`_TOTAL_COLUMNS`),
+        read under the lock with the head in step 6.
 
         The totals are read and rewritten under the session's write lock, so
         concurrent committers serialize and no delta is lost. The merge is
@@ -1385,7 +1415,9 @@ class SessionCommitRepository:
             SessionCorrupt: a stored total does not decode.
         """
         db, sid = self._db, commit.session_id
-        sums = {(source, model): numbers for source, model, numbers in _total_rows(db, sid)}
+        sums = {
+            (source, model): numbers for source, model, numbers in _checked_totals(sid, total_rows)
+        }
         next_ordinal = max((numbers[0] for numbers in sums.values()), default=-1) + 1
         changed: dict[tuple[str, str], list[int]] = {}
         for delta in commit.usage_deltas:
