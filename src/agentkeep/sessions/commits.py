@@ -984,6 +984,15 @@ _LEDGER_ENTRY: Final = checked_builder(
     UsageLedgerEntry, {"source": "s", "model": "m", "usage": TokenUsage()}
 )
 _GRAPH: Final = checked_builder(SessionGraph, {"nodes": (), "leaf_node_id": "n"})
+_RESULT: Final = checked_builder(
+    RuntimeCommitResult,
+    {
+        "head_revision": 1,
+        "checkpoint_ref": "r",
+        "manifest": CheckpointManifest(schema_version=1, turn_state={"t": [1]}),
+        "enqueued_queue_batches": (),
+    },
+)
 _READ: Final = checked_builder(
     PersistedSessionRead,
     {
@@ -1372,7 +1381,10 @@ class SessionCommitRepository:
             batches.append(enqueue_queued_work_conn(db, draft, now, next_enqueue_nonce()))
 
         # 19.–20. The result and the turn-commit record.
-        result = RuntimeCommitResult(
+        # Every field is the store's own checked value (a revision past 2**63-1 is
+        # validated, and refused, by the record itself).
+        build = _RESULT if next_revision <= MAX_I64 else RuntimeCommitResult
+        result = build(
             head_revision=next_revision,
             checkpoint_ref=checkpoint_ref,
             manifest=manifest,
@@ -1598,6 +1610,10 @@ class SessionCommitRepository:
 
     @staticmethod
     def _decode_head_json(session_id: str, column: str, raw: object) -> Any:
+        if raw == "{}":  # the common config and frames: no decoder call
+            return {}
+        if raw == "[]":
+            return []
         try:
             if not isinstance(raw, str):
                 raise TypeError(f"{type(raw).__name__} instead of text")
