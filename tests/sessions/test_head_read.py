@@ -1,9 +1,10 @@
-"""The one-call HeadScope read is one statement outside a transaction (issue 14).
+"""One-call resume reads are one statement outside a transaction (issue 14).
 
 ``store.commits.load_session(sid, HeadScope())`` reads the head, its manifest
-blob and the ledger totals in one statement, which is a snapshot by itself: no
-``BEGIN`` / ``COMMIT`` on SQLite, one round trip in autocommit mode on
-Postgres (psycopg, psycopg async). A checkpoint with component blobs needs
+blob and the ledger totals in one statement, and ``ActivePathScope(tail=N)``
+adds the tail walked from the head's leaf to the same statement; a statement
+is a snapshot by itself: no ``BEGIN`` / ``COMMIT`` on SQLite, one round trip
+in autocommit mode on Postgres (psycopg, psycopg async). A checkpoint with component blobs needs
 more statements from one snapshot: the read is then made again in a snapshot
 unit. Checked here: the statements sent, the round trips on the wire, the
 result equal to the snapshot read's, and readers racing a committer always
@@ -21,6 +22,7 @@ import pytest
 from agentkeep import Store
 from agentkeep.sessions.domain import LeaseOwnerIdentity
 from agentkeep.sessions.records import (
+    ActivePathScope,
     HeadScope,
     HydratedSessionCheckpoint,
     PersistedSessionRead,
@@ -67,36 +69,44 @@ def _turn(store: Store, fence: Any, turn: int, *, tool: bool) -> None:
     )
 
 
+SCOPES = {"head": HeadScope(), "tail": ActivePathScope(tail=2)}
+ALONE = {"head": "sessions.get_head_and_totals", "tail": "sessions.get_head_totals_and_tail"}
+
+
 @pytest.mark.parametrize("tool", [False, True], ids=["inline", "components"])
-def test_head_read_is_one_statement_unless_the_checkpoint_has_components(
-    store: Store, backend: str, tool: bool
+@pytest.mark.parametrize("kind", sorted(SCOPES))
+def test_resume_read_is_one_statement_unless_the_checkpoint_has_components(
+    store: Store, backend: str, tool: bool, kind: str
 ) -> None:
+    scope = SCOPES[kind]
     fence = hold(store)
-    assert store.commits.load_session(SID, HeadScope()) is None
+    assert store.commits.load_session(SID, scope) is None
     for turn in range(3):
         _turn(store, fence, turn, tool=tool)
-    snapshot = load(store, scope=HeadScope())  # the repository's read in a snapshot unit
+    snapshot = load(store, scope=scope)  # the repository's read in a snapshot unit
     assert snapshot is not None
+    assert [n.node_id for n in snapshot.graph.nodes] == ([] if kind == "head" else ["n1", "n2"])
     log = _sqlite_log(store) if backend == "sqlite" else []
-    names = statements_of(store, lambda: store.commits.load_session(SID, HeadScope()))
-    got = store.commits.load_session(SID, HeadScope())
+    names = statements_of(store, lambda: store.commits.load_session(SID, scope))
+    got = store.commits.load_session(SID, scope)
     assert got == snapshot
     assert got is not None and got.head_revision == 3
     assert got.checkpoint is not None and got.checkpoint.turn_state == {"turn": 2}
     assert got.checkpoint.tool_state == ({"turn": 2} if tool else None)
     assert got.token_ledger[0].usage.input_tokens == 3
     if not tool:
-        assert names == ["sessions.get_head_and_totals"]
+        assert names == [ALONE[kind]]
     else:  # the lone statement, then the whole read in a snapshot
-        assert names[0] == names[1] == "sessions.get_head_and_totals"
-        assert len(names) == 3
+        assert names[0] == ALONE[kind] and names[1] == "sessions.get_head_and_totals"
+        assert len(names) == (3 if kind == "head" else 4)
     if backend == "sqlite":
         kinds = [sql.split()[0].upper() for sql in log]
+        lone = "SELECT" if kind == "head" else "WITH"
         if not tool:
-            assert kinds == ["SELECT", "SELECT"], log
+            assert kinds == [lone, lone], log
         else:
             assert kinds.count("BEGIN") == 2 and kinds.count("COMMIT") == 2, log
-            assert kinds[0] == "SELECT", log  # the lone statement, outside a transaction
+            assert kinds[0] == lone, log  # the lone statement, outside a transaction
 
 
 def _assert_consistent(read: PersistedSessionRead | None) -> None:
@@ -110,10 +120,14 @@ def _assert_consistent(read: PersistedSessionRead | None) -> None:
         assert read.checkpoint.tool_state == {"turn": turns - 1}
     assert read.graph.leaf_node_id == f"n{turns - 1}"
     assert read.token_ledger[0].usage.input_tokens == turns
+    expected = [f"n{t}" for t in range(max(0, turns - 2), turns)] if read.graph.nodes else []
+    assert [n.node_id for n in read.graph.nodes] == expected
 
 
 @pytest.mark.parametrize("tool", [False, True], ids=["inline", "components"])
-def test_head_reads_racing_a_committer_see_one_commit(db_url: str, tool: bool) -> None:
+@pytest.mark.parametrize("kind", sorted(SCOPES))
+def test_resume_reads_racing_a_committer_see_one_commit(db_url: str, tool: bool, kind: str) -> None:
+    scope = SCOPES[kind]
     turns = 30
     with Store.open(db_url) as writer:
         fence = hold(writer)
@@ -131,9 +145,9 @@ def test_head_reads_racing_a_committer_see_one_commit(db_url: str, tool: bool) -
             seen = 0
             with Store.open(db_url) as reader:
                 while not done.is_set() or seen == 0:
-                    _assert_consistent(reader.commits.load_session(SID, HeadScope()))
+                    _assert_consistent(reader.commits.load_session(SID, scope))
                     seen += 1
-                _assert_consistent(reader.commits.load_session(SID, HeadScope()))
+                _assert_consistent(reader.commits.load_session(SID, scope))
             return seen
 
         results = run_threads([(commit_all, ()), (read_all, ()), (read_all, ())])
@@ -148,7 +162,7 @@ def pg_url(backend: str, db_url: str) -> str:
 
 
 def _head_round_trips(call: Any, trace: Trace) -> list[int]:
-    """Round trips of a HeadScope read (inline checkpoint, then with components)."""
+    """Round trips of a HeadScope and a tail read (inline checkpoint, then with components)."""
     out = call(lambda st: st.leases.try_claim_session_execution_lease(SID, _OWNER, 600_000))
     counts = []
     for turn, tool in enumerate((False, True)):
@@ -161,24 +175,27 @@ def _head_round_trips(call: Any, trace: Trace) -> list[int]:
             ),
         )
         call(lambda st, rc=rc: st.commits.commit_runtime_state(rc))
-        with trace.round_trips() as trips:
-            read = call(lambda st: st.commits.load_session(SID, HeadScope()))
-        assert read.head_revision == turn + 1
-        assert read.checkpoint.tool_state == ({"t": 1} if tool else None)
-        counts.append(len(trips))
+        for scope in (HeadScope(), ActivePathScope(tail=32)):
+            with trace.round_trips() as trips:
+                read = call(lambda st, scope=scope: st.commits.load_session(SID, scope))
+            assert read.head_revision == turn + 1
+            assert read.checkpoint.tool_state == ({"t": 1} if tool else None)
+            counts.append(len(trips))
     return counts
 
 
-def test_head_read_is_one_round_trip_on_psycopg(pg_url: str) -> None:
+def test_resume_reads_are_one_round_trip_on_psycopg(pg_url: str) -> None:
     with Store.open(pg_url) as store:
         trace = Trace(store.engine)
-        inline, components = _head_round_trips(lambda fn: fn(store), trace)
-    assert inline == 1
-    assert components > 1  # the lone statement, then a snapshot read
+        head, tail, head_components, tail_components = _head_round_trips(
+            lambda fn: fn(store), trace
+        )
+    assert head == tail == 1
+    assert head_components > 1 and tail_components > 1  # the lone statement, then a snapshot
 
 
-def test_head_read_is_one_round_trip_on_psycopg_async(pg_url: str) -> None:
+def test_resume_reads_are_one_round_trip_on_psycopg_async(pg_url: str) -> None:
     with psycopg_async_calls(pg_url) as (call, trace):
-        inline, components = _head_round_trips(call, trace)
-    assert inline == 1
-    assert components > 1
+        head, tail, head_components, tail_components = _head_round_trips(call, trace)
+    assert head == tail == 1
+    assert head_components > 1 and tail_components > 1

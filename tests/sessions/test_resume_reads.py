@@ -63,7 +63,12 @@ def chain(prefix: str, n: int, parent: str | None = None) -> tuple[SessionNodeRe
 
 
 def tail(store: Store, n: int, leaf: str | None = None) -> list[str]:
-    return ids(loaded(store, scope=ActivePathScope(leaf_node_id=leaf, tail=n)))
+    """The tail's ids, read in a snapshot unit; the one-call read (one statement
+    from the head's leaf) must be the same read."""
+    scope = ActivePathScope(leaf_node_id=leaf, tail=n)
+    read = loaded(store, scope=scope)
+    assert store.commits.load_session(SID, scope) == read
+    return ids(read)
 
 
 def statements_of(store: Store, call: Any) -> list[str]:
@@ -190,6 +195,9 @@ def test_a_parent_cycle_within_the_tail_is_corrupt(store: Store) -> None:
     for n in (3, 4, 50):  # the tail reads the whole cycle: the walk meets a node twice
         with pytest.raises(SessionCorrupt) as info:
             load(store, scope=ActivePathScope(tail=n))
+        assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
+        with pytest.raises(SessionCorrupt) as info:  # the one-call read: one statement
+            store.commits.load_session(SID, ActivePathScope(tail=n))
         assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
 
 

@@ -558,8 +558,11 @@ _GET_NODE: Final = Statement(
 )
 
 
-def _path_walk(dialect: Dialect, *, bounded: bool) -> Any:
+def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
     """The recursive walk from ``:leaf`` up the parents; ``bounded``: at most ``:n`` rows.
+
+    ``leaf``: the expression of the walk's first node id instead of ``:leaf``
+    (the head's leaf, for :data:`_GET_HEAD_TOTALS_AND_TAIL`).
 
     The bounded walk (the tail) must cost ``:n`` lookups whatever the
     session's size, under any plan Postgres may keep for it. On Postgres its
@@ -595,7 +598,7 @@ def _path_walk(dialect: Dialect, *, bounded: bool) -> Any:
         select(*walked, GraphNodeRow.node_json, *depth)
         .where(
             GraphNodeRow.session_id == p("sid"),
-            GraphNodeRow.node_id == p("leaf"),
+            GraphNodeRow.node_id == (p("leaf") if leaf is None else leaf),
             live(GraphNodeRow),
         )
         .cte("tail" if bounded else "path", recursive=True)
@@ -642,6 +645,57 @@ ACTIVE_PATH: Final = Statement(
 ACTIVE_PATH_TAIL: Final = Statement(
     lambda dialect: _path_walk(dialect, bounded=True), name="sessions.active_path_tail"
 )
+
+
+def _head_totals_and_tail(dialect: Dialect) -> Any:
+    """The one-call ``ActivePathScope(tail=N)`` read (head's leaf) in one statement.
+
+    The rows of :data:`_GET_HEAD_AND_TOTALS` (kind ``0`` the head with its
+    manifest blob, ``1`` the totals), then, of kind ``2``, the rows of
+    :data:`ACTIVE_PATH_TAIL` walked from the head's leaf (its last four
+    columns: seq, node id, parent id, node JSON; null elsewhere). One
+    statement: one snapshot, so no transaction is needed around it. The
+    nulls of the node columns are typed (three branches: Postgres resolves an
+    untyped null of the first two as text).
+    """
+    head_leaf = select(SessionHeadRow.leaf_node_id).where(_BY_SESSION_HEAD).scalar_subquery()
+    walk = _path_walk(dialect, bounded=True, leaf=head_leaf).subquery("walk")
+    node_names = ["n0", "n1", "n2", "n3"]
+    node_nulls = [
+        cast(null(), column.type).label(name)
+        for column, name in zip(
+            (
+                GraphNodeRow.seq,
+                GraphNodeRow.node_id,
+                GraphNodeRow.parent_node_id,
+                GraphNodeRow.node_json,
+            ),
+            node_names,
+            strict=True,
+        )
+    ]
+    first = _head_and_totals(dialect)
+    head, totals = first.selects  # the head and the totals SELECTs
+    other = len(first.selected_columns) - 1
+    nodes: Any = select(
+        literal_column("2").label("kind"),
+        *(null().label(f"x{i}") for i in range(other)),
+        *(walk.c[i].label(n) for i, n in enumerate(node_names)),
+    )
+    return (
+        head.add_columns(*node_nulls)
+        .union_all(totals.add_columns(*node_nulls), nodes)
+        .order_by(literal_column("kind"), literal_column("t2"))
+    )
+
+
+#: The one-call ``load_session(sid, ActivePathScope(tail=N))`` (the head's leaf) in
+#: one statement: :func:`_head_totals_and_tail`. Parameters ``:sid`` and ``:n``.
+_GET_HEAD_TOTALS_AND_TAIL: Final = Statement(
+    _head_totals_and_tail, name="sessions.get_head_totals_and_tail"
+)
+#: Columns of :data:`_GET_HEAD_TOTALS_AND_TAIL`'s node rows.
+_NODE_AT: Final = _TOTAL_AT + len(_TOTAL_COLUMNS)
 _PENDING_ACTIVE: Final = Statement(
     select(PendingTurnInputRow.input_id, PendingTurnInputRow.ingress_json)
     .where(
@@ -1123,6 +1177,35 @@ def _head_read(commit: RuntimeCommit) -> Statement:
     return _GET_HEAD_COUNTERS_AND_TOTALS if commit.usage_deltas else _GET_HEAD_COUNTERS
 
 
+def _ordered_path(
+    session_id: str, leaf: str, rows: Sequence[Sequence[Any]]
+) -> list[SessionNodeRecord]:
+    """The path (or tail) rows ``(seq, node id, parent id, node JSON)`` root-first,
+    ordered by following the parents from ``leaf``; undecodable nodes skipped.
+
+    Raises:
+        SessionCorrupt: a parent-id cycle among the rows.
+    """
+    by_id = {r[1]: r for r in rows}
+    walked = []
+    seen: set[str] = set()
+    current: str | None = leaf
+    while current is not None and current in by_id:
+        if current in seen:
+            raise SessionCorrupt(
+                "graph_nodes", f"{session_id}/{current}", "parent_node_id", "parent id cycle"
+            )
+        seen.add(current)
+        walked.append(by_id[current])
+        current = by_id[current][2]
+    walked.reverse()
+    return [
+        node
+        for seq, node_id, _, raw in walked
+        if (node := _decode_node(session_id, seq, node_id, raw)) is not None
+    ]
+
+
 class _NodesInserted:
     """Step 11's check of a node insert: an id not returned is :class:`NodeAlreadyExists`.
 
@@ -1543,6 +1626,28 @@ class SessionCommitRepository:
         totals = [r[_TOTAL_AT:] for r in rows[1:]]
         return self._loaded(session_id, _HEAD_SCOPE, rows[0][_HEAD_AT:_TOTAL_AT], totals, True)
 
+    def load_tail_alone(
+        self, session_id: str, tail: int
+    ) -> PersistedSessionRead | _NeedsSnapshot | None:
+        """``load_session(session_id, ActivePathScope(tail=tail))`` (the head's leaf,
+        ``tail >= 1``) in one statement (:data:`_GET_HEAD_TOTALS_AND_TAIL`).
+
+        As :meth:`load_head_alone`: the one-call form runs it outside a
+        snapshot transaction, and a checkpoint with component blobs returns
+        :data:`NEEDS_SNAPSHOT` with nothing more read. Raises what
+        :meth:`load_session` raises.
+        """
+        check_id(session_id, "session_id")
+        rows = self._db.execute(_GET_HEAD_TOTALS_AND_TAIL, {"sid": session_id, "n": tail})
+        rows = rows.fetchall()
+        if not rows or rows[0][0] != 0:
+            return None
+        totals = [r[_TOTAL_AT:_NODE_AT] for r in rows[1:] if r[0] == 1]
+        path = [r[_NODE_AT:] for r in rows[1:] if r[0] == 2]
+        scope = ActivePathScope(tail=tail)
+        head = rows[0][_HEAD_AT:_TOTAL_AT]
+        return self._loaded(session_id, scope, head, totals, True, path)
+
     def _loaded(
         self,
         session_id: str,
@@ -1550,6 +1655,7 @@ class SessionCommitRepository:
         row: Sequence[Any],
         totals: Sequence[Sequence[Any]],
         alone: bool = False,
+        path: Sequence[Sequence[Any]] | None = None,
     ) -> PersistedSessionRead | _NeedsSnapshot:
         """:meth:`load_session` once the head row (with its manifest blob) and the
         ledger's total rows are read (``alone``: :data:`NEEDS_SNAPSHOT` instead of
@@ -1580,7 +1686,10 @@ class SessionCommitRepository:
             leaf, nodes = head_leaf, []
         elif isinstance(scope, ActivePathScope):
             leaf = scope.leaf_node_id if scope.leaf_node_id is not None else head_leaf
-            nodes = self._active_path(session_id, leaf, scope.tail)
+            if path is None:
+                nodes = self._active_path(session_id, leaf, scope.tail)
+            else:  # walked by the one statement (load_tail_alone)
+                nodes = [] if leaf is None else _ordered_path(session_id, leaf, path)
         else:
             leaf = head_leaf
             nodes = [
@@ -1636,24 +1745,7 @@ class SessionCommitRepository:
         else:
             params = {"sid": session_id, "leaf": leaf, "n": tail}
             rows = self._db.execute(ACTIVE_PATH_TAIL, params).fetchall()
-        by_id = {r[1]: r for r in rows}
-        walked = []
-        seen: set[str] = set()
-        current: str | None = leaf
-        while current is not None and current in by_id:
-            if current in seen:
-                raise SessionCorrupt(
-                    "graph_nodes", f"{session_id}/{current}", "parent_node_id", "parent id cycle"
-                )
-            seen.add(current)
-            walked.append(by_id[current])
-            current = by_id[current][2]
-        walked.reverse()
-        return [
-            node
-            for seq, node_id, _, raw in walked
-            if (node := _decode_node(session_id, seq, node_id, raw)) is not None
-        ]
+        return _ordered_path(session_id, leaf, rows)
 
     def load_node(self, session_id: str, node_id: str) -> SessionNodeRecord | None:
         """One live node of the session (docs/sessions.md#load_node).

@@ -23,6 +23,7 @@ from agentkeep.sessions.maintenance import MaintenanceRepository as _MAINTENANCE
 from agentkeep.sessions.maintenance import Progress, log_gc_failure
 from agentkeep.sessions.queue import QueuedWorkRepository as _QUEUE
 from agentkeep.sessions.records import (
+    ActivePathScope,
     BlobProfile,
     GcReport,
     HeadScope,
@@ -169,16 +170,26 @@ class SessionCalls(OneCalls):
         """See :meth:`SessionCommitRepository.load_session`.
 
         A :class:`HeadScope` read is one statement (head, manifest blob and
-        ledger totals), a consistent snapshot by itself: it runs without a
-        snapshot transaction (no ``BEGIN`` / ``COMMIT`` on SQLite, one round
-        trip in autocommit mode on Postgres). Only when the checkpoint has
+        ledger totals), and so is an ``ActivePathScope(tail=N)`` read from
+        the head's leaf (``N >= 1``, no explicit leaf: the tail walk in the
+        same statement); a statement is a consistent snapshot by itself, so
+        they run without a snapshot transaction (no ``BEGIN`` / ``COMMIT`` on
+        SQLite, one round trip in autocommit mode on Postgres). Only when the checkpoint has
         component blobs, whose reads must see the same snapshot, is the read
         made again in a snapshot unit. Every other scope reads in one
         snapshot unit.
         """
+        alone: PersistedSessionRead | _NeedsSnapshot | None
         if type(scope) is HeadScope:
-            alone: PersistedSessionRead | _NeedsSnapshot | None = self._call_read(
+            alone = self._call_read(
                 lambda r: r.commits.load_head_alone(session_id), single_statement=True
+            )
+            if not isinstance(alone, _NeedsSnapshot):
+                return alone
+        elif type(scope) is ActivePathScope and scope.leaf_node_id is None and scope.tail:
+            tail = scope.tail
+            alone = self._call_read(
+                lambda r: r.commits.load_tail_alone(session_id, tail), single_statement=True
             )
             if not isinstance(alone, _NeedsSnapshot):
                 return alone
