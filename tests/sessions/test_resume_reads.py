@@ -367,6 +367,13 @@ def test_every_tail_step_is_a_unique_index_lookup_before_any_analyze(
         assert unique in plan, plan
         assert "tombstoned_seq" not in plan and "Seq Scan" not in plan, plan
         assert tail(store, 2) == ["p1", "p2"]
+        # The one-call tail read: the same walk, from the head's leaf, in one statement.
+        with store.read() as uow:
+            rows = explain(uow, K._GET_HEAD_TOTALS_AND_TAIL, {"sid": SID, "n": 2})
+        plan = "\n".join(" ".join(str(v) for v in r) for r in rows)
+        assert unique in plan, plan
+        assert "tombstoned_seq" not in plan, plan
+        assert "Seq Scan on graph_nodes" not in plan and "SCAN graph_nodes" not in plan, plan
 
 
 def test_a_walk_planned_on_a_small_session_stays_flat(
