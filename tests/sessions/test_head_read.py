@@ -63,7 +63,8 @@ def _turn(store: Store, fence: Any, turn: int, *, tool: bool) -> None:
             fence,
             expected=turn,
             nodes=(node(f"n{turn}", None if turn == 0 else f"n{turn - 1}"),),
-            usage_deltas=(usage(input_tokens=1),),
+            # two totals, whose ordinals (src 0, other 1) are not their key order
+            usage_deltas=(usage(input_tokens=1), usage("other", output_tokens=1)),
             checkpoint=checkpoint,
         ),
     )
@@ -93,6 +94,7 @@ def test_resume_read_is_one_statement_unless_the_checkpoint_has_components(
     assert got is not None and got.head_revision == 3
     assert got.checkpoint is not None and got.checkpoint.turn_state == {"turn": 2}
     assert got.checkpoint.tool_state == ({"turn": 2} if tool else None)
+    assert [e.source for e in got.token_ledger] == ["src", "other"]
     assert got.token_ledger[0].usage.input_tokens == 3
     if not tool:
         assert names == [ALONE[kind]]
@@ -119,6 +121,7 @@ def _assert_consistent(read: PersistedSessionRead | None) -> None:
     if read.checkpoint.tool_state_ref is not None:
         assert read.checkpoint.tool_state == {"turn": turns - 1}
     assert read.graph.leaf_node_id == f"n{turns - 1}"
+    assert [e.source for e in read.token_ledger] == ["src", "other"]
     assert read.token_ledger[0].usage.input_tokens == turns
     expected = [f"n{t}" for t in range(max(0, turns - 2), turns)] if read.graph.nodes else []
     assert [n.node_id for n in read.graph.nodes] == expected

@@ -651,9 +651,10 @@ def _head_totals_and_tail(dialect: Dialect) -> Any:
     """The one-call ``ActivePathScope(tail=N)`` read (head's leaf) in one statement.
 
     The rows of :data:`_GET_HEAD_AND_TOTALS` (kind ``0`` the head with its
-    manifest blob, ``1`` the totals), then, of kind ``2``, the rows of
+    manifest blob, ``1`` the totals), and, of kind ``2``, the rows of
     :data:`ACTIVE_PATH_TAIL` walked from the head's leaf (its last four
-    columns: seq, node id, parent id, node JSON; null elsewhere). One
+    columns: seq, node id, parent id, node JSON; null elsewhere), in no
+    order: the caller sorts the totals by ordinal. One
     statement: one snapshot, so no transaction is needed around it. The
     nulls of the node columns are typed (three branches: Postgres resolves an
     untyped null of the first two as text).
@@ -682,11 +683,9 @@ def _head_totals_and_tail(dialect: Dialect) -> Any:
         *(null().label(f"x{i}") for i in range(other)),
         *(walk.c[i].label(n) for i, n in enumerate(node_names)),
     )
-    return (
-        head.add_columns(*node_nulls)
-        .union_all(totals.add_columns(*node_nulls), nodes)
-        .order_by(literal_column("kind"), literal_column("t2"))
-    )
+    # No ORDER BY: sorting would copy the node rows (their JSON) through a temp
+    # B-tree; the caller tells the rows apart by kind and orders the totals.
+    return head.add_columns(*node_nulls).union_all(totals.add_columns(*node_nulls), nodes)
 
 
 #: The one-call ``load_session(sid, ActivePathScope(tail=N))`` (the head's leaf) in
@@ -694,6 +693,14 @@ def _head_totals_and_tail(dialect: Dialect) -> Any:
 _GET_HEAD_TOTALS_AND_TAIL: Final = Statement(
     _head_totals_and_tail, name="sessions.get_head_totals_and_tail"
 )
+
+
+def _ordinal_key(total: Sequence[Any]) -> tuple[int, Any]:
+    """Sort key of a total row by its ordinal (a non-integer one last, as read)."""
+    ordinal = total[2]
+    return (0, ordinal) if type(ordinal) is int else (1, 0)
+
+
 #: Columns of :data:`_GET_HEAD_TOTALS_AND_TAIL`'s node rows.
 _NODE_AT: Final = _TOTAL_AT + len(_TOTAL_COLUMNS)
 _PENDING_ACTIVE: Final = Statement(
@@ -1639,13 +1646,21 @@ class SessionCommitRepository:
         """
         check_id(session_id, "session_id")
         rows = self._db.execute(_GET_HEAD_TOTALS_AND_TAIL, {"sid": session_id, "n": tail})
-        rows = rows.fetchall()
-        if not rows or rows[0][0] != 0:
+        head = None
+        totals, path = [], []
+        for r in rows.fetchall():
+            kind = r[0]
+            if kind == 2:
+                path.append(r[_NODE_AT:])
+            elif kind == 1:
+                totals.append(r[_TOTAL_AT:_NODE_AT])
+            else:
+                head = r[_HEAD_AT:_TOTAL_AT]
+        if head is None:
             return None
-        totals = [r[_TOTAL_AT:_NODE_AT] for r in rows[1:] if r[0] == 1]
-        path = [r[_NODE_AT:] for r in rows[1:] if r[0] == 2]
+        if len(totals) > 1:  # by ordinal (an undecodable one is reported by _checked_totals)
+            totals.sort(key=_ordinal_key)
         scope = ActivePathScope(tail=tail)
-        head = rows[0][_HEAD_AT:_TOTAL_AT]
         return self._loaded(session_id, scope, head, totals, True, path)
 
     def _loaded(
