@@ -163,6 +163,10 @@ class SessionCalls(OneCalls):
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self._commits = itertools.count(1)
+        # Postgres: the tail read in one statement saves two round trips. SQLite:
+        # the snapshot read is cheaper (its two statements return 4-column node
+        # rows, the one statement 24-column rows, each column a driver call).
+        self._tail_alone = store.engine.dialect.name == "postgresql"
 
     def load_session(
         self, session_id: str, scope: LoadScope = _DEFAULT_SCOPE
@@ -170,9 +174,9 @@ class SessionCalls(OneCalls):
         """See :meth:`SessionCommitRepository.load_session`.
 
         A :class:`HeadScope` read is one statement (head, manifest blob and
-        ledger totals), and so is an ``ActivePathScope(tail=N)`` read from
-        the head's leaf (``N >= 1``, no explicit leaf: the tail walk in the
-        same statement); a statement is a consistent snapshot by itself, so
+        ledger totals), and on Postgres so is an ``ActivePathScope(tail=N)``
+        read from the head's leaf (``N >= 1``, no explicit leaf: the tail walk
+        in the same statement); a statement is a consistent snapshot by itself, so
         they run without a snapshot transaction (no ``BEGIN`` / ``COMMIT`` on
         SQLite, one round trip in autocommit mode on Postgres). Only when the checkpoint has
         component blobs, whose reads must see the same snapshot, is the read
@@ -186,7 +190,12 @@ class SessionCalls(OneCalls):
             )
             if not isinstance(alone, _NeedsSnapshot):
                 return alone
-        elif type(scope) is ActivePathScope and scope.leaf_node_id is None and scope.tail:
+        elif (
+            self._tail_alone
+            and type(scope) is ActivePathScope
+            and scope.leaf_node_id is None
+            and scope.tail
+        ):
             tail = scope.tail
             alone = self._call_read(
                 lambda r: r.commits.load_tail_alone(session_id, tail), single_statement=True
