@@ -69,7 +69,7 @@ def tail(store: Store, n: int, leaf: str | None = None) -> list[str]:
     read = loaded(store, scope=scope)
     assert store.commits.load_session(SID, scope) == read
     if leaf is None and n > 0:  # the one-statement read (the one-call form's on Postgres)
-        alone = store.call_read(lambda r: r.commits.load_tail_alone(SID, n), single_statement=True)
+        alone = store.call_read(lambda r: r.commits._load_tail_alone(SID, n), single_statement=True)
         assert alone == read
     return ids(read)
 
@@ -203,7 +203,7 @@ def test_a_parent_cycle_within_the_tail_is_corrupt(store: Store) -> None:
             store.commits.load_session(SID, ActivePathScope(tail=n))
         assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
         with pytest.raises(SessionCorrupt) as info:  # the one-statement read
-            store.call_read(lambda r, n=n: r.commits.load_tail_alone(SID, n))
+            store.call_read(lambda r, n=n: r.commits._load_tail_alone(SID, n))
         assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
 
 

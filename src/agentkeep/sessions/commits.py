@@ -792,7 +792,7 @@ class _NeedsSnapshot:
     __slots__ = ()
 
 
-#: What :meth:`SessionCommitRepository.load_head_alone` returns when the read needs
+#: What :meth:`SessionCommitRepository._load_head_alone` returns when the read needs
 #: more than its one statement (component blobs): read again in a snapshot.
 NEEDS_SNAPSHOT: Final = _NeedsSnapshot()
 
@@ -1614,7 +1614,7 @@ class SessionCommitRepository:
         read = self._loaded(session_id, scope, rows[0][_HEAD_AT:_TOTAL_AT], totals)
         return typed(PersistedSessionRead, read)
 
-    def load_head_alone(self, session_id: str) -> PersistedSessionRead | _NeedsSnapshot | None:
+    def _load_head_alone(self, session_id: str) -> PersistedSessionRead | _NeedsSnapshot | None:
         """``load_session(session_id, HeadScope())`` when its one statement is the whole read.
 
         The one-call ``store.commits.load_session(sid, HeadScope())`` runs
@@ -1633,13 +1633,13 @@ class SessionCommitRepository:
         totals = [r[_TOTAL_AT:] for r in rows[1:]]
         return self._loaded(session_id, _HEAD_SCOPE, rows[0][_HEAD_AT:_TOTAL_AT], totals, True)
 
-    def load_tail_alone(
+    def _load_tail_alone(
         self, session_id: str, tail: int
     ) -> PersistedSessionRead | _NeedsSnapshot | None:
         """``load_session(session_id, ActivePathScope(tail=tail))`` (the head's leaf,
         ``tail >= 1``) in one statement (:data:`_GET_HEAD_TOTALS_AND_TAIL`).
 
-        As :meth:`load_head_alone`: the one-call form runs it outside a
+        As :meth:`_load_head_alone`: the one-call form runs it outside a
         snapshot transaction, and a checkpoint with component blobs returns
         :data:`NEEDS_SNAPSHOT` with nothing more read. Raises what
         :meth:`load_session` raises.
@@ -1674,7 +1674,7 @@ class SessionCommitRepository:
     ) -> PersistedSessionRead | _NeedsSnapshot:
         """:meth:`load_session` once the head row (with its manifest blob) and the
         ledger's total rows are read (``alone``: :data:`NEEDS_SNAPSHOT` instead of
-        reading component blobs, see :meth:`load_head_alone`)."""
+        reading component blobs, see :meth:`_load_head_alone`)."""
         db = self._db
         version, revision, head_leaf, checkpoint_ref, config_json, frames_json, frame_id = row[:7]
         if version != HEAD_SCHEMA_VERSION:
@@ -1703,7 +1703,7 @@ class SessionCommitRepository:
             leaf = scope.leaf_node_id if scope.leaf_node_id is not None else head_leaf
             if path is None:
                 nodes = self._active_path(session_id, leaf, scope.tail)
-            else:  # walked by the one statement (load_tail_alone)
+            else:  # walked by the one statement (_load_tail_alone)
                 nodes = [] if leaf is None else _ordered_path(session_id, leaf, path)
         else:
             leaf = head_leaf

@@ -186,7 +186,7 @@ class SessionCalls(OneCalls):
         alone: PersistedSessionRead | _NeedsSnapshot | None
         if type(scope) is HeadScope:
             alone = self._call_read(
-                lambda r: r.commits.load_head_alone(session_id), single_statement=True
+                lambda r: r.commits._load_head_alone(session_id), single_statement=True
             )
             if not isinstance(alone, _NeedsSnapshot):
                 return alone
@@ -198,7 +198,7 @@ class SessionCalls(OneCalls):
         ):
             tail = scope.tail
             alone = self._call_read(
-                lambda r: r.commits.load_tail_alone(session_id, tail), single_statement=True
+                lambda r: r.commits._load_tail_alone(session_id, tail), single_statement=True
             )
             if not isinstance(alone, _NeedsSnapshot):
                 return alone
