@@ -822,9 +822,8 @@ class Store:
                 result = fn(self.repositories(driver, write=write, nested=not operation))
                 if write:
                     driver.commit()
-                elif snapshot:
+                else:
                     _end_read(driver, pooled)
-                # A single-statement read opened no transaction: nothing to end.
             except ConnectionLost as lost:
                 # Its peers may be dead too (a server restart): SQLAlchemy's own
                 # rule for a disconnect, every connection of the pool opened before
