@@ -361,8 +361,16 @@ class _RecordingConnection:
         return self._raw.execute(sql) if params is None else self._raw.execute(sql, params)
 
     def commit(self) -> None:
-        self._log.append(("commit",))
-        self._raw.commit()
+        # A commit() outside a transaction (a single-statement read in autocommit
+        # mode) sends nothing on either driver: not a COMMIT, not a round trip.
+        raw = self._raw
+        if isinstance(raw, sqlite3.Connection):
+            idle = not raw.in_transaction
+        else:
+            idle = raw.info.transaction_status == 0  # psycopg's TransactionStatus.IDLE
+        if not idle:
+            self._log.append(("commit",))
+        raw.commit()
 
     def rollback(self) -> None:
         self._log.append(("rollback",))

@@ -63,7 +63,15 @@ def chain(prefix: str, n: int, parent: str | None = None) -> tuple[SessionNodeRe
 
 
 def tail(store: Store, n: int, leaf: str | None = None) -> list[str]:
-    return ids(loaded(store, scope=ActivePathScope(leaf_node_id=leaf, tail=n)))
+    """The tail's ids, read in a snapshot unit; the one-call read (one statement
+    from the head's leaf) must be the same read."""
+    scope = ActivePathScope(leaf_node_id=leaf, tail=n)
+    read = loaded(store, scope=scope)
+    assert store.commits.load_session(SID, scope) == read
+    if leaf is None and n > 0:  # the one-statement read (the one-call form's on Postgres)
+        alone = store.call_read(lambda r: r.commits._load_tail_alone(SID, n), single_statement=True)
+        assert alone == read
+    return ids(read)
 
 
 def statements_of(store: Store, call: Any) -> list[str]:
@@ -190,6 +198,12 @@ def test_a_parent_cycle_within_the_tail_is_corrupt(store: Store) -> None:
     for n in (3, 4, 50):  # the tail reads the whole cycle: the walk meets a node twice
         with pytest.raises(SessionCorrupt) as info:
             load(store, scope=ActivePathScope(tail=n))
+        assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
+        with pytest.raises(SessionCorrupt) as info:  # the one-call read
+            store.commits.load_session(SID, ActivePathScope(tail=n))
+        assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
+        with pytest.raises(SessionCorrupt) as info:  # the one-statement read
+            store.call_read(lambda r, n=n: r.commits._load_tail_alone(SID, n))
         assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
 
 
@@ -359,6 +373,13 @@ def test_every_tail_step_is_a_unique_index_lookup_before_any_analyze(
         assert unique in plan, plan
         assert "tombstoned_seq" not in plan and "Seq Scan" not in plan, plan
         assert tail(store, 2) == ["p1", "p2"]
+        # The one-call tail read: the same walk, from the head's leaf, in one statement.
+        with store.read() as uow:
+            rows = explain(uow, K._GET_HEAD_TOTALS_AND_TAIL, {"sid": SID, "n": 2})
+        plan = "\n".join(" ".join(str(v) for v in r) for r in rows)
+        assert unique in plan, plan
+        assert "tombstoned_seq" not in plan, plan
+        assert "Seq Scan on graph_nodes" not in plan and "SCAN graph_nodes" not in plan, plan
 
 
 def test_a_walk_planned_on_a_small_session_stays_flat(

@@ -172,6 +172,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Final
+from typing import cast as typed
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import (
@@ -257,6 +258,7 @@ from agentkeep.sessions.records import (
     ActivePathScope,
     AppendNodes,
     BlobProfile,
+    CheckpointManifest,
     FullGraphScope,
     HeadScope,
     HydratedSessionCheckpoint,
@@ -395,7 +397,7 @@ _PUT_USAGE: Final = Statement(
     .values(session_id=p("sid"), source=p("source"), model=p("model"), **_COUNTER_BINDS),
     name="sessions.put_usage",
 )
-#: The ledger-total columns :func:`_total_rows` decodes: source, model,
+#: The ledger-total columns :func:`_checked_totals` decodes: source, model,
 #: ordinal, then the counters in the order of ``_USAGE_FIELDS``.
 _TOTAL_COLUMNS: Final = (
     UsageTotalRow.source,
@@ -451,6 +453,32 @@ def _head_and_totals(dialect: Dialect) -> Any:
 
 
 _GET_HEAD_AND_TOTALS: Final = Statement(_head_and_totals, name="sessions.get_head_and_totals")
+
+
+def _head_counters_and_totals(dialect: Dialect) -> Any:
+    """Steps 6 and 10b's reads in one statement: ``(0, head_revision, graph_node_count,
+    nulls)`` when the session has a head, then its ledger totals by ordinal as
+    ``(1, null, null, *total columns)`` (:data:`_TOTAL_COLUMNS`)."""
+    total_names = [f"t{i}" for i in range(len(_TOTAL_COLUMNS))]
+    head: Any = select(
+        literal_column("0").label("kind"),
+        SessionHeadRow.head_revision.label("h0"),
+        SessionHeadRow.graph_node_count.label("h1"),
+        *(null().label(n) for n in total_names),
+    ).where(_BY_SESSION_HEAD)
+    totals: Any = select(
+        literal_column("1").label("kind"),
+        null().label("h0"),
+        null().label("h1"),
+        *(c.label(n) for c, n in zip(_TOTAL_COLUMNS, total_names, strict=True)),
+    ).where(UsageTotalRow.session_id == p("sid"))
+    ordinal = total_names[2]
+    return head.union_all(totals).order_by(literal_column("kind"), literal_column(ordinal))
+
+
+_GET_HEAD_COUNTERS_AND_TOTALS: Final = Statement(
+    _head_counters_and_totals, name="sessions.get_head_counters_and_totals"
+)
 
 
 def _put_total(dialect: Dialect) -> Any:
@@ -530,8 +558,11 @@ _GET_NODE: Final = Statement(
 )
 
 
-def _path_walk(dialect: Dialect, *, bounded: bool) -> Any:
+def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
     """The recursive walk from ``:leaf`` up the parents; ``bounded``: at most ``:n`` rows.
+
+    ``leaf``: the expression of the walk's first node id instead of ``:leaf``
+    (the head's leaf, for :data:`_GET_HEAD_TOTALS_AND_TAIL`).
 
     The bounded walk (the tail) must cost ``:n`` lookups whatever the
     session's size, under any plan Postgres may keep for it. On Postgres its
@@ -567,7 +598,7 @@ def _path_walk(dialect: Dialect, *, bounded: bool) -> Any:
         select(*walked, GraphNodeRow.node_json, *depth)
         .where(
             GraphNodeRow.session_id == p("sid"),
-            GraphNodeRow.node_id == p("leaf"),
+            GraphNodeRow.node_id == (p("leaf") if leaf is None else leaf),
             live(GraphNodeRow),
         )
         .cte("tail" if bounded else "path", recursive=True)
@@ -614,6 +645,64 @@ ACTIVE_PATH: Final = Statement(
 ACTIVE_PATH_TAIL: Final = Statement(
     lambda dialect: _path_walk(dialect, bounded=True), name="sessions.active_path_tail"
 )
+
+
+def _head_totals_and_tail(dialect: Dialect) -> Any:
+    """The one-call ``ActivePathScope(tail=N)`` read (head's leaf) in one statement.
+
+    The rows of :data:`_GET_HEAD_AND_TOTALS` (kind ``0`` the head with its
+    manifest blob, ``1`` the totals), and, of kind ``2``, the rows of
+    :data:`ACTIVE_PATH_TAIL` walked from the head's leaf (its last four
+    columns: seq, node id, parent id, node JSON; null elsewhere), in no
+    order: the caller sorts the totals by ordinal. One
+    statement: one snapshot, so no transaction is needed around it. The
+    nulls of the node columns are typed (three branches: Postgres resolves an
+    untyped null of the first two as text).
+    """
+    head_leaf = select(SessionHeadRow.leaf_node_id).where(_BY_SESSION_HEAD).scalar_subquery()
+    walk = _path_walk(dialect, bounded=True, leaf=head_leaf).subquery("walk")
+    node_names = ["n0", "n1", "n2", "n3"]
+    node_nulls = [
+        cast(null(), column.type).label(name)
+        for column, name in zip(
+            (
+                GraphNodeRow.seq,
+                GraphNodeRow.node_id,
+                GraphNodeRow.parent_node_id,
+                GraphNodeRow.node_json,
+            ),
+            node_names,
+            strict=True,
+        )
+    ]
+    first = _head_and_totals(dialect)
+    head, totals = first.selects  # the head and the totals SELECTs
+    other = len(first.selected_columns) - 1
+    nodes: Any = select(
+        literal_column("2").label("kind"),
+        *(null().label(f"x{i}") for i in range(other)),
+        *(walk.c[i].label(n) for i, n in enumerate(node_names)),
+    )
+    # No ORDER BY: sorting would copy the node rows (their JSON) through a temp
+    # B-tree; the caller tells the rows apart by kind and orders the totals.
+    return head.add_columns(*node_nulls).union_all(totals.add_columns(*node_nulls), nodes)
+
+
+#: The one-call ``load_session(sid, ActivePathScope(tail=N))`` (the head's leaf) in
+#: one statement: :func:`_head_totals_and_tail`. Parameters ``:sid`` and ``:n``.
+_GET_HEAD_TOTALS_AND_TAIL: Final = Statement(
+    _head_totals_and_tail, name="sessions.get_head_totals_and_tail"
+)
+
+
+def _ordinal_key(total: Sequence[Any]) -> tuple[int, Any]:
+    """Sort key of a total row by its ordinal (a non-integer one last, as read)."""
+    ordinal = total[2]
+    return (0, ordinal) if type(ordinal) is int else (1, 0)
+
+
+#: Columns of :data:`_GET_HEAD_TOTALS_AND_TAIL`'s node rows.
+_NODE_AT: Final = _TOTAL_AT + len(_TOTAL_COLUMNS)
 _PENDING_ACTIVE: Final = Statement(
     select(PendingTurnInputRow.input_id, PendingTurnInputRow.ingress_json)
     .where(
@@ -694,6 +783,29 @@ _GET_META: Final = Statement(
 
 _NEXT_TURN_INGRESS: Final = encode_ingress(NextTurnIngress())
 _DEFAULT_SCOPE: Final = FullGraphScope()
+_HEAD_SCOPE: Final = HeadScope()
+
+
+class _NeedsSnapshot:
+    """The type of :data:`NEEDS_SNAPSHOT`."""
+
+    __slots__ = ()
+
+
+#: What :meth:`SessionCommitRepository._load_head_alone` returns when the read needs
+#: more than its one statement (component blobs): read again in a snapshot.
+NEEDS_SNAPSHOT: Final = _NeedsSnapshot()
+
+
+def _has_components(manifest: CheckpointManifest) -> bool:
+    """True when hydrating ``manifest`` reads component blobs (more statements)."""
+    return (
+        manifest.tool_state_ref is not None
+        or manifest.plugin_snapshot_ref is not None
+        or manifest.execution_state_ref is not None
+    )
+
+
 _INGRESS: Final = TypeAdapter(TurnInputIngress)
 
 # Rows already warned about (log once per row: docs/decisions.md#corrupt-data-fails-loudly),
@@ -888,20 +1000,11 @@ def _counters(usage: TokenUsage) -> tuple[int, ...]:
     return tuple(getattr(usage, name) for name in _USAGE_FIELDS)
 
 
-def _total_rows(db: Driver, session_id: str) -> list[tuple[str, str, list[Any]]]:
-    """The session's ledger totals by ordinal, as ``(source, model, [ordinal, *counters])``.
-
-    Raises:
-        SessionCorrupt: a stored total does not decode (a non-text key, a
-            counter or ordinal that is not an integer in ``0..2**63-1``).
-    """
-    return _checked_totals(session_id, db.execute(_GET_TOTALS, {"sid": session_id}).fetchall())
-
-
 def _checked_totals(
     session_id: str, rows: Sequence[Sequence[Any]]
 ) -> list[tuple[str, str, list[Any]]]:
-    """:func:`_total_rows` of rows already read (:data:`_TOTAL_COLUMNS` each).
+    """The ledger totals of ``rows`` (:data:`_TOTAL_COLUMNS` each, by ordinal), as
+    ``(source, model, [ordinal, *counters])``.
 
     Raises:
         SessionCorrupt: a stored total does not decode.
@@ -942,6 +1045,15 @@ _LEDGER_ENTRY: Final = checked_builder(
     UsageLedgerEntry, {"source": "s", "model": "m", "usage": TokenUsage()}
 )
 _GRAPH: Final = checked_builder(SessionGraph, {"nodes": (), "leaf_node_id": "n"})
+_RESULT: Final = checked_builder(
+    RuntimeCommitResult,
+    {
+        "head_revision": 1,
+        "checkpoint_ref": "r",
+        "manifest": CheckpointManifest(schema_version=1, turn_state={"t": [1]}),
+        "enqueued_queue_batches": (),
+    },
+)
 _READ: Final = checked_builder(
     PersistedSessionRead,
     {
@@ -1062,10 +1174,43 @@ def _fence_reads(commit: RuntimeCommit) -> list[tuple[Statement, dict[str, Any]]
     fence = commit.session_execution_lease
     if fence is not None and fence.session_id == sid:
         reads.append(lease_read(sid))
-    reads.append((_GET_HEAD_COUNTERS, {"sid": sid}))
-    if commit.usage_deltas:
-        reads.append((_GET_TOTALS, {"sid": sid}))
+    reads.append((_head_read(commit), {"sid": sid}))
     return reads
+
+
+def _head_read(commit: RuntimeCommit) -> Statement:
+    """Step 6's read: the head's counters, with the ledger totals (step 10b) when the
+    commit has usage deltas (one statement instead of two)."""
+    return _GET_HEAD_COUNTERS_AND_TOTALS if commit.usage_deltas else _GET_HEAD_COUNTERS
+
+
+def _ordered_path(
+    session_id: str, leaf: str, rows: Sequence[Sequence[Any]]
+) -> list[SessionNodeRecord]:
+    """The path (or tail) rows ``(seq, node id, parent id, node JSON)`` root-first,
+    ordered by following the parents from ``leaf``; undecodable nodes skipped.
+
+    Raises:
+        SessionCorrupt: a parent-id cycle among the rows.
+    """
+    by_id = {r[1]: r for r in rows}
+    walked = []
+    seen: set[str] = set()
+    current: str | None = leaf
+    while current is not None and current in by_id:
+        if current in seen:
+            raise SessionCorrupt(
+                "graph_nodes", f"{session_id}/{current}", "parent_node_id", "parent id cycle"
+            )
+        seen.add(current)
+        walked.append(by_id[current])
+        current = by_id[current][2]
+    walked.reverse()
+    return [
+        node
+        for seq, node_id, _, raw in walked
+        if (node := _decode_node(session_id, seq, node_id, raw)) is not None
+    ]
 
 
 class _NodesInserted:
@@ -1212,8 +1357,14 @@ class SessionCommitRepository:
             raise SessionExecutionLeaseExpired(sid)
         ensure_session_execution_lease(db, sid, fence, now)
 
-        # 6. Head CAS.
-        row = db.execute(_GET_HEAD_COUNTERS, {"sid": sid}).fetchone()
+        # 6. Head CAS (the ledger totals of step 10b come in the same statement).
+        totals: Sequence[Sequence[Any]] = ()
+        if commit.usage_deltas:
+            rows = db.execute(_GET_HEAD_COUNTERS_AND_TOTALS, {"sid": sid}).fetchall()
+            row = rows[0][1:3] if rows and rows[0][0] == 0 else None
+            totals = [r[3:] for r in rows if r[0] == 1]
+        else:
+            row = db.execute(_GET_HEAD_COUNTERS, {"sid": sid}).fetchone()
         actual = 0 if row is None else _check_revision(sid, row[0])
         live_nodes = 0 if row is None else _check_count(sid, row[1])
         expected = commit.expected_head_revision
@@ -1250,7 +1401,7 @@ class SessionCommitRepository:
                 },
             )
         if commit.usage_deltas:
-            self._add_to_totals(commit)
+            self._add_to_totals(commit, totals)
 
         # 11. Graph delta.
         if prepared.replace:
@@ -1320,7 +1471,10 @@ class SessionCommitRepository:
             batches.append(enqueue_queued_work_conn(db, draft, now, next_enqueue_nonce()))
 
         # 19.–20. The result and the turn-commit record.
-        result = RuntimeCommitResult(
+        # Every field is the store's own checked value (a revision past 2**63-1 is
+        # validated, and refused, by the record itself).
+        build = _RESULT if next_revision <= MAX_I64 else RuntimeCommitResult
+        result = build(
             head_revision=next_revision,
             checkpoint_ref=checkpoint_ref,
             manifest=manifest,
@@ -1346,8 +1500,11 @@ class SessionCommitRepository:
         db.flush()
         return result
 
-    def _add_to_totals(self, commit: RuntimeCommit) -> None:
+    def _add_to_totals(self, commit: RuntimeCommit, total_rows: Sequence[Sequence[Any]]) -> None:
         """Step 10b: add the commit's usage to the session's ledger totals.
+
+        ``total_rows``: the session's totals by ordinal (:data:`_TOTAL_COLUMNS`),
+        read under the lock with the head in step 6.
 
         The totals are read and rewritten under the session's write lock, so
         concurrent committers serialize and no delta is lost. The merge is
@@ -1360,7 +1517,9 @@ class SessionCommitRepository:
             SessionCorrupt: a stored total does not decode.
         """
         db, sid = self._db, commit.session_id
-        sums = {(source, model): numbers for source, model, numbers in _total_rows(db, sid)}
+        sums = {
+            (source, model): numbers for source, model, numbers in _checked_totals(sid, total_rows)
+        }
         next_ordinal = max((numbers[0] for numbers in sums.values()), default=-1) + 1
         changed: dict[tuple[str, str], list[int]] = {}
         for delta in commit.usage_deltas:
@@ -1452,7 +1611,57 @@ class SessionCommitRepository:
         if not rows or rows[0][0] != 0:
             return None
         totals = [r[_TOTAL_AT:] for r in rows[1:]]
-        return self._loaded(session_id, scope, rows[0][_HEAD_AT:_TOTAL_AT], totals)
+        read = self._loaded(session_id, scope, rows[0][_HEAD_AT:_TOTAL_AT], totals)
+        return typed(PersistedSessionRead, read)
+
+    def _load_head_alone(self, session_id: str) -> PersistedSessionRead | _NeedsSnapshot | None:
+        """``load_session(session_id, HeadScope())`` when its one statement is the whole read.
+
+        The one-call ``store.commits.load_session(sid, HeadScope())`` runs
+        this outside a snapshot transaction (one round trip on Postgres, no
+        ``BEGIN`` / ``COMMIT`` on SQLite): a single statement is a consistent
+        snapshot by itself. When the checkpoint has component blobs, which
+        would take more statements that must see the same snapshot, nothing
+        more is read and :data:`NEEDS_SNAPSHOT` is returned: the caller then
+        runs :meth:`load_session` in a snapshot unit. Raises what
+        :meth:`load_session` raises.
+        """
+        check_id(session_id, "session_id")
+        rows = self._db.execute(_GET_HEAD_AND_TOTALS, {"sid": session_id}).fetchall()
+        if not rows or rows[0][0] != 0:
+            return None
+        totals = [r[_TOTAL_AT:] for r in rows[1:]]
+        return self._loaded(session_id, _HEAD_SCOPE, rows[0][_HEAD_AT:_TOTAL_AT], totals, True)
+
+    def _load_tail_alone(
+        self, session_id: str, tail: int
+    ) -> PersistedSessionRead | _NeedsSnapshot | None:
+        """``load_session(session_id, ActivePathScope(tail=tail))`` (the head's leaf,
+        ``tail >= 1``) in one statement (:data:`_GET_HEAD_TOTALS_AND_TAIL`).
+
+        As :meth:`_load_head_alone`: the one-call form runs it outside a
+        snapshot transaction, and a checkpoint with component blobs returns
+        :data:`NEEDS_SNAPSHOT` with nothing more read. Raises what
+        :meth:`load_session` raises.
+        """
+        check_id(session_id, "session_id")
+        rows = self._db.execute(_GET_HEAD_TOTALS_AND_TAIL, {"sid": session_id, "n": tail})
+        head = None
+        totals, path = [], []
+        for r in rows.fetchall():
+            kind = r[0]
+            if kind == 2:
+                path.append(r[_NODE_AT:])
+            elif kind == 1:
+                totals.append(r[_TOTAL_AT:_NODE_AT])
+            else:
+                head = r[_HEAD_AT:_TOTAL_AT]
+        if head is None:
+            return None
+        if len(totals) > 1:  # by ordinal (an undecodable one is reported by _checked_totals)
+            totals.sort(key=_ordinal_key)
+        scope = ActivePathScope(tail=tail)
+        return self._loaded(session_id, scope, head, totals, True, path)
 
     def _loaded(
         self,
@@ -1460,9 +1669,12 @@ class SessionCommitRepository:
         scope: LoadScope,
         row: Sequence[Any],
         totals: Sequence[Sequence[Any]],
-    ) -> PersistedSessionRead:
+        alone: bool = False,
+        path: Sequence[Sequence[Any]] | None = None,
+    ) -> PersistedSessionRead | _NeedsSnapshot:
         """:meth:`load_session` once the head row (with its manifest blob) and the
-        ledger's total rows are read."""
+        ledger's total rows are read (``alone``: :data:`NEEDS_SNAPSHOT` instead of
+        reading component blobs, see :meth:`_load_head_alone`)."""
         db = self._db
         version, revision, head_leaf, checkpoint_ref, config_json, frames_json, frame_id = row[:7]
         if version != HEAD_SCHEMA_VERSION:
@@ -1489,7 +1701,10 @@ class SessionCommitRepository:
             leaf, nodes = head_leaf, []
         elif isinstance(scope, ActivePathScope):
             leaf = scope.leaf_node_id if scope.leaf_node_id is not None else head_leaf
-            nodes = self._active_path(session_id, leaf, scope.tail)
+            if path is None:
+                nodes = self._active_path(session_id, leaf, scope.tail)
+            else:  # walked by the one statement (_load_tail_alone)
+                nodes = [] if leaf is None else _ordered_path(session_id, leaf, path)
         else:
             leaf = head_leaf
             nodes = [
@@ -1497,7 +1712,10 @@ class SessionCommitRepository:
                 for seq, node_id, raw in db.execute(_FULL_GRAPH, {"sid": session_id}).fetchall()
                 if (node := _decode_node(session_id, seq, node_id, raw)) is not None
             ]
-        checkpoint = hydrate(db, manifest_of(checkpoint_ref, decode_blob(checkpoint_ref, row[8:])))
+        manifest = manifest_of(checkpoint_ref, decode_blob(checkpoint_ref, row[8:]))
+        if alone and manifest is not None and _has_components(manifest):
+            return NEEDS_SNAPSHOT
+        checkpoint = hydrate(db, manifest)
         # Every value is checked above (or decoded JSON, or a validated record's):
         # built without validation, unless an id is a str subclass the caller passed.
         plain = type(session_id) is str and (leaf is None or type(leaf) is str)
@@ -1516,6 +1734,10 @@ class SessionCommitRepository:
 
     @staticmethod
     def _decode_head_json(session_id: str, column: str, raw: object) -> Any:
+        if raw == "{}":  # the common config and frames: no decoder call
+            return {}
+        if raw == "[]":
+            return []
         try:
             if not isinstance(raw, str):
                 raise TypeError(f"{type(raw).__name__} instead of text")
@@ -1538,24 +1760,7 @@ class SessionCommitRepository:
         else:
             params = {"sid": session_id, "leaf": leaf, "n": tail}
             rows = self._db.execute(ACTIVE_PATH_TAIL, params).fetchall()
-        by_id = {r[1]: r for r in rows}
-        walked = []
-        seen: set[str] = set()
-        current: str | None = leaf
-        while current is not None and current in by_id:
-            if current in seen:
-                raise SessionCorrupt(
-                    "graph_nodes", f"{session_id}/{current}", "parent_node_id", "parent id cycle"
-                )
-            seen.add(current)
-            walked.append(by_id[current])
-            current = by_id[current][2]
-        walked.reverse()
-        return [
-            node
-            for seq, node_id, _, raw in walked
-            if (node := _decode_node(session_id, seq, node_id, raw)) is not None
-        ]
+        return _ordered_path(session_id, leaf, rows)
 
     def load_node(self, session_id: str, node_id: str) -> SessionNodeRecord | None:
         """One live node of the session (docs/sessions.md#load_node).

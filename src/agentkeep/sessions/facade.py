@@ -16,14 +16,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentkeep.errors import CommitOutcomeUnknown, DatabaseError, SessionCorrupt
 from agentkeep.one_call import OneCalls, read, rerun, write
+from agentkeep.sessions.commits import _DEFAULT_SCOPE, _NeedsSnapshot
 from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
 from agentkeep.sessions.leases import SessionLeaseRepository as _LEASES
 from agentkeep.sessions.maintenance import MaintenanceRepository as _MAINTENANCE
 from agentkeep.sessions.maintenance import Progress, log_gc_failure
 from agentkeep.sessions.queue import QueuedWorkRepository as _QUEUE
 from agentkeep.sessions.records import (
+    ActivePathScope,
     BlobProfile,
     GcReport,
+    HeadScope,
+    LoadScope,
+    PersistedSessionRead,
     RuntimeCommit,
     RuntimeCommitResult,
 )
@@ -150,7 +155,6 @@ class SessionCalls(OneCalls):
 
     _repository = "commits"
 
-    load_session = read(_SESSIONS.load_session)
     load_node = read(_SESSIONS.load_node, single_statement=True)
     get_head_revision = read(_SESSIONS.get_head_revision, single_statement=True)
     save_session_meta = write(_SESSIONS.save_session_meta)
@@ -159,6 +163,49 @@ class SessionCalls(OneCalls):
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self._commits = itertools.count(1)
+        # Postgres: the tail read in one statement saves two round trips. SQLite:
+        # the snapshot read is cheaper (its two statements return 4-column node
+        # rows, the one statement 24-column rows, each column a driver call).
+        self._tail_alone = store.engine.dialect.name == "postgresql"
+
+    def load_session(
+        self, session_id: str, scope: LoadScope = _DEFAULT_SCOPE
+    ) -> PersistedSessionRead | None:
+        """See :meth:`SessionCommitRepository.load_session`.
+
+        A :class:`HeadScope` read is one statement (head, manifest blob and
+        ledger totals), and on Postgres so is an ``ActivePathScope(tail=N)``
+        read from the head's leaf (``N >= 1``, no explicit leaf: the tail walk
+        in the same statement); a statement is a consistent snapshot by itself, so
+        they run without a snapshot transaction (no ``BEGIN`` / ``COMMIT`` on
+        SQLite, one round trip in autocommit mode on Postgres). Only when the checkpoint has
+        component blobs, whose reads must see the same snapshot, is the read
+        made again in a snapshot unit. Every other scope reads in one
+        snapshot unit.
+        """
+        alone: PersistedSessionRead | _NeedsSnapshot | None
+        if type(scope) is HeadScope:
+            alone = self._call_read(
+                lambda r: r.commits._load_head_alone(session_id), single_statement=True
+            )
+            if not isinstance(alone, _NeedsSnapshot):
+                return alone
+        elif (
+            self._tail_alone
+            and type(scope) is ActivePathScope
+            and scope.leaf_node_id is None
+            and scope.tail
+        ):
+            tail = scope.tail
+            alone = self._call_read(
+                lambda r: r.commits._load_tail_alone(session_id, tail), single_statement=True
+            )
+            if not isinstance(alone, _NeedsSnapshot):
+                return alone
+        read: PersistedSessionRead | None = self._call_read(
+            lambda r: r.commits.load_session(session_id, scope), single_statement=False
+        )
+        return read
 
     def commit_runtime_state(
         self, commit: RuntimeCommit, *, blob_profile: BlobProfile = BlobProfile.BALANCED
