@@ -450,8 +450,7 @@ class RunRepository:
             degradations = codec.decode_degradations(row[4])
             current = codec.decode_current(row[6])
             result = codec.decode_result_ref(row[8])
-            run_id = codec.decode_id(raw_id, RunId, "id")
-            task_id = codec.decode_id(row[1], TaskId, "task_id")
+            run_id, task_id = codec.decode_run_ids(raw_id, row[1])
             # The plain columns' checks inlined (a list decodes every row); the
             # codec's functions name what is wrong when one fails.
             gen, created_at, updated_at = row[7], row[10], row[11]
