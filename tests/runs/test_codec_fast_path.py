@@ -207,3 +207,61 @@ def test_a_repeated_holder_field_that_leaves_three_keys_is_refused(text: str) ->
         codec.decode_current(text)
     assert info.value.field == "current"
     assert "duplicate field" in info.value.detail
+
+
+# --------------------------------------------------------------------------
+# The cache of decoded canonical texts
+
+
+def test_a_cached_decode_returns_what_a_decode_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hit gives values equal to a fresh decode; the slot map is a new dict every time."""
+    monkeypatch.setattr(codec, "_decoded_steps", {})
+    monkeypatch.setattr(codec, "_decoded_current", {})
+    steps = f"[{E1},{E2}]"
+    first = codec.decode_step_entries(steps)
+    assert codec._decoded_steps == {steps: first}
+    assert codec.decode_step_entries(steps) is first
+    assert first == _strict(monkeypatch, codec.decode_step_entries, steps)[1]
+    current = '{"a":{"op":"o","desc":"d","gen":1}}'
+    got = codec.decode_current(current)
+    got["b"] = got["a"]  # a caller editing its map (acquire/vacate do)
+    again = codec.decode_current(current)
+    assert again == {"a": got["a"]} and again is not got
+    assert again == _strict(monkeypatch, codec.decode_current, current)[1]
+
+
+@pytest.mark.parametrize(
+    ("fn", "text"),
+    [
+        (
+            codec.decode_step_entries,
+            '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1,"at":2}]',
+        ),
+        (codec.decode_step_entries, f"[{E1}x,{E2}]"),
+        (codec.decode_current, '{"a":{"op":"o","desc":"d","gen":1,"gen":2}}'),
+        (codec.decode_current, '{"a":{"op":"o","desc":"d","gen":-1}}'),
+    ],
+)
+def test_a_corrupt_text_is_never_cached_and_fails_every_time(
+    monkeypatch: pytest.MonkeyPatch, fn: Any, text: str
+) -> None:
+    monkeypatch.setattr(codec, "_decoded_steps", {})
+    monkeypatch.setattr(codec, "_decoded_current", {})
+    for _ in range(3):
+        with pytest.raises(CodecError):
+            fn(text)
+    assert codec._decoded_steps == {} and codec._decoded_current == {}
+
+
+def test_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most _DECODED_MAX_TEXTS texts, none longer than _DECODED_MAX_CHARS."""
+    monkeypatch.setattr(codec, "_decoded_steps", {})
+    for i in range(codec._DECODED_MAX_TEXTS * 2 + 3):
+        codec.decode_step_entries(
+            f'[{{"step_id":"ST-{i}","step_ref":null,"status":null,"at":{i}}}]'
+        )
+        assert len(codec._decoded_steps) <= codec._DECODED_MAX_TEXTS
+    long_text = "[" + ",".join([E1] * (codec._DECODED_MAX_CHARS // len(E1) + 1)) + "]"
+    codec._decoded_steps.clear()
+    assert len(codec.decode_step_entries(long_text)) > 1
+    assert codec._decoded_steps == {}
