@@ -410,7 +410,13 @@ class RunRepository:
         if not self._writable:
             raise ReadOnlyUnitOfWork("run store writes need store.write(), not store.read()")
 
-    def _wrote_alone(self, stmt: Statement, run_id: str, params: dict[str, Any]) -> bool:
+    def _wrote_alone(
+        self,
+        stmt: Statement,
+        run_id: str,
+        params: dict[str, Any],
+        locked_form: Statement | None = None,
+    ) -> bool:
         """Run a :func:`_write_alone` statement in a one-call unit on Postgres (one round trip).
 
         Returns True when it wrote (committed with the statement); False,
@@ -418,13 +424,23 @@ class RunRepository:
         nothing for a reason the locked path decides (the lock held
         elsewhere, the stamp guard, the row changed under it).
 
+        ``locked_form``: the locked path's statement, whose written columns'
+        size limits the values are checked against first (nothing sent).
+
         Raises:
+            PayloadTooLarge: a written value is over its limit.
             RunNotFound: the statement's snapshot shows no such run.
             CommitOutcomeUnknown: the connection was lost with it in flight.
         """
         self._check_writable()
-        params.update(aggregate_lock_params(self._db, LockNamespace.RUN, run_id))
-        cur = self._db.execute_alone(stmt, params)
+        db = self._db
+        if locked_form is not None:
+            # The size limits of the written values, as the locked path's UPDATE
+            # checks them (the driver finds the written columns of a top-level
+            # UPDATE only, and here the UPDATE is a CTE).
+            db._check(locked_form.compiled(db.target), params)
+        params.update(aggregate_lock_params(db, LockNamespace.RUN, run_id))
+        cur = db.execute_alone(stmt, params)
         if cur is None:
             return False
         moved, present = cur.fetchone()
@@ -701,6 +717,7 @@ class RunRepository:
             _SET_STATUS_ALONE,
             run_id,
             {"id": run_id, "status": encoded, "now": self._clock.now_ms() // 1000},
+            _SET_STATUS,
         ):
             return
         now = self._begin_write(run_id)
@@ -963,6 +980,7 @@ class RunRepository:
             _SET_RESULT_ALONE,
             run_id,
             {"id": run_id, "v": encoded, "now": self._clock.now_ms() // 1000},
+            _SET_RESULT,
         ):
             return
         now = self._begin_write(run_id)
@@ -985,6 +1003,7 @@ class RunRepository:
             _SET_INPUT_ALONE,
             run_id,
             {"id": run_id, "v": encoded, "now": self._clock.now_ms() // 1000},
+            _SET_INPUT,
         ):
             return
         now = self._begin_write(run_id)
