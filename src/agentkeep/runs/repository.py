@@ -321,7 +321,9 @@ def _write_alone(dml: Any, name: str, *, stamp: bool = True) -> Statement:
     under it) hands over to the locked path.
     """
     lock = aggregate_try_lock_cte("run_lock")
-    fence = [_BY_ID, lock.c.locked.is_(true())]
+    # The lock as a scalar subquery, not a joined table: a DELETE cannot join
+    # one on every dialect the statements compile for (tests/test_statements.py).
+    fence = [_BY_ID, select(lock.c.locked).scalar_subquery().is_(true())]
     if stamp:
         fence.append(Run.updated_at <= p("now"))
     moved = dml.where(*fence).returning(Run.id).cte("moved")
