@@ -77,7 +77,6 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 from agentkeep import RunListFilter, RunRecord, RunStatus, StepEntry, Store  # noqa: E402
 from agentkeep.bounds import I64_MAX as _MAX_I64  # noqa: E402
-from agentkeep.runs import codec as _codec  # noqa: E402
 
 SEED_RUNS = 3000  # "a few thousand": list() filters and orders over all of them
 HOT_RUNS = 500  # write targets rotate over this many runs
@@ -318,54 +317,38 @@ class ListStatus(Op):
         return [x["id"] for x in r]
 
 
-class _KeepsNothing(dict[str, Any]):
-    """A stand-in for the run codec's caches of decoded texts that never keeps one."""
+def _forget_decoded() -> None:
+    """Empty the run codec's cache of decoded texts (runs/codec.py; absent before it existed)."""
+    from agentkeep.runs import codec
 
-    def __setitem__(self, key: str, value: Any) -> None:
-        pass
-
-
-_HAS_CACHES = hasattr(_codec, "_decoded_steps")
-_NOTHING = _KeepsNothing()
-
-
-def _uncached(fn: Callable[[], Any]) -> Any:
-    """``fn()`` with the run codec's caches of decoded texts keeping nothing (every decode cold).
-
-    A no-op before the caches existed (the base of a comparison).
-    """
-    if not _HAS_CACHES:
-        return fn()
-    codec = _codec
-    steps, current = codec._decoded_steps, codec._decoded_current
-    codec._decoded_steps = codec._decoded_current = _NOTHING
-    try:
-        return fn()
-    finally:
-        codec._decoded_steps, codec._decoded_current = steps, current
+    for name in ("_decoded_steps", "_decoded_current"):
+        cache = getattr(codec, name, None)
+        if cache is not None:
+            cache.clear()
 
 
 class GetUncached(Get):
-    """``get`` with the run codec's cache of decoded texts keeping nothing (every decode cold).
+    """``get`` with the codec's cache of decoded texts emptied before each call (every decode cold).
 
     The seeded runs share a few step arrays, so ``get`` and ``list`` read
-    texts the cache holds; this is the cost when every text is new (plus
-    swapping the caches out and back, under a µs).
+    texts the cache holds; this is the cost when every text is new.
     """
 
     name = "get(uncached)"
 
     def call(self, target: Any, k: int) -> Any:
-        return _uncached(lambda: target.get(self.ids[k]))
+        _forget_decoded()
+        return target.get(self.ids[k])
 
 
 class ListStatusUncached(ListStatus):
-    """``list(status,limit=20)`` with the run codec's cache keeping nothing."""
+    """``list(status,limit=20)`` with the codec's cache emptied before each call."""
 
     name = "list(uncached)"
 
     def call(self, target: Any, k: int) -> Any:
-        return _uncached(lambda: target.list(self.flt))
+        _forget_decoded()
+        return target.list(self.flt)
 
 
 OPS: list[Op] = [
