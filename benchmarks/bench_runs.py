@@ -6,8 +6,7 @@ Usage::
         [--ops OP ...] [--layers] [--profile OP ...] [--profile-only] [--no-check]
 
 For each hot operation (create, get, try_transition, acquire_assignee,
-append_step_entry, list(status, limit 20); get and list also with the run
-codec's cache of decoded texts emptied before each call) and each variant, a fresh copy of a
+append_step_entry, list(status, limit 20)) and each variant, a fresh copy of a
 migrated, seeded SQLite file is used:
 
 * one-call: ``store.runs.<op>(...)``, one unit of work (and retry wrapper) per call;
@@ -317,51 +316,15 @@ class ListStatus(Op):
         return [x["id"] for x in r]
 
 
-def _forget_decoded() -> None:
-    """Empty the run codec's cache of decoded texts (runs/codec.py; absent before it existed)."""
-    from agentkeep.runs import codec
-
-    for name in ("_decoded_steps", "_decoded_current"):
-        cache = getattr(codec, name, None)
-        if cache is not None:
-            cache.clear()
-
-
-class GetUncached(Get):
-    """``get`` with the codec's cache of decoded texts emptied before each call (every decode cold).
-
-    The seeded runs share a few step arrays, so ``get`` and ``list`` read
-    texts the cache holds; this is the cost when every text is new.
-    """
-
-    name = "get(uncached)"
-
-    def call(self, target: Any, k: int) -> Any:
-        _forget_decoded()
-        return target.get(self.ids[k])
-
-
-class ListStatusUncached(ListStatus):
-    """``list(status,limit=20)`` with the codec's cache emptied before each call."""
-
-    name = "list(uncached)"
-
-    def call(self, target: Any, k: int) -> Any:
-        _forget_decoded()
-        return target.list(self.flt)
-
-
 OPS: list[Op] = [
     Create(),
     Get(),
-    GetUncached(),
     TryTransition(),
     AcquireAssignee(),
     AppendStepEntry(),
     ListStatus(),
-    ListStatusUncached(),
 ]
-OP_BY_NAME = {op.name: op for op in OPS} | {"list": OPS[-2]}
+OP_BY_NAME = {op.name: op for op in OPS} | {"list": OPS[-1]}
 VARIANTS = ("one-call", "in-uow", "raw", "raw-1txn")
 
 

@@ -47,11 +47,6 @@ generation) above ``2**63-1`` is refused on decode, because the counter it must
 not exceed is a ``BIGINT``; a usage object whose derived total
 (``input + output``) overflows u64 is refused rather than wrapped.
 
-Decoding is a function of the text alone: a canonical step array or slot map
-that decoded once is answered from a small bounded cache by its exact text
-(``_decoded_steps``, ``_decoded_current``; docs/runs.md#corrupt-rows); a text
-that fails is never kept.
-
 Appends keep earlier entries verbatim: :func:`append_json_array` splices the
 new element's text into the stored array text, so unknown keys written by
 other versions survive (docs/decisions.md#appends-keep-earlier-entries-verbatim).
@@ -799,45 +794,16 @@ def _array(raw: object, field: str) -> tuple[list[Any], bool]:
     return value, dup_seen
 
 
-# Decoded canonical texts, by their exact text (docs/runs.md#corrupt-rows): a
-# run read again (a list polled, a get after a write elsewhere in the row)
-# decodes its step array and slot map once. Only what the canonical fast path
-# accepted is kept, and only values that are immutable all the way down (a
-# tuple of frozen entries whose fields are str, int or None; a map of frozen
-# holders, copied on every hit since callers edit it), so a hit returns what
-# a decode returns; a text that fails is never kept and fails every time.
-# Bounded: texts up to _DECODED_MAX_CHARS, at most _DECODED_MAX_TEXTS of
-# each (cleared when full); a dict is safe to share between threads.
-_DECODED_MAX_TEXTS: Final = 512
-_DECODED_MAX_CHARS: Final = 1024
-_decoded_steps: dict[str, tuple[StepEntry, ...]] = {}
-_decoded_current: dict[str, dict[str, Assignee]] = {}
-
-
-def _remember(cache: dict[str, Any], text: str, value: Any) -> None:
-    if len(text) <= _DECODED_MAX_CHARS:
-        if len(cache) >= _DECODED_MAX_TEXTS:
-            cache.clear()
-        cache[text] = value
-
-
 def decode_step_entries(raw: object) -> tuple[StepEntry, ...]:
     """Decode the ``step_entries_json`` column.
-
-    A canonical text decoded before is answered from a bounded cache (see
-    ``_decoded_steps``): the same tuple of frozen entries.
 
     Raises:
         CodecError: (field ``step_entries``) not text, not a JSON array, or
             an element that is not a valid step entry.
     """
     if type(raw) is str and raw != "[]":
-        hit = _decoded_steps.get(raw)
-        if hit is not None:
-            return hit
         fast = _fast_step_entries(raw)
         if fast is not None:
-            _remember(_decoded_steps, raw, fast)
             return fast
     items, dup_seen = _array(raw, "step_entries")
     return tuple([_decode_step_entry(v, i, dup_seen) for i, v in enumerate(items)])
@@ -995,9 +961,7 @@ def encode_current(m: Mapping[str, Assignee]) -> str | None:
 def decode_current(raw: object) -> dict[str, Assignee]:
     """Decode the ``current_json`` column into a slot map in sorted key order.
 
-    SQL NULL and the text ``{}`` both read as the empty map. A canonical
-    text decoded before is answered from a bounded cache (see
-    ``_decoded_steps``), as a new dict of the same frozen holders.
+    SQL NULL and the text ``{}`` both read as the empty map.
 
     Raises:
         CodecError: (field ``current``) not text; not a JSON object (``null``,
@@ -1011,13 +975,9 @@ def decode_current(raw: object) -> dict[str, Assignee]:
     text = _text(raw, "current")
     if text == "{}":
         return {}
-    hit = _decoded_current.get(text)
-    if hit is not None:
-        return hit.copy()  # a map of its own: callers edit it
     fast = _fast_current(text)
     if fast is not None:
-        _remember(_decoded_current, text, fast)
-        return fast.copy()
+        return fast
     value, _ = _loads(text, "current", structs=True)
     if not isinstance(value, dict):
         raise CodecError("current", f"invalid type: {_kind(value)}, expected a map")
