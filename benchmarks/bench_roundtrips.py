@@ -14,7 +14,8 @@ recorded; the count of the recorded call is printed, and with ``--show``
 its round trips one per line.
 
 The operations are those of the speed issue's table: ``runs.get``,
-``runs.try_transition``, ``runs.acquire_assignee``, a lease cycle (claim,
+``runs.try_transition``, ``runs.acquire_assignee``, ``runs.update_status``,
+``runs.set_result``, ``runs.set_input_json``, ``runs.delete``, a lease cycle (claim,
 renew, release: three operations), a small fenced turn commit (one node, a
 checkpoint and a usage row under a lease), ``load_session`` of the active
 path, and ``runtime.atomic_apply`` (a ~10 KiB snapshot, a receipt, 4 inputs).
@@ -93,6 +94,22 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
     def prep_acquire() -> Callable[[], Any]:
         rid = new_run()
         return lambda: call(lambda st: st.runs.acquire_assignee(rid, "slot", "op", "worker"))
+
+    def prep_update_status() -> Callable[[], Any]:
+        rid = new_run()
+        return lambda: call(lambda st: st.runs.update_status(rid, RunStatus.RUNNING))
+
+    def prep_set_result() -> Callable[[], Any]:
+        rid = new_run()
+        return lambda: call(lambda st: st.runs.set_result(rid, {"ok": True}))
+
+    def prep_set_input() -> Callable[[], Any]:
+        rid = new_run()
+        return lambda: call(lambda st: st.runs.set_input_json(rid, '{"prompt":"p"}'))
+
+    def prep_delete() -> Callable[[], Any]:
+        rid = new_run()
+        return lambda: call(lambda st: st.runs.delete(rid))
 
     def prep_lease_cycle() -> Callable[[], Any]:
         sid = s.fresh("S")
@@ -216,6 +233,10 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         ("runs.get", prep_get),
         ("runs.try_transition", prep_transition),
         ("runs.acquire_assignee", prep_acquire),
+        ("runs.update_status", prep_update_status),
+        ("runs.set_result", prep_set_result),
+        ("runs.set_input_json", prep_set_input),
+        ("runs.delete", prep_delete),
         ("lease cycle (claim, renew, release)", prep_lease_cycle),
         ("small fenced commit", prep_commit),
         ("load_session(ActivePathScope)", prep_load),

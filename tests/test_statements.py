@@ -51,6 +51,10 @@ POSTGRES_ONLY = frozenset(
         "runs.set_slots_alone",
         "runs.set_steps_alone",
         "runs.set_degradations_alone",
+        "runs.set_status_alone",
+        "runs.set_result_alone",
+        "runs.set_input_alone",
+        "runs.delete_alone",
     }
 )
 

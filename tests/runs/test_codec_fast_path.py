@@ -34,6 +34,9 @@ def _outcome(fn: Any, text: str) -> Any:
         return ("error", exc.field, exc.detail)
 
 
+E1 = '{"step_id":"ST-1","step_ref":"r","status":"s","at":1}'
+E2 = '{"step_id":"ST-2","step_ref":null,"status":null,"at":2}'
+
 STEP_TEXTS = [
     '[{"step_id":"ST-1","step_ref":"r","status":"passed","at":1}]',
     '[{"step_id":"ST-1","step_ref":null,"status":null,"at":1}]',
@@ -79,9 +82,47 @@ STEP_TEXTS = [
     '"status":null,"at":2}]',
     '[{"step_id":"ST-1","step_ref":"r","status":"s","at":1},'
     '{"step_id":"ST-2","step_ref":"r","status":"s","at":1,"attempt":3}]',
+    # The regex path's tiling: every character between and around the entries counts.
+    f"[{E1},[{E2}]",
+    f"[{E1},,{E2}]",
+    f"x[{E1}]",
+    f"[[{E1}]",
+    f",{E1}]",
+    f"[{E1}],{E2}]",
+    f"[{E1}x,{E2}]",
+    f"[{E1},{E2}]]",
+    f"[{E1},{E2} ]",
     '[{"step_id":"ST-1","step_ref":"a\\"b","status":"s","at":1}]',
     '[{"step_id":"ST-1","step_ref":"{\\"step_id\\":\\"ST-9\\"}","status":"s","at":1}]',
 ]
+
+
+TILING = [
+    (f"[{E1}]", True),
+    (f"[{E1},{E2}]", True),
+    (f"[{E1},{E2},{E1}]", True),
+    (f"[{E1},[{E2}]", False),
+    (f"[{E1},,{E2}]", False),
+    (f"x[{E1}]", False),
+    (f"[[{E1}]", False),
+    (f",{E1}]", False),
+    (f"[{E1}],{E2}]", False),
+    (f"[{E1}x,{E2}]", False),
+    (f"[{E1},{E2}]]", False),
+    (f"[{E1}{E2}]", False),
+]
+
+
+@pytest.mark.parametrize(("text", "plain"), TILING)
+def test_the_regex_path_takes_exactly_whole_canonical_arrays(
+    monkeypatch: pytest.MonkeyPatch, text: str, plain: bool
+) -> None:
+    """One findall reads the entries; their lengths prove they tile the text (or None)."""
+    got = codec._plain_step_entries(text, True)
+    assert (got is not None) == plain
+    assert (codec._plain_step_entries(text, False) is not None) == plain
+    if plain:
+        assert ("ok", got) == _strict(monkeypatch, codec.decode_step_entries, text)
 
 
 @pytest.mark.parametrize("text", STEP_TEXTS)

@@ -69,9 +69,11 @@ from agentkeep.runs.domain import (
     Assignee,
     DegradationEntry,
     PrefixedId,
+    RunId,
     RunStatus,
     StepEntry,
     StepId,
+    TaskId,
     Usage,
 )
 from agentkeep.strict_json import (
@@ -634,28 +636,53 @@ _PRE_STATS_ENTRY: Final = (
     r'"status":(null|' + _PLAIN_STRING + r"),"
     r'"at":(0|[1-9][0-9]{0,19})\}'
 )
-_PRE_STATS_ARRAY: Final = re.compile(
-    r"\[" + _PRE_STATS_ENTRY + r"(?:," + _PRE_STATS_ENTRY + r")*\]"
+# Each entry with the character before it (``[`` for the first, ``,`` for the
+# others), so that one findall both reads the entries and proves the whole
+# text is ``[`` entry (``,`` entry)* ``]``: the matches do not overlap, so when
+# the first starts with ``[``, every other with ``,``, the text ends with ``]``
+# and their lengths add up to the text's length less that ``]``, they tile it.
+_PRE_STATS_ITEMS: Final = re.compile(r"([\[,])" + _PRE_STATS_ENTRY)
+# The length of an item without its four captured values.
+_PRE_STATS_ITEM_FIXED: Final = len(
+    '[{"step_id":"' + '","step_ref":' + ',"status":' + ',"at":' + "}"
 )
-_PRE_STATS_ENTRIES: Final = re.compile(_PRE_STATS_ENTRY)
+_STEP_FIELDS_SET: Final = frozenset(StepEntry.model_fields)
 
 
 def _plain_step_entries(text: str, build: bool) -> tuple[StepEntry, ...] | None:
     """The regex fast path of :func:`_fast_step_entries`; None: not such an array."""
-    if not text.isascii() or _PRE_STATS_ARRAY.fullmatch(text) is None:
+    if not text.isascii() or not text.endswith("]"):
         return None
+    items = _PRE_STATS_ITEMS.findall(text)
+    if not items:
+        return None
+    covered = 1 + _PRE_STATS_ITEM_FIXED * len(items)  # the closing "]" and the fixed text
     out = []
-    for sid, step_ref, status, at_text in _PRE_STATS_ENTRIES.findall(text):
+    fast = build and _build is _direct
+    expected_lead = "["
+    for lead, sid, step_ref, status, at_text in items:
+        covered += len(sid) + len(step_ref) + len(status) + len(at_text)
         at = int(at_text)
-        if at > U64_MAX:
+        if at > U64_MAX or lead != expected_lead:
             return None
+        expected_lead = ","
         if build:
             fields = _PRE_STATS.copy()
             fields["step_id"] = _str_new(StepId, sid)
             fields["step_ref"] = None if step_ref == "null" else step_ref[1:-1]
             fields["status"] = None if status == "null" else status[1:-1]
             fields["at"] = at
-            out.append(_build(StepEntry, fields))
+            if fast:  # _direct, inlined, with the field set copied rather than built
+                obj = _new(StepEntry)
+                _set_dict(obj, fields)
+                _set_fields_set(obj, set(_STEP_FIELDS_SET))
+                _set_extra(obj, None)
+                _set_private(obj, None)
+                out.append(obj)
+            else:
+                out.append(_build(StepEntry, fields))
+    if covered != len(text):
+        return None
     return tuple(out)
 
 
@@ -1039,6 +1066,41 @@ def decode_id(raw: object, cls: type[_IdT], field: str) -> _IdT:
         return cls(_text(raw, field))
     except InvalidInput as exc:
         raise CodecError(field, str(exc)) from None
+
+
+def _plain_ids() -> tuple[str, str] | None:
+    """RunId's and TaskId's prefixes when both keep PrefixedId's rule (checked once)."""
+    if RunId.__new__ is _PREFIXED_NEW and TaskId.__new__ is _PREFIXED_NEW:
+        return RunId.PREFIX, TaskId.PREFIX
+    return None  # pragma: no cover - a subclass with rules of its own
+
+
+_ID_PREFIXES: Final = _plain_ids()
+
+
+def decode_run_ids(raw_id: object, raw_task_id: object) -> tuple[RunId, TaskId]:
+    """Decode a run row's ``id`` and ``task_id`` as :func:`decode_id` does, in one call.
+
+    Returns:
+        ``(RunId, TaskId)``.
+
+    Raises:
+        CodecError: (field ``id`` or ``task_id``) as :func:`decode_id`.
+    """
+    prefixes = _ID_PREFIXES
+    if (
+        prefixes is not None
+        and type(raw_id) is str
+        and type(raw_task_id) is str
+        and len(raw_id) > len(prefixes[0])
+        and len(raw_task_id) > len(prefixes[1])
+        and raw_id.startswith(prefixes[0])
+        and raw_task_id.startswith(prefixes[1])
+        and "\x00" not in raw_id
+        and "\x00" not in raw_task_id
+    ):
+        return _str_new(RunId, raw_id), _str_new(TaskId, raw_task_id)
+    return decode_id(raw_id, RunId, "id"), decode_id(raw_task_id, TaskId, "task_id")
 
 
 def decode_u63(raw: object, field: str) -> int:

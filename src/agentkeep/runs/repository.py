@@ -19,7 +19,10 @@ Fences and locks, the same for every write:
 
 One-statement writes (Postgres, one-call units only: docs/runs.md#common-rules).
 :meth:`~RunRepository.try_transition`, :meth:`~RunRepository.acquire_assignee`,
-:meth:`~RunRepository.vacate_assignee` and the appends first try a form
+:meth:`~RunRepository.vacate_assignee`, the appends, and the unconditional
+writes (:meth:`~RunRepository.update_status`, :meth:`~RunRepository.set_result`,
+:meth:`~RunRepository.set_input_json`, :meth:`~RunRepository.delete`:
+:func:`_write_alone`) first try a form
 without the separate lock round trip: their UPDATE takes ``run:<id>`` itself if it is free
 (:func:`agentkeep.db.aggregate_try_lock_cte`) and runs as a transaction of its
 own (:meth:`agentkeep.db.Driver.execute_alone`), fenced as in step 4 on the
@@ -27,7 +30,8 @@ row's latest version, plus ``updated_at <= now`` (``now`` was sampled before
 the statement: a stamp never moves back). The values it was computed from (the
 slot map and G, the array text) are read without the lock and are part of
 its fence. When it writes nothing for any reason but a definite answer
-(``try_transition``: the run absent or not in ``from_``), the steps above run.
+(``try_transition``: the run absent or not in ``from_``; the unconditional
+writes: the run absent, ``RunNotFound``), the steps above run.
 
 Reads decode every column strictly; a corrupt value raises
 :class:`~agentkeep.errors.RunCorrupt` naming the row and column, and one
@@ -44,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, func, select, true, update
+from sqlalchemy import delete, exists, func, select, true, update
 
 from agentkeep import observability
 from agentkeep.bounds import I64_MAX, check_u64
@@ -297,6 +301,52 @@ _SET_INPUT: Final = Statement(
 )
 _DELETE: Final = Statement(delete(Run).where(_BY_ID), name="runs.delete")
 
+
+def _write_alone(dml: Any, name: str, *, stamp: bool = True) -> Statement:
+    """An unconditional one-row write as one statement that takes the run's lock itself (Postgres).
+
+    For :meth:`RunRepository.update_status`, :meth:`~RunRepository.set_result`,
+    :meth:`~RunRepository.set_input_json` and :meth:`~RunRepository.delete` in
+    a one-call unit: ``dml`` (an UPDATE or DELETE of the run ``:id``) writes
+    only if the statement got the ``run:<id>`` advisory lock
+    (:func:`agentkeep.db.aggregate_try_lock_cte`, which does not wait), so a
+    unit holding the run's lock excludes it, as it excludes the locked path;
+    with ``stamp``, also only if ``updated_at <= :now`` (a stamp never moves
+    back). Postgres re-checks that WHERE on the row's latest version.
+
+    One row: ``moved`` (1: this call wrote) and ``present``: whether the
+    statement's snapshot shows the run. ``moved`` 0 with ``present`` false
+    is a definite ``RunNotFound`` (as of the statement's start); ``moved`` 0
+    otherwise (the lock held elsewhere, the stamp guard, the row changed
+    under it) hands over to the locked path.
+    """
+    lock = aggregate_try_lock_cte("run_lock")
+    # The lock as a scalar subquery, not a joined table: a DELETE cannot join
+    # one on every dialect the statements compile for (tests/test_statements.py).
+    fence = [_BY_ID, select(lock.c.locked).scalar_subquery().is_(true())]
+    if stamp:
+        fence.append(Run.updated_at <= p("now"))
+    moved = dml.where(*fence).returning(Run.id).cte("moved")
+    return Statement(
+        select(
+            select(func.count()).select_from(moved).scalar_subquery().label("moved"),
+            exists().where(_BY_ID).label("present"),
+        ),
+        name=name,
+    )
+
+
+_SET_STATUS_ALONE: Final = _write_alone(
+    update(Run).values(status=p("status"), updated_at=p("now")), "runs.set_status_alone"
+)
+_SET_RESULT_ALONE: Final = _write_alone(
+    update(Run).values(result_ref_json=p("v"), updated_at=p("now")), "runs.set_result_alone"
+)
+_SET_INPUT_ALONE: Final = _write_alone(
+    update(Run).values(input_json=p("v"), updated_at=p("now")), "runs.set_input_alone"
+)
+_DELETE_ALONE: Final = _write_alone(delete(Run), "runs.delete_alone", stamp=False)
+
 _RUNNING: Final = codec.encode_status(RunStatus.RUNNING)
 
 
@@ -362,6 +412,46 @@ class RunRepository:
         if not self._writable:
             raise ReadOnlyUnitOfWork("run store writes need store.write(), not store.read()")
 
+    def _wrote_alone(
+        self,
+        stmt: Statement,
+        run_id: str,
+        params: dict[str, Any],
+        locked_form: Statement | None = None,
+    ) -> bool:
+        """Run a :func:`_write_alone` statement in a one-call unit on Postgres (one round trip).
+
+        Returns True when it wrote (committed with the statement); False,
+        having written nothing, when the unit cannot run it alone or it wrote
+        nothing for a reason the locked path decides (the lock held
+        elsewhere, the stamp guard, the row changed under it).
+
+        ``locked_form``: the locked path's statement, whose written columns'
+        size limits the values are checked against first (nothing sent).
+
+        Raises:
+            PayloadTooLarge: a written value is over its limit.
+            RunNotFound: the statement's snapshot shows no such run.
+            CommitOutcomeUnknown: the connection was lost with it in flight.
+        """
+        self._check_writable()
+        db = self._db
+        if locked_form is not None:
+            # The size limits of the written values, as the locked path's UPDATE
+            # checks them (the driver finds the written columns of a top-level
+            # UPDATE only, and here the UPDATE is a CTE).
+            db._check(locked_form.compiled(db.target), params)
+        params.update(aggregate_lock_params(db, LockNamespace.RUN, run_id))
+        cur = db.execute_alone(stmt, params)
+        if cur is None:
+            return False
+        moved, present = cur.fetchone()
+        if moved == 1:
+            return True
+        if not present:
+            raise RunNotFound(run_id)
+        return False
+
     def _decode(self, run_id: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
@@ -378,8 +468,7 @@ class RunRepository:
             degradations = codec.decode_degradations(row[4])
             current = codec.decode_current(row[6])
             result = codec.decode_result_ref(row[8])
-            run_id = codec.decode_id(raw_id, RunId, "id")
-            task_id = codec.decode_id(row[1], TaskId, "task_id")
+            run_id, task_id = codec.decode_run_ids(raw_id, row[1])
             # The plain columns' checks inlined (a list decodes every row); the
             # codec's functions name what is wrong when one fails.
             gen, created_at, updated_at = row[7], row[10], row[11]
@@ -613,12 +702,26 @@ class RunRepository:
         """Set the status unconditionally and bump ``updated_at`` (docs/runs.md#update_status).
 
         Also repairs a corrupt status column (the old value is not read).
+        No fence but the run's write lock: the last writer wins. In a
+        one-call unit on Postgres it is first one statement, committed on its
+        own (one round trip, :func:`_write_alone`): its snapshot showing no
+        run is ``RunNotFound``; a lost connection with it in flight is
+        ``CommitOutcomeUnknown``; when it wrote nothing otherwise (the lock
+        held elsewhere, a clock behind the stored stamp) the locked path
+        decides.
 
         Raises:
             RunNotFound: no such run.
         """
         run_id = _rid(run_id)
         encoded = _encode_status(status, "status")
+        if self._alone and self._wrote_alone(
+            _SET_STATUS_ALONE,
+            run_id,
+            {"id": run_id, "status": encoded, "now": self._clock.now_ms() // 1000},
+            _SET_STATUS,
+        ):
+            return
         now = self._begin_write(run_id)
         if (
             self._db.execute(_SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount
@@ -864,6 +967,9 @@ class RunRepository:
     def set_result(self, run_id: str, value: object) -> None:
         """Overwrite the result with a JSON value (JSON null stores the text ``null``).
 
+        Last writer wins under the run's write lock; in a one-call unit on
+        Postgres one round trip, as :meth:`update_status`.
+
         Raises:
             InvalidInput: ``value`` is not JSON-encodable (or is NaN/Infinity).
             RunNotFound: no such run.
@@ -872,6 +978,13 @@ class RunRepository:
         encoded = _encode_result(value)
         if encoded is None:
             raise InvalidInput("result_ref", "UNSET cannot be stored; pass a JSON value")
+        if self._alone and self._wrote_alone(
+            _SET_RESULT_ALONE,
+            run_id,
+            {"id": run_id, "v": encoded, "now": self._clock.now_ms() // 1000},
+            _SET_RESULT,
+        ):
+            return
         now = self._begin_write(run_id)
         if self._db.execute(_SET_RESULT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
             raise RunNotFound(run_id)
@@ -879,12 +992,22 @@ class RunRepository:
     def set_input_json(self, run_id: str, value: str) -> None:
         """Replace the opaque launch-input snapshot, verbatim (not parsed as JSON).
 
+        Last writer wins under the run's write lock; in a one-call unit on
+        Postgres one round trip, as :meth:`update_status`.
+
         Raises:
             InvalidInput: ``value`` is not a string or contains NUL.
             RunNotFound: no such run.
         """
         run_id = _rid(run_id)
         encoded = codec.check_text(value, "input_json")
+        if self._alone and self._wrote_alone(
+            _SET_INPUT_ALONE,
+            run_id,
+            {"id": run_id, "v": encoded, "now": self._clock.now_ms() // 1000},
+            _SET_INPUT,
+        ):
+            return
         now = self._begin_write(run_id)
         if self._db.execute(_SET_INPUT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
             raise RunNotFound(run_id)
@@ -892,10 +1015,17 @@ class RunRepository:
     def delete(self, run_id: str) -> None:
         """Delete the run; its id may be created again (with a new ``seq``).
 
+        Under the run's write lock; of concurrent deletes exactly one
+        succeeds, the others raise ``RunNotFound``. In a one-call unit on
+        Postgres one round trip, as :meth:`update_status` (no stamp guard:
+        nothing is stamped).
+
         Raises:
             RunNotFound: no such run.
         """
         run_id = _rid(run_id)
+        if self._alone and self._wrote_alone(_DELETE_ALONE, run_id, {"id": run_id}):
+            return
         self._begin_write(run_id)
         if self._db.execute(_DELETE, {"id": run_id}).rowcount != 1:
             raise RunNotFound(run_id)
