@@ -1042,6 +1042,8 @@ _BEGIN_READ_PG: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 #: Drivers whose lean units begin explicitly: psycopg runs a query without
 #: parameters as one simple query, several statements included.
 _MERGED_BEGIN_DRIVERS: Final = frozenset({"psycopg", "psycopg_async"})
+#: A numbered parameter of asyncpg's paramstyle (Driver.send_with_begin).
+_DOLLAR_PARAM: Final = re.compile(r"\$(\d+)\b")
 #: SQLite: a write that changes nothing, to take the database write lock inside
 #: a transaction that has already begun (the UPDATE acquires the RESERVED lock
 #: even though no row matches). On an agentkeep table, so that it locks the
@@ -1141,6 +1143,7 @@ class Driver:
         "_multi_rowcount",
         "_pending_begin",
         "_pipeline",
+        "_asyncpg_simple",
         "_prefetch",
         "_prefetched",
         "_text_bounds",
@@ -1178,7 +1181,13 @@ class Driver:
         # in _pending_begin and goes out with the unit's first statement (merged
         # into one round trip with an aggregate lock).
         self._lean = lean and self.postgres
-        self._merge_begin = self._lean and target.dialect.driver in _MERGED_BEGIN_DRIVERS
+        # asyncpg lean units begin explicitly too: BEGIN (and COMMIT, ROLLBACK)
+        # go as simple queries on the asyncpg connection (_simple), the adapter
+        # staying in autocommit mode, so that BEGIN merges with an aggregate lock.
+        self._asyncpg_simple = self._lean and target.dialect.driver == "asyncpg"
+        self._merge_begin = self._lean and (
+            target.dialect.driver in _MERGED_BEGIN_DRIVERS or self._asyncpg_simple
+        )
         self._pending_begin: str | None = None
         self._cursor: Any = None  # the cursor of the last execute (see close_cursor)
         # psycopg (sync or async): several statements per round trip (see defer, prefetch).
@@ -1356,10 +1365,12 @@ class Driver:
     def begin(self, *, write: bool) -> None:
         """Open the unit's transaction (lean one-call units).
 
-        SQLite: ``BEGIN IMMEDIATE`` (write) or ``BEGIN`` (read). Postgres: the
-        driver begins at the first statement; a read asks for one REPEATABLE
-        READ snapshot, a write on an engine whose default is not READ
-        COMMITTED asks for READ COMMITTED.
+        SQLite: ``BEGIN IMMEDIATE`` (write) or ``BEGIN`` (read). Postgres
+        (psycopg, asyncpg): an explicit ``BEGIN`` (READ COMMITTED for a write,
+        REPEATABLE READ READ ONLY for a read) waits for the unit's first
+        statement and goes out with it (one simple query with an aggregate
+        lock). A non-lean driver: the driver begins at the first statement,
+        after ``SET TRANSACTION`` asks for the same levels.
         """
         if self._merge_begin:  # sent with the unit's first statement (see send_with_begin)
             self._pending_begin = _BEGIN_WRITE_PG if write else _BEGIN_READ_PG
@@ -1398,7 +1409,10 @@ class Driver:
         if watch is not None:
             watch.committing = True
         try:
-            self.raw.commit()
+            if self._asyncpg_simple:  # the adapter is in autocommit mode: COMMIT is ours
+                self._asyncpg_end("COMMIT")
+            else:
+                self.raw.commit()
         except self._error as exc:
             raise self.commit_failure(exc) from exc
 
@@ -1445,6 +1459,8 @@ class Driver:
         self._pending_begin = None
         self._deferred, self._prefetch, self._prefetched = [], [], []
         self._commit_ahead = self._committed = False
+        if self._asyncpg_simple:
+            self._asyncpg_end("ROLLBACK")
         self.raw.rollback()
 
     def close_cursor(self) -> None:
@@ -1472,8 +1488,9 @@ class Driver:
         the driver connection: nothing is sent), so that a single-statement
         read, which calls no :meth:`begin`, is one round trip. On psycopg
         :meth:`begin` then sends an explicit ``BEGIN`` with the unit's first
-        statement, saving the round trip of the driver's own ``BEGIN``; on
-        asyncpg it switches back and the driver begins as usual. No-op on
+        statement, saving the round trip of the driver's own ``BEGIN``; so
+        does asyncpg, through the asyncpg connection (:meth:`_simple`), whose
+        ``COMMIT`` / ``ROLLBACK`` the unit then sends itself. No-op on
         SQLite, whose driver opens no transaction for a SELECT.
         """
         if self._lean:
@@ -1489,6 +1506,9 @@ class Driver:
         self._pending_begin = None
         self._deferred, self._prefetch, self._prefetched = [], [], []
         self._commit_ahead = self._committed = False
+        if self._asyncpg_simple and _asyncpg_in_transaction(self.raw):
+            # psycopg refuses the switch in a transaction; the adapter would not
+            raise DatabaseError("postgres: a transaction left open by an ended unit")
         if self._lean:
             self._autocommit(False)
 
@@ -1520,11 +1540,15 @@ class Driver:
         if pending is None or self._prefetch or self._deferred or self._commit_ahead:
             return False
         form = stmt.compiled(self.target)
-        literal = {k: int(v) for k, v in (params if form.plain else form.bind(params)).items()}
-        sql = f"{pending}; {form.sql % literal}"
+        bound = params if form.plain else form.bind(params)
+        if isinstance(bound, Mapping):  # psycopg: %(name)s
+            text = form.sql % {k: int(v) for k, v in bound.items()}
+        else:  # asyncpg: $1, $2 ... in the order of the tuple
+            text = _DOLLAR_PARAM.sub(lambda m: str(int(bound[int(m[1]) - 1])), form.sql)
+        sql = f"{pending}; {text}"
         self._pending_begin = None
         try:
-            self.raw.execute(sql)
+            self._simple(sql)
         except self._error as exc:
             raise self.translate(exc) from exc
         return True
@@ -1908,7 +1932,33 @@ class Driver:
         # Called inside the callers' try blocks: a driver error is translated there.
         pending, self._pending_begin = self._pending_begin, None
         assert pending is not None
-        self.raw.execute(pending)
+        self._simple(pending)
+
+    def _simple(self, sql: str) -> Any:
+        """Run ``sql`` (no parameters; one or more statements) as one simple query.
+
+        On asyncpg through the asyncpg connection itself (SQLAlchemy's adapter
+        would prepare it: a round trip more, and one statement only); its
+        errors come out as the adapter's DBAPI errors. Returns asyncpg's
+        status of the last statement (None on psycopg).
+        """
+        if self._asyncpg_simple:
+            return await_(_asyncpg_query(self.raw, sql))
+        self.raw.execute(sql)
+        return None
+
+    def _asyncpg_end(self, sql: str) -> None:
+        """asyncpg lean unit: ``COMMIT`` or ``ROLLBACK`` the explicit transaction, if open.
+
+        Nothing is sent when no transaction is open (a unit that sent
+        nothing, or one single-statement read). A COMMIT the server turns
+        into ROLLBACK (the transaction had failed) raises: nothing was written.
+        """
+        if not _asyncpg_in_transaction(self.raw):
+            return
+        status = self._simple(sql)
+        if sql == "COMMIT" and status != "COMMIT":
+            raise DatabaseError(f"postgres: COMMIT of a failed transaction: {status}")
 
     def _autocommit(self, on: bool) -> None:
         try:
@@ -1992,6 +2042,20 @@ class _Fetched:
 
     def close(self) -> None:
         self._rows = []
+
+
+async def _asyncpg_query(adapter: Any, sql: str) -> Any:
+    """:meth:`Driver._simple` on SQLAlchemy's asyncpg adapter (its mutex, its error mapping)."""
+    async with adapter._execute_mutex:
+        try:
+            return await adapter._connection.execute(sql)
+        except Exception as error:  # noqa: BLE001 - re-raised as the adapter's DBAPI error
+            adapter._handle_exception(error)
+
+
+def _asyncpg_in_transaction(adapter: Any) -> bool:
+    """True when the asyncpg connection's last answer said a transaction is open (or failed)."""
+    return bool(adapter._connection.is_in_transaction())
 
 
 async def _async_round_trip(

@@ -409,14 +409,20 @@ class Gate:
 
 
 class _CommitWaits:
-    """A DBAPI connection proxy whose ``commit()`` waits at a gate first."""
+    """A DBAPI connection proxy whose ``commit()`` waits at a gate first (once)."""
 
     def __init__(self, raw: Any, gate: Gate) -> None:
         self._raw = raw
         self._gate = gate
+        self._waited = False
+
+    def wait(self) -> None:
+        if not self._waited:
+            self._waited = True
+            self._gate.wait_here()
 
     def commit(self) -> None:
-        self._gate.wait_here()
+        self.wait()
         self._raw.commit()
 
     def __getattr__(self, name: str) -> Any:
@@ -446,7 +452,16 @@ def gate_commit(monkeypatch: pytest.MonkeyPatch) -> Gate:
         finally:
             self.raw = raw
 
+    original_simple = db.Driver._simple
+
+    def simple(self: db.Driver, sql: str) -> Any:
+        # asyncpg lean units send their COMMIT themselves, not through commit()
+        if sql == "COMMIT" and isinstance(self.raw, _CommitWaits):
+            self.raw.wait()
+        return original_simple(self, sql)
+
     monkeypatch.setattr(db.Driver, "commit", commit)
+    monkeypatch.setattr(db.Driver, "_simple", simple)
     return gate
 
 

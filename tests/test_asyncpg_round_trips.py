@@ -1,0 +1,176 @@
+"""asyncpg round trips, read off the wire (issue 14, item 4), and its explicit transactions.
+
+asyncpg has no pipeline, so each statement with parameters is a round trip of
+its own. What lean (one-call) units save: they begin explicitly, and the
+``BEGIN`` goes in one simple query with the aggregate write lock when that is
+the unit's first statement (``BEGIN ISOLATION LEVEL READ COMMITTED; SELECT
+pg_advisory_xact_lock(<ints>)``), or alone as ``BEGIN ISOLATION LEVEL
+REPEATABLE READ READ ONLY`` for a read (no separate ``SET TRANSACTION``);
+``COMMIT`` / ``ROLLBACK`` are simple queries of the unit. Warm calls prepare
+nothing (SQLAlchemy's prepared-statement cache hits). Counted through
+``benchmarks/_pgwire.WireTap``, a relay that sees every message the driver sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import make_url
+
+from agentkeep.aio import AsyncStore
+from agentkeep.db import _LOCK_SQL as _LOCK
+from agentkeep.errors import DatabaseError, HeadRevisionConflict
+from agentkeep.sessions.domain import Acquired
+from agentkeep.sessions.records import ActivePathScope
+from tests.sessions.test_round_trips import OWNER, TURNS, _commit, _turns
+
+
+def _wiretap_class() -> Any:
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "_pgwire.py"
+    spec = importlib.util.spec_from_file_location("_ak_pgwire", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("_ak_pgwire", module)
+    spec.loader.exec_module(module)
+    return module.WireTap
+
+
+class _TapTrace:
+    """The ``Trace`` interface of test_round_trips over a WireTap."""
+
+    def __init__(self, tap: Any) -> None:
+        self._tap = tap
+
+    @contextmanager
+    def round_trips(self) -> Iterator[list[str]]:
+        with self._tap.record() as trips:
+            yield trips
+
+
+@pytest.fixture
+def pg_url(backend: str, db_url: str) -> str:
+    if backend != "postgres":
+        pytest.skip("Postgres only: round trips on the wire")
+    return db_url
+
+
+@contextmanager
+def asyncpg_calls(pg_url: str) -> Iterator[tuple[Callable[[Callable[[Any], Any]], Any], Any]]:
+    """An AsyncStore on asyncpg through a WireTap: ``(call, tap)`` (see psycopg_async_calls)."""
+
+    async def awaited(value: Any) -> Any:
+        return await value if asyncio.iscoroutine(value) or asyncio.isfuture(value) else value
+
+    url = make_url(pg_url)
+    tap = _wiretap_class()(url.host or "127.0.0.1", url.port or 5432)
+    loop = asyncio.new_event_loop()
+    try:
+        via_tap = url.set(
+            drivername="postgresql+asyncpg",
+            host="127.0.0.1",
+            port=tap.port,
+            query={"ssl": "disable"},
+        ).render_as_string(hide_password=False)
+        astore = loop.run_until_complete(AsyncStore.open(via_tap))
+        try:
+            yield (lambda fn: loop.run_until_complete(awaited(fn(astore)))), tap
+        finally:
+            loop.run_until_complete(astore.close())
+    finally:
+        loop.close()
+        tap.close()
+
+
+_BEGIN_LOCK = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock("
+
+
+def test_a_fenced_turn_commit_on_asyncpg_merges_begin_with_its_locks(pg_url: str) -> None:
+    """BEGIN + both locks in one simple query, no prepare, COMMIT of its own: 9 round trips.
+
+    (BEGIN + locks; lease, head with ledger totals; blob, usage delta, totals
+    upsert, node, head write; COMMIT.) The last turn also stamps and releases
+    the lease.
+    """
+    with asyncpg_calls(pg_url) as (call, tap):
+        trips: list[list[str]] = []
+
+        class Keep(_TapTrace):
+            @contextmanager
+            def round_trips(self) -> Iterator[list[str]]:
+                with super().round_trips() as out:
+                    yield out
+                trips.append(list(out))
+
+        counts = _turns(call, Keep(tap))
+    assert counts[1:-1] == [9] * (TURNS - 2), trips
+    for one in trips:
+        assert one[0].startswith(_BEGIN_LOCK) and "pg_advisory_xact_lock_shared(" in one[0]
+        assert one[-1] == "COMMIT"
+        assert sum(t.startswith("BEGIN") for t in one) == 1
+    assert not [t for one in trips[1:] for t in one if t.startswith("prepare:")]
+
+
+def test_lease_cycle_read_and_apply_round_trips_on_asyncpg(pg_url: str) -> None:
+    """claim 4, renew 4, release 3; load_session 4 (one BEGIN … READ ONLY); a refused commit."""
+    sid = "sess-asyncpg-rt"
+    with asyncpg_calls(pg_url) as (call, tap):
+        for _ in range(2):  # warm: prepared statements
+            out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 600_000))
+            assert isinstance(out, Acquired)
+            call(lambda st, lease=out.lease: st.leases.release_session_execution_lease(lease))
+        with tap.record() as claim:
+            out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 600_000))
+        assert isinstance(out, Acquired)
+        with tap.record() as renew:
+            call(lambda st: st.leases.renew_session_execution_lease(out.lease, 600_000))
+        assert [len(claim), len(renew)] == [4, 4], (claim, renew)
+        assert claim[0].startswith(_BEGIN_LOCK) and claim[-1] == "COMMIT"
+        rc = _commit(0, out.lease, stamp=False, release=False)
+        rc = rc.__class__(**{**rc.__dict__, "session_id": sid})
+        call(lambda st: st.commits.commit_runtime_state(rc))
+        for _ in range(2):
+            call(lambda st: st.commits.load_session(sid, ActivePathScope()))
+        with tap.record() as load:
+            loaded = call(lambda st: st.commits.load_session(sid, ActivePathScope()))
+        assert loaded is not None and loaded.head_revision == 1
+        assert load[0] == "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" and load[-1] == "COMMIT"
+        assert len(load) == 4, load
+        # A refused commit (stale head) is rolled back by the unit's own ROLLBACK,
+        # and its connection goes back to the pool outside any transaction.
+        with tap.record() as refused, pytest.raises(HeadRevisionConflict):
+            call(lambda st: st.commits.commit_runtime_state(rc))
+        assert refused[-1] == "ROLLBACK", refused
+        with tap.record() as release:
+            call(lambda st: st.leases.release_session_execution_lease(out.lease))
+        assert len(release) == 3 and release[0].startswith(_BEGIN_LOCK), release
+        assert call(lambda st: st.leases.get_session_execution_lease(sid)) is None
+        again = call(lambda st: st.commits.load_session(sid, ActivePathScope()))
+        assert again is not None and again.head_revision == 1
+
+
+def test_asyncpg_commit_of_a_failed_transaction_is_a_definite_error(pg_url: str) -> None:
+    """A lean unit that swallowed a statement's error: COMMIT (turned ROLLBACK) raises.
+
+    The server answers COMMIT of an aborted transaction with ROLLBACK: the
+    unit reports a definite DatabaseError (nothing written), never success.
+    """
+    with asyncpg_calls(pg_url) as (call, _tap):
+
+        def fn(repos: Any) -> None:
+            driver = repos.runs._db
+            driver.execute(_LOCK, {"ns": 1, "key": 2})
+            try:
+                driver._simple("SELECT 1/0")
+            except Exception:  # noqa: BLE001 - the test swallows it on purpose
+                pass
+
+        with pytest.raises(DatabaseError, match="COMMIT of a failed transaction"):
+            call(lambda st: st.call_write(fn))
+        assert call(lambda st: st.leases.get_session_execution_lease("nobody")) is None
