@@ -1584,14 +1584,11 @@ class Driver:
         """
         if not self._lean or self._prefetch or self._deferred or self._prefetched:
             return None
-        if self._merge_begin:
-            # Autocommit since enter_lean; a limited lock wait rides on the BEGIN.
-            if self._pending_begin != _BEGIN_WRITE_PG:
-                return None
-        else:  # asyncpg: begin() switched autocommit off; nothing sent means no transaction
-            conn = getattr(self.raw, "_connection", None)
-            if conn is None or conn.is_in_transaction():
-                return None
+        # Every lean Postgres unit begins explicitly (_merge_begin): the
+        # connection is in autocommit mode until its pending BEGIN goes out,
+        # and a limited lock wait rides on that BEGIN.
+        if self._pending_begin != _BEGIN_WRITE_PG:
+            return None
         form = stmt.compiled(self.target)
         self._check(form, params)
         bound = params if form.plain else form.bind(params)
@@ -1603,14 +1600,8 @@ class Driver:
         if writes and (watch := _COMMIT_WATCH.get()) is not None:
             watch.committing = True
         try:
-            if not self._merge_begin:
-                self.raw.autocommit = True
-            try:
-                cur = self._cursor = self.raw.cursor()
-                cur.execute(form.sql, bound)
-            finally:
-                if not self._merge_begin:
-                    self.raw.autocommit = False  # the unit's next statement begins as usual
+            cur = self._cursor = self.raw.cursor()
+            cur.execute(form.sql, bound)
         except self._error as exc:
             raise (self.commit_failure(exc) if writes else self.translate(exc)) from exc
         return cur
