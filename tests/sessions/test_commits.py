@@ -1761,3 +1761,86 @@ def test_merge_helper_is_exported() -> None:
     ]
     (merged,) = commits_mod.merge_token_ledger(entries)
     assert merged.usage == TokenUsage(input_tokens=1, output_tokens=2)
+
+
+# --------------------------------------------------------------------------
+# The ledger writes of one commit (Postgres folds the deltas and the totals
+# into one statement: 1..4 of each; SQLite and larger shapes one per row)
+
+
+@pytest.mark.parametrize("deltas", [1, 2, 4, 5, 9])
+def test_the_ledger_rows_and_totals_of_commits_of_every_shape(store: Store, deltas: int) -> None:
+    """New and existing pairs, zero-total deltas, every shape of the folded statement
+    and past it: the raw rows are kept in order and the totals are the running sums."""
+    fence = hold(store)
+    commit(store, mk(fence, usage_deltas=(usage("p0", input_tokens=1),)))
+    expected: dict[tuple[str, str], list[int]] = {("p0", "m"): [1, 0, 0, 0, 0]}
+    raw: list[tuple[Any, ...]] = [("p0", "m", 1, 0, 0, 0, 0)]
+    for turn in range(3):
+        made = []
+        for i in range(deltas):
+            pair = (f"p{(i + turn) % 3}", "m" if i % 2 == 0 else "m2")
+            counts = [turn + i + 1, i, 2 * i, turn, 3] if i % 4 != 3 else [0, 0, 0, 0, 7]
+            made.append(
+                usage(pair[0], pair[1], **dict(zip(commits_mod._USAGE_FIELDS, counts, strict=True)))
+            )
+            raw.append((*pair, *counts))
+            if sum(counts[:4]) != 0:
+                row = expected.setdefault(pair, [0, 0, 0, 0, 0])
+                expected[pair] = [a + b for a, b in zip(row, counts, strict=True)]
+        commit(store, mk(fence, usage_deltas=tuple(made)))
+    ledger = {
+        (e.source, e.model): list(commits_mod._counters(e.usage))
+        for e in loaded(store).token_ledger
+    }
+    assert ledger == expected
+    rows = query(
+        store,
+        "SELECT source, model, input_tokens, output_tokens, cache_read_input_tokens,"
+        " cache_write_input_tokens, reasoning_output_tokens FROM usage_deltas ORDER BY seq",
+    )
+    assert [tuple(r.values()) for r in rows] == raw
+    # The totals' ordinals follow first appearance: the ledger's order is stable.
+    order = [(e.source, e.model) for e in loaded(store).token_ledger]
+    assert order == list(expected)
+
+
+def test_only_zero_total_deltas_write_their_rows_and_no_total(store: Store) -> None:
+    fence = hold(store)
+    commit(store, mk(fence, usage_deltas=(usage(reasoning_output_tokens=4), usage("x"))))
+    assert loaded(store).token_ledger == ()
+    assert len(query(store, "SELECT seq FROM usage_deltas")) == 2
+    assert query(store, "SELECT * FROM session_usage_totals") == []
+
+
+def test_the_folded_ledger_statement_compiles_to_one_statement_on_postgres() -> None:
+    """``WITH ledger AS (INSERT INTO usage_deltas ...) INSERT INTO session_usage_totals ...``."""
+    from sqlalchemy.dialects import postgresql
+
+    for (m, n), statement in commits_mod._PUT_USAGE_AND_TOTALS.items():
+        sql = str(statement.construct(postgresql.dialect()).compile(dialect=postgresql.dialect()))
+        assert sql.startswith("WITH ledger AS")
+        assert sql.count("INSERT INTO usage_deltas") == 1
+        assert sql.count("INSERT INTO session_usage_totals") == 1
+        assert sql.count("%(dsource") == m and sql.count("%(tsource") == n
+
+
+def test_a_fault_in_the_folded_ledger_statement_leaves_nothing(
+    store: Store, fault_on: Callable[[str], None]
+) -> None:
+    """A trigger on either table of the folded statement fails it whole: no delta row,
+    no total, no head, no node, no blob of the commit."""
+    fence = hold(store)
+    commit(store, mk(fence, nodes=(node("root"),), usage_deltas=(usage(input_tokens=1),)))
+    before = snapshot(store)
+    for table in ("usage_deltas", "session_usage_totals"):
+        fault_on(table)
+        c = mk(
+            fence,
+            nodes=(node("n1", "root"),),
+            usage_deltas=(usage(input_tokens=2), usage("new", output_tokens=1)),
+            checkpoint=HydratedSessionCheckpoint(turn_state={"turn": table}),
+        )
+        with pytest.raises(DatabaseError, match="injected fault"):
+            commit(store, c)
+        assert snapshot(store) == before

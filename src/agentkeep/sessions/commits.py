@@ -498,6 +498,70 @@ def _put_total(dialect: Dialect) -> Any:
 
 
 _PUT_TOTAL: Final = Statement(_put_total, name="sessions.put_usage_total")
+#: The most usage deltas (and changed totals) one folded ledger statement carries.
+_USAGE_PER_FOLD: Final = 4
+
+
+def _put_usage_and_totals(deltas: int, totals: int) -> Any:
+    """Step 10 on Postgres: ``deltas`` ledger rows and ``totals`` totals in one statement.
+
+    ``WITH d AS (INSERT INTO usage_deltas VALUES <deltas rows>) INSERT INTO
+    session_usage_totals VALUES <totals rows> ON CONFLICT DO UPDATE``: a
+    data-modifying CTE, so the two writes are one statement (one parse, one
+    pipeline entry) that applies whole or not at all. Delta row ``i`` binds
+    ``:dsource<i>``, ``:dmodel<i>`` and the counters suffixed ``_d<i>``; total
+    row ``j`` binds ``:tsource<j>``, ``:tmodel<j>``, ``:tordinal<j>`` and the
+    counters suffixed ``_t<j>`` (all of ``:sid``). The delta rows are inserted
+    in VALUES order (their ``seq`` too), as the per-delta inserts were.
+    """
+
+    def build(dialect: Dialect) -> Any:
+        def counters(suffix: str) -> dict[str, Any]:
+            return {f: p(f"{b}{suffix}") for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)}
+
+        ledger = (
+            insert(UsageDeltaRow)
+            .values(
+                [
+                    {
+                        "session_id": p("sid"),
+                        "source": p(f"dsource{i}"),
+                        "model": p(f"dmodel{i}"),
+                        **counters(f"_d{i}"),
+                    }
+                    for i in range(deltas)
+                ]
+            )
+            .cte("ledger")
+        )
+        put = upsert(dialect, UsageTotalRow).values(
+            [
+                {
+                    "session_id": p("sid"),
+                    "source": p(f"tsource{j}"),
+                    "model": p(f"tmodel{j}"),
+                    "ordinal": p(f"tordinal{j}"),
+                    **counters(f"_t{j}"),
+                }
+                for j in range(totals)
+            ]
+        )
+        new = put.excluded
+        return put.on_conflict_do_update(
+            index_elements=[UsageTotalRow.session_id, UsageTotalRow.source, UsageTotalRow.model],
+            set_={name: new[name] for name in _USAGE_FIELDS},
+        ).add_cte(ledger)
+
+    return build
+
+
+#: ``_PUT_USAGE_AND_TOTALS[m, n]`` (Postgres only): ``m`` deltas and ``n`` totals
+#: (``1 <= m, n <= _USAGE_PER_FOLD``) in one statement.
+_PUT_USAGE_AND_TOTALS: Final = {
+    (m, n): Statement(_put_usage_and_totals(m, n), name=f"sessions.put_usage_{m}_totals_{n}")
+    for m in range(1, _USAGE_PER_FOLD + 1)
+    for n in range(1, _USAGE_PER_FOLD + 1)
+}
 #: The most nodes one insert statement carries; a longer delta takes several.
 _NODES_PER_INSERT: Final = 16
 
@@ -1384,24 +1448,14 @@ class SessionCommitRepository:
         # 9. Checkpoint blobs and manifest.
         checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile)
 
-        # 10. Usage deltas, in order.
-        for delta in commit.usage_deltas:
-            u = delta.usage
-            db.defer(
-                _PUT_USAGE,
-                {
-                    "sid": sid,
-                    "source": delta.source,
-                    "model": delta.model,
-                    "input": u.input_tokens,
-                    "output": u.output_tokens,
-                    "cache_read": u.cache_read_input_tokens,
-                    "cache_write": u.cache_write_input_tokens,
-                    "reasoning": u.reasoning_output_tokens,
-                },
-            )
+        # 10. Usage deltas, in order, and the ledger totals they change.
         if commit.usage_deltas:
-            self._add_to_totals(commit, totals)
+            changed = self._changed_totals(commit, totals)
+            if db.postgres and self._fold_usage(commit, changed):
+                changed = {}
+            else:
+                self._put_deltas(commit)
+            self._put_totals(commit, changed)
 
         # 11. Graph delta.
         if prepared.replace:
@@ -1500,8 +1554,12 @@ class SessionCommitRepository:
         db.flush()
         return result
 
-    def _add_to_totals(self, commit: RuntimeCommit, total_rows: Sequence[Sequence[Any]]) -> None:
-        """Step 10b: add the commit's usage to the session's ledger totals.
+    def _changed_totals(
+        self, commit: RuntimeCommit, total_rows: Sequence[Sequence[Any]]
+    ) -> dict[tuple[str, str], list[int]]:
+        """Step 10b: the ledger totals the commit's usage changes, by ``(source, model)``.
+
+        Each value is ``[ordinal, *counters]`` (the new totals).
 
         ``total_rows``: the session's totals by ordinal (:data:`_TOTAL_COLUMNS`),
         read under the lock with the head in step 6.
@@ -1516,7 +1574,7 @@ class SessionCommitRepository:
                 unit rolls back: the commit writes nothing).
             SessionCorrupt: a stored total does not decode.
         """
-        db, sid = self._db, commit.session_id
+        sid = commit.session_id
         sums = {
             (source, model): numbers for source, model, numbers in _checked_totals(sid, total_rows)
         }
@@ -1536,6 +1594,57 @@ class SessionCommitRepository:
                 if row[j + 1] > MAX_I64:
                     raise UsageLedgerOverflow(sid, delta.source, delta.model, name)
             changed[key] = row
+        return changed
+
+    def _put_deltas(self, commit: RuntimeCommit) -> None:
+        """Step 10a: one ledger row per delta, in order."""
+        db, sid = self._db, commit.session_id
+        for delta in commit.usage_deltas:
+            u = delta.usage
+            db.defer(
+                _PUT_USAGE,
+                {
+                    "sid": sid,
+                    "source": delta.source,
+                    "model": delta.model,
+                    "input": u.input_tokens,
+                    "output": u.output_tokens,
+                    "cache_read": u.cache_read_input_tokens,
+                    "cache_write": u.cache_write_input_tokens,
+                    "reasoning": u.reasoning_output_tokens,
+                },
+            )
+
+    def _fold_usage(self, commit: RuntimeCommit, changed: dict[tuple[str, str], list[int]]) -> bool:
+        """Steps 10a and 10c in one statement (Postgres); False when the shape has none.
+
+        The deltas and the changed totals go out as one
+        :data:`_PUT_USAGE_AND_TOTALS` statement when there are 1 to
+        ``_USAGE_PER_FOLD`` of each; otherwise nothing is deferred here.
+        """
+        deltas = commit.usage_deltas
+        statement = _PUT_USAGE_AND_TOTALS.get((len(deltas), len(changed)))
+        if statement is None:
+            return False
+        params: dict[str, Any] = {"sid": commit.session_id}
+        for i, delta in enumerate(deltas):
+            params[f"dsource{i}"], params[f"dmodel{i}"] = delta.source, delta.model
+            for name, value in zip(_TOTAL_PARAMS, _counters(delta.usage), strict=True):
+                params[f"{name}_d{i}"] = value
+        for j, ((source, model), (ordinal, *counts)) in enumerate(changed.items()):
+            params[f"tsource{j}"], params[f"tmodel{j}"], params[f"tordinal{j}"] = (
+                source,
+                model,
+                ordinal,
+            )
+            for name, value in zip(_TOTAL_PARAMS, counts, strict=True):
+                params[f"{name}_t{j}"] = value
+        self._db.defer(statement, params)
+        return True
+
+    def _put_totals(self, commit: RuntimeCommit, changed: dict[tuple[str, str], list[int]]) -> None:
+        """Step 10c: write the changed totals (inserted or replaced, under the lock)."""
+        db, sid = self._db, commit.session_id
         for (source, model), (ordinal, *counts) in changed.items():
             db.defer(
                 _PUT_TOTAL,
