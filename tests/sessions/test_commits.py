@@ -1844,3 +1844,62 @@ def test_a_fault_in_the_folded_ledger_statement_leaves_nothing(
         with pytest.raises(DatabaseError, match="injected fault"):
             commit(store, c)
         assert snapshot(store) == before
+
+
+# --------------------------------------------------------------------------
+# The fence is checked on the lease row read in one statement with the head
+# (and the ledger totals when the commit has usage): both shapes of that read
+
+
+@pytest.mark.parametrize("with_usage", [False, True])
+@pytest.mark.parametrize("how", ["no_lease_row", "other_session", "expired", "released", "ok"])
+def test_the_fence_read_with_the_head_keeps_every_outcome(
+    store: Store, clock: SettableClock, with_usage: bool, how: str
+) -> None:
+    fence = hold(store)
+    deltas = (usage(input_tokens=3),) if with_usage else ()
+    commit(store, mk(fence, nodes=(node("root"),), usage_deltas=deltas))
+    c = mk(fence, expected=1, nodes=(node("n1", "root"),), usage_deltas=deltas)
+    if how == "no_lease_row":
+        execute_sql(store, "DELETE FROM session_execution_leases")
+    elif how == "other_session":
+        c = c.model_copy(
+            update={"session_execution_lease": fence.model_copy(update={"session_id": OTHER})}
+        )
+    elif how == "expired":
+        clock.advance(TTL)
+    elif how == "released":
+        store.leases.release_session_execution_lease(fence)
+    before = snapshot(store)
+    if how == "ok":
+        assert commit(store, c).head_revision == 2
+        got = loaded(store)
+        assert [n.node_id for n in got.graph.nodes] == ["root", "n1"]
+        assert got.token_ledger == (
+            (UsageLedgerEntry(source="src", model="m", usage=TokenUsage(input_tokens=6)),)
+            if with_usage
+            else ()
+        )
+        return
+    with pytest.raises(SessionExecutionLeaseExpired) as info:
+        commit(store, c)
+    assert info.value.session_id == SID
+    assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("with_usage", [False, True])
+def test_a_corrupt_fencing_token_read_with_the_head_is_session_corrupt(
+    store: Store, backend: str, with_usage: bool
+) -> None:
+    fence = hold(store)
+    deltas = (usage(input_tokens=3),) if with_usage else ()
+    commit(store, mk(fence, usage_deltas=deltas))
+    execute_sql(store, "UPDATE session_execution_leases SET lease_fencing_token = -1")
+    before = snapshot(store)
+    with pytest.raises(SessionCorrupt) as info:
+        commit(store, mk(fence, expected=1, usage_deltas=deltas))
+    assert (info.value.table, info.value.column) == (
+        "session_execution_leases",
+        "lease_fencing_token",
+    )
+    assert snapshot(store) == before

@@ -186,6 +186,7 @@ from sqlalchemy import (
     null,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy import bindparam as p
@@ -227,9 +228,9 @@ from agentkeep.sessions.domain import (
     check_json,
 )
 from agentkeep.sessions.leases import (
+    LEASE_COLUMNS,
     begin_session_write,
-    ensure_session_execution_lease,
-    lease_read,
+    check_fence_row,
     release_locked,
 )
 from agentkeep.sessions.models import (
@@ -239,6 +240,7 @@ from agentkeep.sessions.models import (
     PendingTurnInputRow,
     RuntimeTurnCommitRow,
     SessionHeadRow,
+    SessionLeaseRow,
     SessionMetaRow,
     UsageDeltaRow,
     UsageTotalRow,
@@ -315,10 +317,6 @@ _HEAD_COLUMNS: Final = (
 _GET_HEAD_REVISION: Final = Statement(
     select(SessionHeadRow.head_revision).where(_BY_SESSION_HEAD),
     name="sessions.get_head_revision",
-)
-_GET_HEAD_COUNTERS: Final = Statement(
-    select(SessionHeadRow.head_revision, SessionHeadRow.graph_node_count).where(_BY_SESSION_HEAD),
-    name="sessions.get_head_counters",
 )
 
 
@@ -455,30 +453,84 @@ def _head_and_totals(dialect: Dialect) -> Any:
 _GET_HEAD_AND_TOTALS: Final = Statement(_head_and_totals, name="sessions.get_head_and_totals")
 
 
-def _head_counters_and_totals(dialect: Dialect) -> Any:
-    """Steps 6 and 10b's reads in one statement: ``(0, head_revision, graph_node_count,
-    nulls)`` when the session has a head, then its ledger totals by ordinal as
-    ``(1, null, null, *total columns)`` (:data:`_TOTAL_COLUMNS`)."""
-    total_names = [f"t{i}" for i in range(len(_TOTAL_COLUMNS))]
-    head: Any = select(
-        literal_column("0").label("kind"),
-        SessionHeadRow.head_revision.label("h0"),
-        SessionHeadRow.graph_node_count.label("h1"),
-        *(null().label(n) for n in total_names),
-    ).where(_BY_SESSION_HEAD)
-    totals: Any = select(
-        literal_column("1").label("kind"),
-        null().label("h0"),
-        null().label("h1"),
-        *(c.label(n) for c, n in zip(_TOTAL_COLUMNS, total_names, strict=True)),
-    ).where(UsageTotalRow.session_id == p("sid"))
-    ordinal = total_names[2]
-    return head.union_all(totals).order_by(literal_column("kind"), literal_column(ordinal))
+#: Positions in the rows of :data:`_GET_FENCE_AND_HEAD`: the total columns, then the lease's.
+_TOTALS_AT: Final = slice(3, 3 + len(_TOTAL_COLUMNS))
+_LEASE_AT: Final = slice(3 + len(_TOTAL_COLUMNS), None)
 
 
-_GET_HEAD_COUNTERS_AND_TOTALS: Final = Statement(
-    _head_counters_and_totals, name="sessions.get_head_counters_and_totals"
-)
+def _fence_and_head(totals: bool) -> Any:
+    """Steps 4–5, 6 and (``totals``) 10b's reads in one statement, under the lock.
+
+    Rows by kind: ``0`` the head (``head_revision``, ``graph_node_count``) when
+    the session has one; ``1`` each ledger total by ordinal
+    (:data:`_TOTAL_COLUMNS`, at :data:`_TOTALS_AT`); ``2`` the lease row
+    (:data:`~agentkeep.sessions.leases.LEASE_COLUMNS`, at :data:`_LEASE_AT`)
+    when there is one. Every other column is null (its type from the other
+    branches). One statement, so one snapshot, and one statement fewer per
+    commit than the lease read followed by the head read.
+    """
+
+    def build(dialect: Dialect) -> Any:
+        total_names = [f"t{i}" for i in range(len(_TOTAL_COLUMNS))]
+        lease_names = [f"l{i}" for i in range(len(LEASE_COLUMNS))]
+
+        def part(kind: int, head: Any, total: Any, lease: Any) -> list[Any]:
+            return [literal_column(str(kind)).label("kind"), *head, *total, *lease]
+
+        # Typed nulls: Postgres resolves a UNION's column types branch by branch,
+        # and two untyped nulls would make a text column.
+        def nulls(columns: Sequence[Any], names: Sequence[str]) -> list[Any]:
+            return [cast(null(), c.type).label(n) for c, n in zip(columns, names, strict=True)]
+
+        head_counters = (SessionHeadRow.head_revision, SessionHeadRow.graph_node_count)
+        no_head = nulls(head_counters, ["h0", "h1"])
+        no_totals = nulls(_TOTAL_COLUMNS, total_names)
+        no_lease = nulls(LEASE_COLUMNS, lease_names)
+        head: Any = select(
+            *part(
+                0,
+                [
+                    SessionHeadRow.head_revision.label("h0"),
+                    SessionHeadRow.graph_node_count.label("h1"),
+                ],
+                no_totals,
+                no_lease,
+            )
+        ).where(_BY_SESSION_HEAD)
+        lease: Any = select(
+            *part(
+                2,
+                no_head,
+                no_totals,
+                [c.label(n) for c, n in zip(LEASE_COLUMNS, lease_names, strict=True)],
+            )
+        ).where(SessionLeaseRow.session_id == p("sid"))
+        parts = [head, lease]
+        if totals:
+            parts.insert(
+                1,
+                select(
+                    *part(
+                        1,
+                        no_head,
+                        [c.label(n) for c, n in zip(_TOTAL_COLUMNS, total_names, strict=True)],
+                        no_lease,
+                    )
+                ).where(UsageTotalRow.session_id == p("sid")),
+            )
+        return union_all(*parts).order_by(literal_column("kind"), literal_column(total_names[2]))
+
+    return build
+
+
+#: ``_GET_FENCE_AND_HEAD[with_totals]``: the lease, the head and (True) the ledger totals.
+_GET_FENCE_AND_HEAD: Final = {
+    totals: Statement(
+        _fence_and_head(totals),
+        name="sessions.get_fence_head_and_totals" if totals else "sessions.get_fence_and_head",
+    )
+    for totals in (False, True)
+}
 
 
 def _put_total(dialect: Dialect) -> Any:
@@ -1237,15 +1289,14 @@ def _fence_reads(commit: RuntimeCommit) -> list[tuple[Statement, dict[str, Any]]
         reads.append((_GET_TURN_COMMIT, {"sid": sid, "tid": stamp.turn_id}))
     fence = commit.session_execution_lease
     if fence is not None and fence.session_id == sid:
-        reads.append(lease_read(sid))
-    reads.append((_head_read(commit), {"sid": sid}))
+        reads.append((_head_read(commit), {"sid": sid}))
     return reads
 
 
 def _head_read(commit: RuntimeCommit) -> Statement:
-    """Step 6's read: the head's counters, with the ledger totals (step 10b) when the
-    commit has usage deltas (one statement instead of two)."""
-    return _GET_HEAD_COUNTERS_AND_TOTALS if commit.usage_deltas else _GET_HEAD_COUNTERS
+    """Steps 4–6's read: the lease row and the head's counters, with the ledger totals
+    (step 10b) when the commit has usage deltas (one statement instead of three)."""
+    return _GET_FENCE_AND_HEAD[bool(commit.usage_deltas)]
 
 
 def _ordered_path(
@@ -1415,20 +1466,18 @@ class SessionCommitRepository:
                 db.flush()
                 return stored
 
-        # 4.–5. The lease fence.
+        # 4.–5. The lease fence, checked on the lease row read (under the lock) in one
+        # statement with the head (step 6) and the ledger totals (step 10b).
         fence = commit.session_execution_lease
-        if fence is None:
+        if fence is None or fence.session_id != sid:
             raise SessionExecutionLeaseExpired(sid)
-        ensure_session_execution_lease(db, sid, fence, now)
+        rows = db.execute(_head_read(commit), {"sid": sid}).fetchall()
+        lease = rows[-1][_LEASE_AT] if rows and rows[-1][0] == 2 else None
+        check_fence_row(sid, fence, now, lease)
 
-        # 6. Head CAS (the ledger totals of step 10b come in the same statement).
-        totals: Sequence[Sequence[Any]] = ()
-        if commit.usage_deltas:
-            rows = db.execute(_GET_HEAD_COUNTERS_AND_TOTALS, {"sid": sid}).fetchall()
-            row = rows[0][1:3] if rows and rows[0][0] == 0 else None
-            totals = [r[3:] for r in rows if r[0] == 1]
-        else:
-            row = db.execute(_GET_HEAD_COUNTERS, {"sid": sid}).fetchone()
+        # 6. Head CAS.
+        row = rows[0][1:3] if rows and rows[0][0] == 0 else None
+        totals: Sequence[Sequence[Any]] = [r[_TOTALS_AT] for r in rows if r[0] == 1]
         actual = 0 if row is None else _check_revision(sid, row[0])
         live_nodes = 0 if row is None else _check_count(sid, row[1])
         expected = commit.expected_head_revision
