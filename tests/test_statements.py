@@ -60,6 +60,7 @@ POSTGRES_ONLY = frozenset(
 )
 #: The commit's folded ledger write (a data-modifying CTE): sent only on Postgres.
 POSTGRES_ONLY |= frozenset(s.name for s in commits._PUT_USAGE_AND_TOTALS.values())
+POSTGRES_ONLY |= frozenset(s.name for s in commits._PUT_HEAD_WITH_BLOBS.values())
 
 
 def _sqlite_dialect(paramstyle: str) -> Dialect:

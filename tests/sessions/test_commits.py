@@ -1903,3 +1903,75 @@ def test_a_corrupt_fencing_token_read_with_the_head_is_session_corrupt(
         "lease_fencing_token",
     )
     assert snapshot(store) == before
+
+
+# --------------------------------------------------------------------------
+# The checkpoint's blobs (Postgres: written in the head's statement, 1..4 of them)
+
+
+@pytest.mark.parametrize(
+    "shape", ["turn_state_only", "one_component", "all_components", "same_bodies"]
+)
+def test_the_checkpoint_blobs_of_every_shape_are_written_with_the_head(
+    store: Store, shape: str
+) -> None:
+    fence = hold(store)
+    body = {"k": list(range(50))}
+    checkpoints = {
+        "turn_state_only": HydratedSessionCheckpoint(turn_state={"t": 1}),
+        "one_component": HydratedSessionCheckpoint(turn_state={"t": 2}, tool_state=body),
+        "all_components": HydratedSessionCheckpoint(
+            turn_state={"t": 3},
+            tool_state={"tool": 1},
+            plugin_snapshot={"plugin": 2},
+            plugin_snapshot_revision=4,
+            execution_state={"exec": 3},
+        ),
+        # Equal bodies: one content-addressed blob, named twice in one statement.
+        "same_bodies": HydratedSessionCheckpoint(
+            turn_state={"t": 4}, tool_state=body, plugin_snapshot=body, execution_state=body
+        ),
+    }
+    cp = checkpoints[shape]
+    first = commit(store, mk(fence, nodes=(node("root"),), checkpoint=cp))
+    # The same checkpoint again: every blob is already stored.
+    second = commit(store, mk(fence, expected=1, checkpoint=cp))
+    assert second.checkpoint_ref == first.checkpoint_ref
+    got = loaded(store)
+    assert got.head_revision == 2 and got.checkpoint is not None
+    for field in ("turn_state", "tool_state", "plugin_snapshot", "execution_state"):
+        assert getattr(got.checkpoint, field) == getattr(cp, field), field
+    refs = [
+        first.checkpoint_ref,
+        *(
+            r
+            for r in (
+                first.manifest.tool_state_ref,
+                first.manifest.plugin_snapshot_ref,
+                first.manifest.execution_state_ref,
+            )
+            if r is not None
+        ),
+    ]
+    stored = {r["hash"] for r in query(store, "SELECT hash FROM blobs")}
+    assert set(refs) <= stored
+    assert len(stored) == len(set(refs))
+
+
+def test_a_fault_on_the_blob_insert_written_with_the_head_leaves_nothing(
+    store: Store, fault_on: Callable[[str], None]
+) -> None:
+    fence = hold(store)
+    commit(store, mk(fence, nodes=(node("root"),)))
+    before = snapshot(store)
+    fault_on("blobs")
+    c = mk(
+        fence,
+        expected=1,
+        nodes=(node("n1", "root"),),
+        usage_deltas=(usage(input_tokens=2),),
+        checkpoint=HydratedSessionCheckpoint(turn_state={"new": 1}, tool_state={"x": 1}),
+    )
+    with pytest.raises(DatabaseError, match="injected fault"):
+        commit(store, c)
+    assert snapshot(store) == before

@@ -355,6 +355,49 @@ def _put_head(dialect: Dialect) -> Any:
 
 
 _PUT_HEAD: Final = Statement(_put_head, name="sessions.put_head")
+#: The most checkpoint blobs (the manifest and its three components) a commit writes.
+_BLOBS_PER_HEAD: Final = 4
+
+
+def _put_head_with_blobs(blobs: int) -> Any:
+    """Steps 9 and 13 on Postgres: the checkpoint's ``blobs`` blobs and the head in one statement.
+
+    ``WITH blobs_put AS (INSERT INTO blobs VALUES <rows> ON CONFLICT (hash)
+    DO NOTHING) <the head upsert of _PUT_HEAD>``: a data-modifying CTE, so it
+    applies whole or not at all, and its row count is the head upsert's (the
+    revision fence of :class:`_HeadWritten` is unchanged). Blob row ``i`` binds
+    ``:hash<i>``, ``:kind<i>``, ``:compression<i>`` and ``:content<i>``; a
+    hash repeated among the rows, or already stored, inserts nothing (the
+    blob is content-addressed).
+    """
+
+    def build(dialect: Dialect) -> Any:
+        put = (
+            upsert(dialect, BlobRow)
+            .values(
+                [
+                    {
+                        "hash": p(f"hash{i}"),
+                        "kind": p(f"kind{i}"),
+                        "compression": p(f"compression{i}"),
+                        "content": p(f"content{i}"),
+                    }
+                    for i in range(blobs)
+                ]
+            )
+            .on_conflict_do_nothing(index_elements=[BlobRow.hash])
+            .cte("blobs_put")
+        )
+        return _put_head(dialect).add_cte(put)
+
+    return build
+
+
+#: ``_PUT_HEAD_WITH_BLOBS[k]`` (Postgres only): ``k`` blobs and the head in one statement.
+_PUT_HEAD_WITH_BLOBS: Final = {
+    k: Statement(_put_head_with_blobs(k), name=f"sessions.put_head_with_{k}_blobs")
+    for k in range(1, _BLOBS_PER_HEAD + 1)
+}
 _GET_TURN_COMMIT: Final = Statement(
     select(RuntimeTurnCommitRow.turn_commit_hash, RuntimeTurnCommitRow.result_json).where(
         RuntimeTurnCommitRow.session_id == p("sid"), RuntimeTurnCommitRow.turn_id == p("tid")
@@ -1495,7 +1538,9 @@ class SessionCommitRepository:
             ensure_turn_input_completion(db, tc)
 
         # 9. Checkpoint blobs and manifest.
-        checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile)
+        # Postgres: the blobs go out in the head's statement (step 13), not one by one.
+        blobs: list[dict[str, Any]] | None = [] if db.postgres else None
+        checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile, into=blobs)
 
         # 10. Usage deltas, in order, and the ledger totals they change.
         if commit.usage_deltas:
@@ -1536,7 +1581,13 @@ class SessionCommitRepository:
             "count": count,
             "actual": actual,
         }
-        db.defer(_PUT_HEAD, head, _HeadWritten(sid))
+        put_head = _PUT_HEAD
+        if blobs:
+            put_head = _PUT_HEAD_WITH_BLOBS[len(blobs)]
+            for i, blob in enumerate(blobs):
+                for key, value in blob.items():
+                    head[f"{key}{i}"] = value
+        db.defer(put_head, head, _HeadWritten(sid))
 
         # 14.–15. Complete the claims.
         for qc in commit.completed_queue_claims:
