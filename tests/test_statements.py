@@ -30,6 +30,7 @@ import agentkeep
 from agentkeep import db
 from agentkeep import migrations as migrate
 from agentkeep.legacy.connections import _PG_AUDIT_DDL, _SQLITE_AUDIT_DDL
+from agentkeep.sessions import commits
 from agentkeep.statements import CompileTarget, Statement, UncompilableStatement
 
 
@@ -57,6 +58,9 @@ POSTGRES_ONLY = frozenset(
         "runs.delete_alone",
     }
 )
+#: The commit's folded ledger write (a data-modifying CTE): sent only on Postgres.
+POSTGRES_ONLY |= frozenset(s.name for s in commits._PUT_USAGE_AND_TOTALS.values())
+POSTGRES_ONLY |= frozenset(s.name for s in commits._PUT_HEAD_WITH_BLOBS.values())
 
 
 def _sqlite_dialect(paramstyle: str) -> Dialect:

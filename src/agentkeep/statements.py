@@ -262,9 +262,19 @@ def _compile(construct: ClauseElement, target: CompileTarget, name: str) -> Comp
 
 
 def _written(construct: ClauseElement) -> tuple[tuple[str, str, ColumnKind], ...]:
-    """``(parameter, column, kind)`` of each parameter an INSERT / UPDATE writes to a column."""
+    """``(parameter, column, kind)`` of each parameter an INSERT / UPDATE writes to a column,
+    its data-modifying CTEs' (``add_cte``) included."""
     if not isinstance(construct, (Insert, Update)):
         return ()
+    inner = tuple(
+        w
+        for cte in getattr(construct, "_independent_ctes", ()) or ()
+        for w in _written(cte.element)
+    )
+    return inner + _written_here(construct)
+
+
+def _written_here(construct: Insert | Update) -> tuple[tuple[str, str, ColumnKind], ...]:
     table = construct.table
     pairs: list[tuple[Any, Any]] = list(construct._values.items()) if construct._values else []
     for row in construct._multi_values or ():

@@ -1761,3 +1761,217 @@ def test_merge_helper_is_exported() -> None:
     ]
     (merged,) = commits_mod.merge_token_ledger(entries)
     assert merged.usage == TokenUsage(input_tokens=1, output_tokens=2)
+
+
+# --------------------------------------------------------------------------
+# The ledger writes of one commit (Postgres folds the deltas and the totals
+# into one statement: 1..4 of each; SQLite and larger shapes one per row)
+
+
+@pytest.mark.parametrize("deltas", [1, 2, 4, 5, 9])
+def test_the_ledger_rows_and_totals_of_commits_of_every_shape(store: Store, deltas: int) -> None:
+    """New and existing pairs, zero-total deltas, every shape of the folded statement
+    and past it: the raw rows are kept in order and the totals are the running sums."""
+    fence = hold(store)
+    commit(store, mk(fence, usage_deltas=(usage("p0", input_tokens=1),)))
+    expected: dict[tuple[str, str], list[int]] = {("p0", "m"): [1, 0, 0, 0, 0]}
+    raw: list[tuple[Any, ...]] = [("p0", "m", 1, 0, 0, 0, 0)]
+    for turn in range(3):
+        made = []
+        for i in range(deltas):
+            pair = (f"p{(i + turn) % 3}", "m" if i % 2 == 0 else "m2")
+            counts = [turn + i + 1, i, 2 * i, turn, 3] if i % 4 != 3 else [0, 0, 0, 0, 7]
+            made.append(
+                usage(pair[0], pair[1], **dict(zip(commits_mod._USAGE_FIELDS, counts, strict=True)))
+            )
+            raw.append((*pair, *counts))
+            if sum(counts[:4]) != 0:
+                row = expected.setdefault(pair, [0, 0, 0, 0, 0])
+                expected[pair] = [a + b for a, b in zip(row, counts, strict=True)]
+        commit(store, mk(fence, usage_deltas=tuple(made)))
+    ledger = {
+        (e.source, e.model): list(commits_mod._counters(e.usage))
+        for e in loaded(store).token_ledger
+    }
+    assert ledger == expected
+    rows = query(
+        store,
+        "SELECT source, model, input_tokens, output_tokens, cache_read_input_tokens,"
+        " cache_write_input_tokens, reasoning_output_tokens FROM usage_deltas ORDER BY seq",
+    )
+    assert [tuple(r.values()) for r in rows] == raw
+    # The totals' ordinals follow first appearance: the ledger's order is stable.
+    order = [(e.source, e.model) for e in loaded(store).token_ledger]
+    assert order == list(expected)
+
+
+def test_only_zero_total_deltas_write_their_rows_and_no_total(store: Store) -> None:
+    fence = hold(store)
+    commit(store, mk(fence, usage_deltas=(usage(reasoning_output_tokens=4), usage("x"))))
+    assert loaded(store).token_ledger == ()
+    assert len(query(store, "SELECT seq FROM usage_deltas")) == 2
+    assert query(store, "SELECT * FROM session_usage_totals") == []
+
+
+def test_the_folded_ledger_statement_compiles_to_one_statement_on_postgres() -> None:
+    """``WITH ledger AS (INSERT INTO usage_deltas ...) INSERT INTO session_usage_totals ...``."""
+    from sqlalchemy.dialects import postgresql
+
+    for (m, n), statement in commits_mod._PUT_USAGE_AND_TOTALS.items():
+        sql = str(statement.construct(postgresql.dialect()).compile(dialect=postgresql.dialect()))
+        assert sql.startswith("WITH ledger AS")
+        assert sql.count("INSERT INTO usage_deltas") == 1
+        assert sql.count("INSERT INTO session_usage_totals") == 1
+        assert sql.count("%(dsource") == m and sql.count("%(tsource") == n
+
+
+def test_a_fault_in_the_folded_ledger_statement_leaves_nothing(
+    store: Store, fault_on: Callable[[str], None]
+) -> None:
+    """A trigger on either table of the folded statement fails it whole: no delta row,
+    no total, no head, no node, no blob of the commit."""
+    fence = hold(store)
+    commit(store, mk(fence, nodes=(node("root"),), usage_deltas=(usage(input_tokens=1),)))
+    before = snapshot(store)
+    for table in ("usage_deltas", "session_usage_totals"):
+        fault_on(table)
+        c = mk(
+            fence,
+            nodes=(node("n1", "root"),),
+            usage_deltas=(usage(input_tokens=2), usage("new", output_tokens=1)),
+            checkpoint=HydratedSessionCheckpoint(turn_state={"turn": table}),
+        )
+        with pytest.raises(DatabaseError, match="injected fault"):
+            commit(store, c)
+        assert snapshot(store) == before
+
+
+# --------------------------------------------------------------------------
+# The fence is checked on the lease row read in one statement with the head
+# (and the ledger totals when the commit has usage): both shapes of that read
+
+
+@pytest.mark.parametrize("with_usage", [False, True])
+@pytest.mark.parametrize("how", ["no_lease_row", "other_session", "expired", "released", "ok"])
+def test_the_fence_read_with_the_head_keeps_every_outcome(
+    store: Store, clock: SettableClock, with_usage: bool, how: str
+) -> None:
+    fence = hold(store)
+    deltas = (usage(input_tokens=3),) if with_usage else ()
+    commit(store, mk(fence, nodes=(node("root"),), usage_deltas=deltas))
+    c = mk(fence, expected=1, nodes=(node("n1", "root"),), usage_deltas=deltas)
+    if how == "no_lease_row":
+        execute_sql(store, "DELETE FROM session_execution_leases")
+    elif how == "other_session":
+        c = c.model_copy(
+            update={"session_execution_lease": fence.model_copy(update={"session_id": OTHER})}
+        )
+    elif how == "expired":
+        clock.advance(TTL)
+    elif how == "released":
+        store.leases.release_session_execution_lease(fence)
+    before = snapshot(store)
+    if how == "ok":
+        assert commit(store, c).head_revision == 2
+        got = loaded(store)
+        assert [n.node_id for n in got.graph.nodes] == ["root", "n1"]
+        assert got.token_ledger == (
+            (UsageLedgerEntry(source="src", model="m", usage=TokenUsage(input_tokens=6)),)
+            if with_usage
+            else ()
+        )
+        return
+    with pytest.raises(SessionExecutionLeaseExpired) as info:
+        commit(store, c)
+    assert info.value.session_id == SID
+    assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("with_usage", [False, True])
+def test_a_corrupt_fencing_token_read_with_the_head_is_session_corrupt(
+    store: Store, backend: str, with_usage: bool
+) -> None:
+    fence = hold(store)
+    deltas = (usage(input_tokens=3),) if with_usage else ()
+    commit(store, mk(fence, usage_deltas=deltas))
+    execute_sql(store, "UPDATE session_execution_leases SET lease_fencing_token = -1")
+    before = snapshot(store)
+    with pytest.raises(SessionCorrupt) as info:
+        commit(store, mk(fence, expected=1, usage_deltas=deltas))
+    assert (info.value.table, info.value.column) == (
+        "session_execution_leases",
+        "lease_fencing_token",
+    )
+    assert snapshot(store) == before
+
+
+# --------------------------------------------------------------------------
+# The checkpoint's blobs (Postgres: written in the head's statement, 1..4 of them)
+
+
+@pytest.mark.parametrize(
+    "shape", ["turn_state_only", "one_component", "all_components", "same_bodies"]
+)
+def test_the_checkpoint_blobs_of_every_shape_are_written_with_the_head(
+    store: Store, shape: str
+) -> None:
+    fence = hold(store)
+    body = {"k": list(range(50))}
+    checkpoints = {
+        "turn_state_only": HydratedSessionCheckpoint(turn_state={"t": 1}),
+        "one_component": HydratedSessionCheckpoint(turn_state={"t": 2}, tool_state=body),
+        "all_components": HydratedSessionCheckpoint(
+            turn_state={"t": 3},
+            tool_state={"tool": 1},
+            plugin_snapshot={"plugin": 2},
+            plugin_snapshot_revision=4,
+            execution_state={"exec": 3},
+        ),
+        # Equal bodies: one content-addressed blob, named twice in one statement.
+        "same_bodies": HydratedSessionCheckpoint(
+            turn_state={"t": 4}, tool_state=body, plugin_snapshot=body, execution_state=body
+        ),
+    }
+    cp = checkpoints[shape]
+    first = commit(store, mk(fence, nodes=(node("root"),), checkpoint=cp))
+    # The same checkpoint again: every blob is already stored.
+    second = commit(store, mk(fence, expected=1, checkpoint=cp))
+    assert second.checkpoint_ref == first.checkpoint_ref
+    got = loaded(store)
+    assert got.head_revision == 2 and got.checkpoint is not None
+    for field in ("turn_state", "tool_state", "plugin_snapshot", "execution_state"):
+        assert getattr(got.checkpoint, field) == getattr(cp, field), field
+    refs = [
+        first.checkpoint_ref,
+        *(
+            r
+            for r in (
+                first.manifest.tool_state_ref,
+                first.manifest.plugin_snapshot_ref,
+                first.manifest.execution_state_ref,
+            )
+            if r is not None
+        ),
+    ]
+    stored = {r["hash"] for r in query(store, "SELECT hash FROM blobs")}
+    assert set(refs) <= stored
+    assert len(stored) == len(set(refs))
+
+
+def test_a_fault_on_the_blob_insert_written_with_the_head_leaves_nothing(
+    store: Store, fault_on: Callable[[str], None]
+) -> None:
+    fence = hold(store)
+    commit(store, mk(fence, nodes=(node("root"),)))
+    before = snapshot(store)
+    fault_on("blobs")
+    c = mk(
+        fence,
+        expected=1,
+        nodes=(node("n1", "root"),),
+        usage_deltas=(usage(input_tokens=2),),
+        checkpoint=HydratedSessionCheckpoint(turn_state={"new": 1}, tool_state={"x": 1}),
+    )
+    with pytest.raises(DatabaseError, match="injected fault"):
+        commit(store, c)
+    assert snapshot(store) == before

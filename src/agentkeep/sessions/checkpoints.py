@@ -96,12 +96,21 @@ def _encode(value: Any, field: str) -> bytes:
 
 
 def put_blob(
-    db: Driver, kind: str, value: Any, profile: BlobProfile, *, defer: bool = False
+    db: Driver,
+    kind: str,
+    value: Any,
+    profile: BlobProfile,
+    *,
+    defer: bool = False,
+    into: list[dict[str, Any]] | None = None,
 ) -> str:
     """Store ``value`` as a blob (idempotent); return its hash.
 
     With ``defer``, the insert (whose result nobody reads) is deferred
-    (:meth:`Driver.defer`): the caller flushes before it returns.
+    (:meth:`Driver.defer`): the caller flushes before it returns. With
+    ``into``, nothing is sent: the insert's parameters (``hash``, ``kind``,
+    ``compression``, ``content``) are appended to it, for a caller that writes
+    them in a statement of its own, in the same transaction.
 
     Raises:
         InvalidInput: ``value`` is not a JSON value.
@@ -114,7 +123,9 @@ def put_blob(
     else:
         content, compression = raw, "none"
     params = {"hash": digest, "kind": kind, "compression": compression, "content": content}
-    if defer:
+    if into is not None:
+        into.append(params)
+    elif defer:
         db.defer(_PUT, params)
     else:
         db.execute(_PUT, params)
@@ -168,17 +179,29 @@ def decode_blob(digest: str, row: Sequence[Any] | None) -> tuple[str, Any] | Non
 
 
 def put_checkpoint(
-    db: Driver, checkpoint: HydratedSessionCheckpoint, profile: BlobProfile
+    db: Driver,
+    checkpoint: HydratedSessionCheckpoint,
+    profile: BlobProfile,
+    *,
+    into: list[dict[str, Any]] | None = None,
 ) -> tuple[str, CheckpointManifest]:
     """Store a checkpoint's component blobs and its manifest; return ``(checkpoint_ref, manifest)``.
 
     For each component, a body (not None) is stored and its hash becomes the
     reference; otherwise the caller's reference is kept. The inserts are
     deferred (:meth:`Driver.defer`): the caller flushes before it returns.
+    With ``into``, nothing is sent: each blob's insert parameters are appended
+    to it (components first, the manifest last; see :func:`put_blob`), for a
+    caller that writes them in one statement of its own.
+
+    Raises:
+        InvalidInput: a body or the turn state is not a JSON value.
     """
 
     def component(body: Any, ref: str | None, kind: str) -> str | None:
-        return put_blob(db, kind, body, profile, defer=True) if body is not None else ref
+        if body is None:
+            return ref
+        return put_blob(db, kind, body, profile, defer=True, into=into)
 
     manifest = CheckpointManifest(
         schema_version=MANIFEST_SCHEMA_VERSION,
@@ -192,7 +215,9 @@ def put_checkpoint(
             checkpoint.execution_state, checkpoint.execution_state_ref, KIND_EXECUTION_STATE
         ),
     )
-    ref = put_blob(db, KIND_MANIFEST, manifest.model_dump(mode="json"), profile, defer=True)
+    ref = put_blob(
+        db, KIND_MANIFEST, manifest.model_dump(mode="json"), profile, defer=True, into=into
+    )
     return ref, manifest
 
 

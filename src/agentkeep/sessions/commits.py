@@ -186,6 +186,7 @@ from sqlalchemy import (
     null,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy import bindparam as p
@@ -227,9 +228,9 @@ from agentkeep.sessions.domain import (
     check_json,
 )
 from agentkeep.sessions.leases import (
+    LEASE_COLUMNS,
     begin_session_write,
-    ensure_session_execution_lease,
-    lease_read,
+    check_fence_row,
     release_locked,
 )
 from agentkeep.sessions.models import (
@@ -239,6 +240,7 @@ from agentkeep.sessions.models import (
     PendingTurnInputRow,
     RuntimeTurnCommitRow,
     SessionHeadRow,
+    SessionLeaseRow,
     SessionMetaRow,
     UsageDeltaRow,
     UsageTotalRow,
@@ -316,10 +318,6 @@ _GET_HEAD_REVISION: Final = Statement(
     select(SessionHeadRow.head_revision).where(_BY_SESSION_HEAD),
     name="sessions.get_head_revision",
 )
-_GET_HEAD_COUNTERS: Final = Statement(
-    select(SessionHeadRow.head_revision, SessionHeadRow.graph_node_count).where(_BY_SESSION_HEAD),
-    name="sessions.get_head_counters",
-)
 
 
 def _put_head(dialect: Dialect) -> Any:
@@ -357,6 +355,49 @@ def _put_head(dialect: Dialect) -> Any:
 
 
 _PUT_HEAD: Final = Statement(_put_head, name="sessions.put_head")
+#: The most checkpoint blobs (the manifest and its three components) a commit writes.
+_BLOBS_PER_HEAD: Final = 4
+
+
+def _put_head_with_blobs(blobs: int) -> Any:
+    """Steps 9 and 13 on Postgres: the checkpoint's ``blobs`` blobs and the head in one statement.
+
+    ``WITH blobs_put AS (INSERT INTO blobs VALUES <rows> ON CONFLICT (hash)
+    DO NOTHING) <the head upsert of _PUT_HEAD>``: a data-modifying CTE, so it
+    applies whole or not at all, and its row count is the head upsert's (the
+    revision fence of :class:`_HeadWritten` is unchanged). Blob row ``i`` binds
+    ``:hash<i>``, ``:kind<i>``, ``:compression<i>`` and ``:content<i>``; a
+    hash repeated among the rows, or already stored, inserts nothing (the
+    blob is content-addressed).
+    """
+
+    def build(dialect: Dialect) -> Any:
+        put = (
+            upsert(dialect, BlobRow)
+            .values(
+                [
+                    {
+                        "hash": p(f"hash{i}"),
+                        "kind": p(f"kind{i}"),
+                        "compression": p(f"compression{i}"),
+                        "content": p(f"content{i}"),
+                    }
+                    for i in range(blobs)
+                ]
+            )
+            .on_conflict_do_nothing(index_elements=[BlobRow.hash])
+            .cte("blobs_put")
+        )
+        return _put_head(dialect).add_cte(put)
+
+    return build
+
+
+#: ``_PUT_HEAD_WITH_BLOBS[k]`` (Postgres only): ``k`` blobs and the head in one statement.
+_PUT_HEAD_WITH_BLOBS: Final = {
+    k: Statement(_put_head_with_blobs(k), name=f"sessions.put_head_with_{k}_blobs")
+    for k in range(1, _BLOBS_PER_HEAD + 1)
+}
 _GET_TURN_COMMIT: Final = Statement(
     select(RuntimeTurnCommitRow.turn_commit_hash, RuntimeTurnCommitRow.result_json).where(
         RuntimeTurnCommitRow.session_id == p("sid"), RuntimeTurnCommitRow.turn_id == p("tid")
@@ -455,30 +496,84 @@ def _head_and_totals(dialect: Dialect) -> Any:
 _GET_HEAD_AND_TOTALS: Final = Statement(_head_and_totals, name="sessions.get_head_and_totals")
 
 
-def _head_counters_and_totals(dialect: Dialect) -> Any:
-    """Steps 6 and 10b's reads in one statement: ``(0, head_revision, graph_node_count,
-    nulls)`` when the session has a head, then its ledger totals by ordinal as
-    ``(1, null, null, *total columns)`` (:data:`_TOTAL_COLUMNS`)."""
-    total_names = [f"t{i}" for i in range(len(_TOTAL_COLUMNS))]
-    head: Any = select(
-        literal_column("0").label("kind"),
-        SessionHeadRow.head_revision.label("h0"),
-        SessionHeadRow.graph_node_count.label("h1"),
-        *(null().label(n) for n in total_names),
-    ).where(_BY_SESSION_HEAD)
-    totals: Any = select(
-        literal_column("1").label("kind"),
-        null().label("h0"),
-        null().label("h1"),
-        *(c.label(n) for c, n in zip(_TOTAL_COLUMNS, total_names, strict=True)),
-    ).where(UsageTotalRow.session_id == p("sid"))
-    ordinal = total_names[2]
-    return head.union_all(totals).order_by(literal_column("kind"), literal_column(ordinal))
+#: Positions in the rows of :data:`_GET_FENCE_AND_HEAD`: the total columns, then the lease's.
+_TOTALS_AT: Final = slice(3, 3 + len(_TOTAL_COLUMNS))
+_LEASE_AT: Final = slice(3 + len(_TOTAL_COLUMNS), None)
 
 
-_GET_HEAD_COUNTERS_AND_TOTALS: Final = Statement(
-    _head_counters_and_totals, name="sessions.get_head_counters_and_totals"
-)
+def _fence_and_head(totals: bool) -> Any:
+    """Steps 4–5, 6 and (``totals``) 10b's reads in one statement, under the lock.
+
+    Rows by kind: ``0`` the head (``head_revision``, ``graph_node_count``) when
+    the session has one; ``1`` each ledger total by ordinal
+    (:data:`_TOTAL_COLUMNS`, at :data:`_TOTALS_AT`); ``2`` the lease row
+    (:data:`~agentkeep.sessions.leases.LEASE_COLUMNS`, at :data:`_LEASE_AT`)
+    when there is one. Every other column is null (its type from the other
+    branches). One statement, so one snapshot, and one statement fewer per
+    commit than the lease read followed by the head read.
+    """
+
+    def build(dialect: Dialect) -> Any:
+        total_names = [f"t{i}" for i in range(len(_TOTAL_COLUMNS))]
+        lease_names = [f"l{i}" for i in range(len(LEASE_COLUMNS))]
+
+        def part(kind: int, head: Any, total: Any, lease: Any) -> list[Any]:
+            return [literal_column(str(kind)).label("kind"), *head, *total, *lease]
+
+        # Typed nulls: Postgres resolves a UNION's column types branch by branch,
+        # and two untyped nulls would make a text column.
+        def nulls(columns: Sequence[Any], names: Sequence[str]) -> list[Any]:
+            return [cast(null(), c.type).label(n) for c, n in zip(columns, names, strict=True)]
+
+        head_counters = (SessionHeadRow.head_revision, SessionHeadRow.graph_node_count)
+        no_head = nulls(head_counters, ["h0", "h1"])
+        no_totals = nulls(_TOTAL_COLUMNS, total_names)
+        no_lease = nulls(LEASE_COLUMNS, lease_names)
+        head: Any = select(
+            *part(
+                0,
+                [
+                    SessionHeadRow.head_revision.label("h0"),
+                    SessionHeadRow.graph_node_count.label("h1"),
+                ],
+                no_totals,
+                no_lease,
+            )
+        ).where(_BY_SESSION_HEAD)
+        lease: Any = select(
+            *part(
+                2,
+                no_head,
+                no_totals,
+                [c.label(n) for c, n in zip(LEASE_COLUMNS, lease_names, strict=True)],
+            )
+        ).where(SessionLeaseRow.session_id == p("sid"))
+        parts = [head, lease]
+        if totals:
+            parts.insert(
+                1,
+                select(
+                    *part(
+                        1,
+                        no_head,
+                        [c.label(n) for c, n in zip(_TOTAL_COLUMNS, total_names, strict=True)],
+                        no_lease,
+                    )
+                ).where(UsageTotalRow.session_id == p("sid")),
+            )
+        return union_all(*parts).order_by(literal_column("kind"), literal_column(total_names[2]))
+
+    return build
+
+
+#: ``_GET_FENCE_AND_HEAD[with_totals]``: the lease, the head and (True) the ledger totals.
+_GET_FENCE_AND_HEAD: Final = {
+    totals: Statement(
+        _fence_and_head(totals),
+        name="sessions.get_fence_head_and_totals" if totals else "sessions.get_fence_and_head",
+    )
+    for totals in (False, True)
+}
 
 
 def _put_total(dialect: Dialect) -> Any:
@@ -498,6 +593,70 @@ def _put_total(dialect: Dialect) -> Any:
 
 
 _PUT_TOTAL: Final = Statement(_put_total, name="sessions.put_usage_total")
+#: The most usage deltas (and changed totals) one folded ledger statement carries.
+_USAGE_PER_FOLD: Final = 4
+
+
+def _put_usage_and_totals(deltas: int, totals: int) -> Any:
+    """Step 10 on Postgres: ``deltas`` ledger rows and ``totals`` totals in one statement.
+
+    ``WITH d AS (INSERT INTO usage_deltas VALUES <deltas rows>) INSERT INTO
+    session_usage_totals VALUES <totals rows> ON CONFLICT DO UPDATE``: a
+    data-modifying CTE, so the two writes are one statement (one parse, one
+    pipeline entry) that applies whole or not at all. Delta row ``i`` binds
+    ``:dsource<i>``, ``:dmodel<i>`` and the counters suffixed ``_d<i>``; total
+    row ``j`` binds ``:tsource<j>``, ``:tmodel<j>``, ``:tordinal<j>`` and the
+    counters suffixed ``_t<j>`` (all of ``:sid``). The delta rows are inserted
+    in VALUES order (their ``seq`` too), as the per-delta inserts were.
+    """
+
+    def build(dialect: Dialect) -> Any:
+        def counters(suffix: str) -> dict[str, Any]:
+            return {f: p(f"{b}{suffix}") for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)}
+
+        ledger = (
+            insert(UsageDeltaRow)
+            .values(
+                [
+                    {
+                        "session_id": p("sid"),
+                        "source": p(f"dsource{i}"),
+                        "model": p(f"dmodel{i}"),
+                        **counters(f"_d{i}"),
+                    }
+                    for i in range(deltas)
+                ]
+            )
+            .cte("ledger")
+        )
+        put = upsert(dialect, UsageTotalRow).values(
+            [
+                {
+                    "session_id": p("sid"),
+                    "source": p(f"tsource{j}"),
+                    "model": p(f"tmodel{j}"),
+                    "ordinal": p(f"tordinal{j}"),
+                    **counters(f"_t{j}"),
+                }
+                for j in range(totals)
+            ]
+        )
+        new = put.excluded
+        return put.on_conflict_do_update(
+            index_elements=[UsageTotalRow.session_id, UsageTotalRow.source, UsageTotalRow.model],
+            set_={name: new[name] for name in _USAGE_FIELDS},
+        ).add_cte(ledger)
+
+    return build
+
+
+#: ``_PUT_USAGE_AND_TOTALS[m, n]`` (Postgres only): ``m`` deltas and ``n`` totals
+#: (``1 <= m, n <= _USAGE_PER_FOLD``) in one statement.
+_PUT_USAGE_AND_TOTALS: Final = {
+    (m, n): Statement(_put_usage_and_totals(m, n), name=f"sessions.put_usage_{m}_totals_{n}")
+    for m in range(1, _USAGE_PER_FOLD + 1)
+    for n in range(1, _USAGE_PER_FOLD + 1)
+}
 #: The most nodes one insert statement carries; a longer delta takes several.
 _NODES_PER_INSERT: Final = 16
 
@@ -1173,15 +1332,14 @@ def _fence_reads(commit: RuntimeCommit) -> list[tuple[Statement, dict[str, Any]]
         reads.append((_GET_TURN_COMMIT, {"sid": sid, "tid": stamp.turn_id}))
     fence = commit.session_execution_lease
     if fence is not None and fence.session_id == sid:
-        reads.append(lease_read(sid))
-    reads.append((_head_read(commit), {"sid": sid}))
+        reads.append((_head_read(commit), {"sid": sid}))
     return reads
 
 
 def _head_read(commit: RuntimeCommit) -> Statement:
-    """Step 6's read: the head's counters, with the ledger totals (step 10b) when the
-    commit has usage deltas (one statement instead of two)."""
-    return _GET_HEAD_COUNTERS_AND_TOTALS if commit.usage_deltas else _GET_HEAD_COUNTERS
+    """Steps 4–6's read: the lease row and the head's counters, with the ledger totals
+    (step 10b) when the commit has usage deltas (one statement instead of three)."""
+    return _GET_FENCE_AND_HEAD[bool(commit.usage_deltas)]
 
 
 def _ordered_path(
@@ -1351,20 +1509,18 @@ class SessionCommitRepository:
                 db.flush()
                 return stored
 
-        # 4.–5. The lease fence.
+        # 4.–5. The lease fence, checked on the lease row read (under the lock) in one
+        # statement with the head (step 6) and the ledger totals (step 10b).
         fence = commit.session_execution_lease
-        if fence is None:
+        if fence is None or fence.session_id != sid:
             raise SessionExecutionLeaseExpired(sid)
-        ensure_session_execution_lease(db, sid, fence, now)
+        rows = db.execute(_head_read(commit), {"sid": sid}).fetchall()
+        lease = rows[-1][_LEASE_AT] if rows and rows[-1][0] == 2 else None
+        check_fence_row(sid, fence, now, lease)
 
-        # 6. Head CAS (the ledger totals of step 10b come in the same statement).
-        totals: Sequence[Sequence[Any]] = ()
-        if commit.usage_deltas:
-            rows = db.execute(_GET_HEAD_COUNTERS_AND_TOTALS, {"sid": sid}).fetchall()
-            row = rows[0][1:3] if rows and rows[0][0] == 0 else None
-            totals = [r[3:] for r in rows if r[0] == 1]
-        else:
-            row = db.execute(_GET_HEAD_COUNTERS, {"sid": sid}).fetchone()
+        # 6. Head CAS.
+        row = rows[0][1:3] if rows and rows[0][0] == 0 else None
+        totals: Sequence[Sequence[Any]] = [r[_TOTALS_AT] for r in rows if r[0] == 1]
         actual = 0 if row is None else _check_revision(sid, row[0])
         live_nodes = 0 if row is None else _check_count(sid, row[1])
         expected = commit.expected_head_revision
@@ -1382,26 +1538,18 @@ class SessionCommitRepository:
             ensure_turn_input_completion(db, tc)
 
         # 9. Checkpoint blobs and manifest.
-        checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile)
+        # Postgres: the blobs go out in the head's statement (step 13), not one by one.
+        blobs: list[dict[str, Any]] | None = [] if db.postgres else None
+        checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile, into=blobs)
 
-        # 10. Usage deltas, in order.
-        for delta in commit.usage_deltas:
-            u = delta.usage
-            db.defer(
-                _PUT_USAGE,
-                {
-                    "sid": sid,
-                    "source": delta.source,
-                    "model": delta.model,
-                    "input": u.input_tokens,
-                    "output": u.output_tokens,
-                    "cache_read": u.cache_read_input_tokens,
-                    "cache_write": u.cache_write_input_tokens,
-                    "reasoning": u.reasoning_output_tokens,
-                },
-            )
+        # 10. Usage deltas, in order, and the ledger totals they change.
         if commit.usage_deltas:
-            self._add_to_totals(commit, totals)
+            changed = self._changed_totals(commit, totals)
+            if db.postgres and self._fold_usage(commit, changed):
+                changed = {}
+            else:
+                self._put_deltas(commit)
+            self._put_totals(commit, changed)
 
         # 11. Graph delta.
         if prepared.replace:
@@ -1433,7 +1581,13 @@ class SessionCommitRepository:
             "count": count,
             "actual": actual,
         }
-        db.defer(_PUT_HEAD, head, _HeadWritten(sid))
+        put_head = _PUT_HEAD
+        if blobs:
+            put_head = _PUT_HEAD_WITH_BLOBS[len(blobs)]
+            for i, blob in enumerate(blobs):
+                for key, value in blob.items():
+                    head[f"{key}{i}"] = value
+        db.defer(put_head, head, _HeadWritten(sid))
 
         # 14.–15. Complete the claims.
         for qc in commit.completed_queue_claims:
@@ -1500,8 +1654,12 @@ class SessionCommitRepository:
         db.flush()
         return result
 
-    def _add_to_totals(self, commit: RuntimeCommit, total_rows: Sequence[Sequence[Any]]) -> None:
-        """Step 10b: add the commit's usage to the session's ledger totals.
+    def _changed_totals(
+        self, commit: RuntimeCommit, total_rows: Sequence[Sequence[Any]]
+    ) -> dict[tuple[str, str], list[int]]:
+        """Step 10b: the ledger totals the commit's usage changes, by ``(source, model)``.
+
+        Each value is ``[ordinal, *counters]`` (the new totals).
 
         ``total_rows``: the session's totals by ordinal (:data:`_TOTAL_COLUMNS`),
         read under the lock with the head in step 6.
@@ -1516,7 +1674,7 @@ class SessionCommitRepository:
                 unit rolls back: the commit writes nothing).
             SessionCorrupt: a stored total does not decode.
         """
-        db, sid = self._db, commit.session_id
+        sid = commit.session_id
         sums = {
             (source, model): numbers for source, model, numbers in _checked_totals(sid, total_rows)
         }
@@ -1536,6 +1694,57 @@ class SessionCommitRepository:
                 if row[j + 1] > MAX_I64:
                     raise UsageLedgerOverflow(sid, delta.source, delta.model, name)
             changed[key] = row
+        return changed
+
+    def _put_deltas(self, commit: RuntimeCommit) -> None:
+        """Step 10a: one ledger row per delta, in order."""
+        db, sid = self._db, commit.session_id
+        for delta in commit.usage_deltas:
+            u = delta.usage
+            db.defer(
+                _PUT_USAGE,
+                {
+                    "sid": sid,
+                    "source": delta.source,
+                    "model": delta.model,
+                    "input": u.input_tokens,
+                    "output": u.output_tokens,
+                    "cache_read": u.cache_read_input_tokens,
+                    "cache_write": u.cache_write_input_tokens,
+                    "reasoning": u.reasoning_output_tokens,
+                },
+            )
+
+    def _fold_usage(self, commit: RuntimeCommit, changed: dict[tuple[str, str], list[int]]) -> bool:
+        """Steps 10a and 10c in one statement (Postgres); False when the shape has none.
+
+        The deltas and the changed totals go out as one
+        :data:`_PUT_USAGE_AND_TOTALS` statement when there are 1 to
+        ``_USAGE_PER_FOLD`` of each; otherwise nothing is deferred here.
+        """
+        deltas = commit.usage_deltas
+        statement = _PUT_USAGE_AND_TOTALS.get((len(deltas), len(changed)))
+        if statement is None:
+            return False
+        params: dict[str, Any] = {"sid": commit.session_id}
+        for i, delta in enumerate(deltas):
+            params[f"dsource{i}"], params[f"dmodel{i}"] = delta.source, delta.model
+            for name, value in zip(_TOTAL_PARAMS, _counters(delta.usage), strict=True):
+                params[f"{name}_d{i}"] = value
+        for j, ((source, model), (ordinal, *counts)) in enumerate(changed.items()):
+            params[f"tsource{j}"], params[f"tmodel{j}"], params[f"tordinal{j}"] = (
+                source,
+                model,
+                ordinal,
+            )
+            for name, value in zip(_TOTAL_PARAMS, counts, strict=True):
+                params[f"{name}_t{j}"] = value
+        self._db.defer(statement, params)
+        return True
+
+    def _put_totals(self, commit: RuntimeCommit, changed: dict[tuple[str, str], list[int]]) -> None:
+        """Step 10c: write the changed totals (inserted or replaced, under the lock)."""
+        db, sid = self._db, commit.session_id
         for (source, model), (ordinal, *counts) in changed.items():
             db.defer(
                 _PUT_TOTAL,

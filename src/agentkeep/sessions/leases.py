@@ -87,6 +87,8 @@ __all__ = [
     "begin_session_write",
     "ensure_session_execution_lease",
     "guard_session_write",
+    "LEASE_COLUMNS",
+    "check_fence_row",
     "lease_read",
     "release_locked",
 ]
@@ -329,7 +331,31 @@ def _fenced_row(db: Driver, session_id: str, fence: LeaseFence, now: int) -> _Ro
     """FENCE_OK, returning the lease row it checked."""
     if fence.session_id != session_id:
         raise SessionExecutionLeaseExpired(session_id)
-    row = _load(db, session_id)
+    return _checked(session_id, fence, now, _load(db, session_id))
+
+
+#: The lease columns FENCE_OK reads, in :func:`check_fence_row`'s order, for a
+#: caller that selects them in a statement of its own (under the session lock).
+LEASE_COLUMNS: Final = _LEASE_COLUMNS
+
+
+def check_fence_row(
+    session_id: str, fence: LeaseFence, now: int, raw: Sequence[Any] | None
+) -> None:
+    """FENCE_OK on the lease row ``raw`` (:data:`LEASE_COLUMNS`, None: no row) that the
+    caller read under ``session_id``'s write lock: the same check, outcome and
+    errors as :func:`ensure_session_execution_lease`, without its read.
+
+    Raises:
+        SessionExecutionLeaseExpired: as :func:`ensure_session_execution_lease`.
+        SessionCorrupt: the stored fencing token is not a non-negative integer.
+    """
+    if fence.session_id != session_id:
+        raise SessionExecutionLeaseExpired(session_id)
+    _checked(session_id, fence, now, None if raw is None else _Row(session_id, raw))
+
+
+def _checked(session_id: str, fence: LeaseFence, now: int, row: _Row | None) -> _Row:
     if (
         row is None
         or row.owner is None
