@@ -128,6 +128,18 @@ def fresh_url(backend: str, tmp_path: Path) -> Iterator[str]:
     drop_pg_database(url)
 
 
+@pytest.fixture
+def pg_url(backend: str, db_url: str) -> str:
+    """``db_url`` on the Postgres backend; skips the SQLite run (round trips are read on the wire).
+
+    Modules that need another Postgres URL (a dedicated database, a
+    reachability check of their own) define their own ``pg_url``.
+    """
+    if backend != "postgres":
+        pytest.skip("Postgres only: round trips on the wire")
+    return db_url
+
+
 #: The asyncio drivers of each backend (AsyncStore's native mode).
 ASYNC_DRIVERS_OF = {"sqlite": ("aiosqlite",), "postgres": ("asyncpg", "psycopg_async")}
 ASYNC_DRIVERS = [d for b in BACKENDS for d in ASYNC_DRIVERS_OF.get(b, ())]

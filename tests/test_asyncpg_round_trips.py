@@ -54,13 +54,6 @@ class _TapTrace:
             yield trips
 
 
-@pytest.fixture
-def pg_url(backend: str, db_url: str) -> str:
-    if backend != "postgres":
-        pytest.skip("Postgres only: round trips on the wire")
-    return db_url
-
-
 @contextmanager
 def asyncpg_calls(pg_url: str) -> Iterator[tuple[Callable[[Callable[[Any], Any]], Any], Any]]:
     """An AsyncStore on asyncpg through a WireTap: ``(call, tap)`` (see psycopg_async_calls)."""

@@ -32,13 +32,6 @@ _INPUTS = "runtime_input_states"
 BOUNDARIES = 6  # past psycopg's prepare threshold (5)
 
 
-@pytest.fixture
-def pg_url(backend: str, db_url: str) -> str:
-    if backend != "postgres":
-        pytest.skip("Postgres only: round trips on the wire")
-    return db_url
-
-
 def _boundaries(call: Callable[[Callable[[Any], Any]], Any], trace: Trace, rt: str) -> list[int]:
     """Round trips of each boundary of a growing session, then of a duplicate receipt."""
     run_id = str(uuid.uuid4())

@@ -164,13 +164,6 @@ def test_resume_reads_racing_a_committer_see_one_commit(db_url: str, tool: bool,
         assert results[0] == turns and all(n > 0 for n in results[1:])
 
 
-@pytest.fixture
-def pg_url(backend: str, db_url: str) -> str:
-    if backend != "postgres":
-        pytest.skip("Postgres only: round trips on the wire")
-    return db_url
-
-
 def _head_round_trips(call: Any, trace: Trace) -> list[int]:
     """Round trips of a HeadScope and a tail read (inline checkpoint, then with components)."""
     out = call(lambda st: st.leases.try_claim_session_execution_lease(SID, _OWNER, 600_000))

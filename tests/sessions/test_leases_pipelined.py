@@ -33,13 +33,6 @@ HOLDER = LeaseOwnerIdentity(owner_id="holder-A", incarnation_id="inc-A")
 CLAIMANT = LeaseOwnerIdentity(owner_id="claimant-B", incarnation_id="inc-B")
 
 
-@pytest.fixture
-def pg_url(backend: str, db_url: str) -> str:
-    if backend != "postgres":
-        pytest.skip("Postgres only: round trips on the wire")
-    return db_url
-
-
 def _cycle(call: Callable[[Callable[[Any], Any]], Any], trace: Trace, sid: str) -> list[int]:
     """Round trips of claim, renew and release (twice: past any first-use effect)."""
     counts = []

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-import pytest
 from sqlalchemy import event
 
 from agentkeep import Store
@@ -133,13 +132,6 @@ def _turns(call: Callable[[Callable[[Any], Any]], Any], trace: Trace) -> list[in
     assert loaded.token_ledger[0].usage.input_tokens == 10 * TURNS
     assert call(lambda st: st.leases.get_session_execution_lease(SID)) is None
     return counts
-
-
-@pytest.fixture
-def pg_url(backend: str, db_url: str) -> str:
-    if backend != "postgres":
-        pytest.skip("Postgres only: round trips on the wire")
-    return db_url
 
 
 def test_a_fenced_turn_commit_takes_three_round_trips_on_psycopg(pg_url: str) -> None:
