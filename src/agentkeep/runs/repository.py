@@ -452,6 +452,40 @@ class RunRepository:
             raise RunNotFound(run_id)
         return False
 
+    def _write_row(
+        self,
+        run_id: str,
+        alone: Statement,
+        locked: Statement,
+        values: dict[str, Any],
+        *,
+        stamped: bool = True,
+    ) -> None:
+        """Write one run's row: alone in one round trip where it can, else under the lock.
+
+        ``alone`` is the one-statement form (:meth:`_wrote_alone`), ``locked``
+        the statement run after :meth:`_begin_write`; ``values`` their
+        parameters besides ``id`` and (``stamped``) ``now``, the stamp:
+        the clock's seconds for the statement alone, the locked path's
+        ``now`` otherwise.
+
+        Raises:
+            RunNotFound: no such run.
+            PayloadTooLarge, CommitOutcomeUnknown: as :meth:`_wrote_alone`.
+        """
+        if self._alone:
+            params = {"id": run_id, **values}
+            if stamped:
+                params["now"] = self._clock.now_ms() // 1000
+            if self._wrote_alone(alone, run_id, params, locked if stamped else None):
+                return
+        now = self._begin_write(run_id)
+        params = {"id": run_id, **values}
+        if stamped:
+            params["now"] = now
+        if self._db.execute(locked, params).rowcount != 1:
+            raise RunNotFound(run_id)
+
     def _decode(self, run_id: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
@@ -715,19 +749,7 @@ class RunRepository:
         """
         run_id = _rid(run_id)
         encoded = _encode_status(status, "status")
-        if self._alone and self._wrote_alone(
-            _SET_STATUS_ALONE,
-            run_id,
-            {"id": run_id, "status": encoded, "now": self._clock.now_ms() // 1000},
-            _SET_STATUS,
-        ):
-            return
-        now = self._begin_write(run_id)
-        if (
-            self._db.execute(_SET_STATUS, {"id": run_id, "status": encoded, "now": now}).rowcount
-            != 1
-        ):
-            raise RunNotFound(run_id)
+        self._write_row(run_id, _SET_STATUS_ALONE, _SET_STATUS, {"status": encoded})
 
     def try_transition(self, run_id: str, from_: RunStatus, to: RunStatus) -> bool:
         """Compare-and-set the status: ``from_`` → ``to`` (docs/runs.md#try_transition).
@@ -978,16 +1000,7 @@ class RunRepository:
         encoded = _encode_result(value)
         if encoded is None:
             raise InvalidInput("result_ref", "UNSET cannot be stored; pass a JSON value")
-        if self._alone and self._wrote_alone(
-            _SET_RESULT_ALONE,
-            run_id,
-            {"id": run_id, "v": encoded, "now": self._clock.now_ms() // 1000},
-            _SET_RESULT,
-        ):
-            return
-        now = self._begin_write(run_id)
-        if self._db.execute(_SET_RESULT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
-            raise RunNotFound(run_id)
+        self._write_row(run_id, _SET_RESULT_ALONE, _SET_RESULT, {"v": encoded})
 
     def set_input_json(self, run_id: str, value: str) -> None:
         """Replace the opaque launch-input snapshot, verbatim (not parsed as JSON).
@@ -1001,16 +1014,7 @@ class RunRepository:
         """
         run_id = _rid(run_id)
         encoded = codec.check_text(value, "input_json")
-        if self._alone and self._wrote_alone(
-            _SET_INPUT_ALONE,
-            run_id,
-            {"id": run_id, "v": encoded, "now": self._clock.now_ms() // 1000},
-            _SET_INPUT,
-        ):
-            return
-        now = self._begin_write(run_id)
-        if self._db.execute(_SET_INPUT, {"id": run_id, "v": encoded, "now": now}).rowcount != 1:
-            raise RunNotFound(run_id)
+        self._write_row(run_id, _SET_INPUT_ALONE, _SET_INPUT, {"v": encoded})
 
     def delete(self, run_id: str) -> None:
         """Delete the run; its id may be created again (with a new ``seq``).
@@ -1024,11 +1028,7 @@ class RunRepository:
             RunNotFound: no such run.
         """
         run_id = _rid(run_id)
-        if self._alone and self._wrote_alone(_DELETE_ALONE, run_id, {"id": run_id}):
-            return
-        self._begin_write(run_id)
-        if self._db.execute(_DELETE, {"id": run_id}).rowcount != 1:
-            raise RunNotFound(run_id)
+        self._write_row(run_id, _DELETE_ALONE, _DELETE, {}, stamped=False)
 
 
 def _encode_status(value: object, field: str) -> str:
