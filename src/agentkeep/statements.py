@@ -43,6 +43,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.elements import BindParameter, ClauseElement
+from sqlalchemy.sql.selectable import Select
 
 from agentkeep.limits import ColumnKind, column_kind
 
@@ -263,15 +264,17 @@ def _compile(construct: ClauseElement, target: CompileTarget, name: str) -> Comp
 
 def _written(construct: ClauseElement) -> tuple[tuple[str, str, ColumnKind], ...]:
     """``(parameter, column, kind)`` of each parameter an INSERT / UPDATE writes to a column,
-    its data-modifying CTEs' (``add_cte``) included."""
-    if not isinstance(construct, (Insert, Update)):
+    its data-modifying CTEs' (``add_cte``) included; of a SELECT, only those
+    of its ``add_cte`` CTEs (a statement that writes in a CTE and reports in
+    its SELECT)."""
+    if not isinstance(construct, (Insert, Update, Select)):
         return ()
     inner = tuple(
         w
         for cte in getattr(construct, "_independent_ctes", ()) or ()
         for w in _written(cte.element)
     )
-    return inner + _written_here(construct)
+    return inner if isinstance(construct, Select) else inner + _written_here(construct)
 
 
 def _written_here(construct: Insert | Update) -> tuple[tuple[str, str, ColumnKind], ...]:

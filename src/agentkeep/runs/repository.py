@@ -331,7 +331,7 @@ def _write_alone(dml: Any, name: str, *, stamp: bool = True) -> Statement:
         select(
             select(func.count()).select_from(moved).scalar_subquery().label("moved"),
             exists().where(_BY_ID).label("present"),
-        ),
+        ).add_cte(moved),  # declared, so the driver checks the written values' limits
         name=name,
     )
 
@@ -417,7 +417,6 @@ class RunRepository:
         stmt: Statement,
         run_id: str,
         params: dict[str, Any],
-        locked_form: Statement | None = None,
     ) -> bool:
         """Run a :func:`_write_alone` statement in a one-call unit on Postgres (one round trip).
 
@@ -426,8 +425,9 @@ class RunRepository:
         nothing for a reason the locked path decides (the lock held
         elsewhere, the stamp guard, the row changed under it).
 
-        ``locked_form``: the locked path's statement, whose written columns'
-        size limits the values are checked against first (nothing sent).
+        The written values are checked against their columns' size limits
+        before anything is sent (the statement declares its UPDATE CTE:
+        :func:`_write_alone`).
 
         Raises:
             PayloadTooLarge: a written value is over its limit.
@@ -436,11 +436,6 @@ class RunRepository:
         """
         self._check_writable()
         db = self._db
-        if locked_form is not None:
-            # The size limits of the written values, as the locked path's UPDATE
-            # checks them (the driver finds the written columns of a top-level
-            # UPDATE only, and here the UPDATE is a CTE).
-            db._check(locked_form.compiled(db.target), params)
         params.update(aggregate_lock_params(db, LockNamespace.RUN, run_id))
         cur = db.execute_alone(stmt, params)
         if cur is None:
@@ -477,7 +472,7 @@ class RunRepository:
             params = {"id": run_id, **values}
             if stamped:
                 params["now"] = self._clock.now_ms() // 1000
-            if self._wrote_alone(alone, run_id, params, locked if stamped else None):
+            if self._wrote_alone(alone, run_id, params):
                 return
         now = self._begin_write(run_id)
         params = {"id": run_id, **values}
