@@ -37,13 +37,6 @@ THREAD = "t-one-trip"
 
 
 @pytest.fixture
-def pg_url(backend: str, db_url: str) -> str:
-    if backend != "postgres":
-        pytest.skip("Postgres only: round trips on the wire")
-    return db_url
-
-
-@pytest.fixture
 def store(pg_url: str) -> Iterator[Store]:
     with Store.open(pg_url, clock=SettableClock(1_000_000)) as s:
         yield s
