@@ -203,6 +203,31 @@ def test_an_oversized_usage_text_is_refused_folded_or_not(
     assert snapshot(limited) == before
 
 
+def test_the_folded_statements_measure_every_cte_row() -> None:
+    """The driver's own check of a folded statement covers its CTE rows (``_written``).
+
+    Independent of the commit's early check (:func:`commits._check_sizes`): a
+    folded statement sent by any other caller is still measured.
+    """
+    from sqlalchemy.dialects.postgresql import psycopg
+
+    from agentkeep.sessions import commits
+    from agentkeep.statements import CompileTarget
+
+    target = CompileTarget.of(psycopg.dialect(paramstyle="pyformat"))
+    for (m, n), stmt in commits._PUT_USAGE_AND_TOTALS.items():
+        written = {(param, column) for param, column, _ in stmt.compiled(target).written}
+        for i in range(m):
+            assert {(f"dsource{i}", "source"), (f"dmodel{i}", "model")} <= written, (m, n)
+        for j in range(n):
+            assert {(f"tsource{j}", "source"), (f"tmodel{j}", "model")} <= written, (m, n)
+    for k, stmt in commits._PUT_HEAD_WITH_BLOBS.items():
+        kinds = {param: (column, kind) for param, column, kind in stmt.compiled(target).written}
+        for i in range(k):
+            assert kinds[f"content{i}"] == ("content", "blob"), k
+        assert kinds["config"][0] == "config_json", kinds
+
+
 # --------------------------------------------------------------------------
 # Fence order on the one-statement read
 
@@ -400,3 +425,60 @@ def test_a_commit_whose_outcome_was_unknown_counts_its_usage_once(
     finally:
         if admin is not None:
             admin.close()
+
+
+# --------------------------------------------------------------------------
+# A stale holder committing while its lease is taken over
+
+
+TAKEOVER_ROUNDS = 16
+SHORT_TTL = 1_000
+
+
+def _stale_or_taker(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> list[Any]:
+    """Racer 0 holds each round's lease (its clock: live); racer 1's clock is past the
+    expiry: it takes the lease over and commits. Both commit blind writes at once."""
+    clock = store.clock
+    assert isinstance(clock, SettableClock)
+    if i == 1:
+        clock.advance(SHORT_TTL + 1)
+    out: list[Any] = []
+    for r in range(TAKEOVER_ROUNDS):
+        sid = f"sess-takeover-{r}"
+        if i == 0:
+            fence = acquire_lease(store, sid, A, SHORT_TTL)
+        barrier.wait()  # the round's lease is held by racer 0
+        if i == 1:
+            got = store.leases.try_claim_session_execution_lease(sid, B, TTL)
+            fence = got.lease  # type: ignore[union-attr]
+        c = RuntimeCommit(
+            session_id=sid,
+            expected_head_revision=None,
+            session_execution_lease=fence,
+            graph=UnchangedGraph(leaf_node_id=None),
+            checkpoint=HydratedSessionCheckpoint(turn_state={"racer": i}),
+            usage_deltas=(_delta(f"racer{i}", input_tokens=1),),
+        )
+        try:
+            out.append(("won", store.commits.commit_runtime_state(c).head_revision))
+        except SessionExecutionLeaseExpired:
+            out.append(("expired", None))
+        barrier.wait()
+    return out
+
+
+def test_a_stale_holder_never_commits_after_the_takeover(store: Store, db_url: str) -> None:
+    """The new holder always commits; the old one either commits before the takeover
+    (a lower revision: its commit serialised before the new holder's) or is refused,
+    and a refused commit leaves no usage row."""
+    racing = Racing(threads=2, clock_ms=T0, barrier_timeout_s=120.0, join_timeout_s=300.0)
+    stale, taker = race_threads(racing, db_url, _stale_or_taker, {})
+    for r, (old, new) in enumerate(zip(stale, taker, strict=True)):
+        assert new[0] == "won", (r, new)
+        if old[0] == "won":
+            assert old[1] < new[1], (r, old, new)
+        got = store.commits.load_session(f"sess-takeover-{r}")
+        assert got is not None
+        sources = {e.source for e in got.token_ledger}
+        assert sources == ({"racer0", "racer1"} if old[0] == "won" else {"racer1"}), r
+        assert got.head_revision == (2 if old[0] == "won" else 1)
