@@ -51,6 +51,7 @@ from agentkeep.limits import Limits
 from agentkeep.sessions.domain import LeaseOwnerIdentity, SessionExecutionLease
 from agentkeep.sessions.records import (
     AppendNodes,
+    BlobProfile,
     HydratedSessionCheckpoint,
     RuntimeCommit,
     SessionNodeRecord,
@@ -482,3 +483,111 @@ def test_a_stale_holder_never_commits_after_the_takeover(store: Store, db_url: s
         sources = {e.source for e in got.token_ledger}
         assert sources == ({"racer0", "racer1"} if old[0] == "won" else {"racer1"}), r
         assert got.head_revision == (2 if old[0] == "won" else 1)
+
+
+# --------------------------------------------------------------------------
+# Blob rows of the head statement that repeat a hash
+
+
+@pytest.mark.parametrize("profile", list(BlobProfile))
+def test_components_with_one_body_are_stored_once_and_hydrate(store: Store, profile: Any) -> None:
+    """Equal component bodies hash alike: the head statement's blob rows repeat a hash
+    (``ON CONFLICT DO NOTHING`` within one INSERT); a later commit re-sends stored ones."""
+    fence = acquire_lease(store, SID, A, TTL)
+    body = {"same": list(range(300))}
+    checkpoint = HydratedSessionCheckpoint(
+        turn_state=body, tool_state=body, plugin_snapshot=body, execution_state=body
+    )
+    for turn in range(2):
+        result = store.commits.commit_runtime_state(
+            _commit(fence, checkpoint=checkpoint), blob_profile=profile
+        )
+        assert result.head_revision == turn + 1
+        got = store.commits.load_session(SID)
+        assert got is not None
+        assert got.checkpoint.tool_state == got.checkpoint.execution_state == body
+        assert got.checkpoint.plugin_snapshot == body
+    with store.read() as uow:
+        hashes = uow.connection.execute(text("SELECT hash FROM blobs")).scalars().all()
+    assert len(hashes) == len(set(hashes)) == 2  # the shared body and the manifest
+
+
+# --------------------------------------------------------------------------
+# Several commits in one unit, with caught failures between them
+
+
+def test_commits_in_one_unit_with_caught_failures_keep_the_ledger(store: Store) -> None:
+    """Each commit reads the totals its predecessors in the unit wrote (the one-statement
+    read under the lock); a refused commit in between leaves nothing of itself."""
+    fence = acquire_lease(store, SID, A, TTL)
+    expected: dict[tuple[str, str], list[int]] = {}
+    count = 0
+
+    def add(deltas: tuple[UsageDelta, ...]) -> None:
+        nonlocal count
+        for d in deltas:
+            count += 1
+            e = expected.setdefault((d.source, d.model), [0, 0, 0])
+            for j, n in enumerate(_counts(d)):
+                e[j] += n
+
+    with store.write() as uow:
+        for turn in range(6):
+            deltas = tuple(
+                _delta(*PAIRS[(turn + k) % 3], input_tokens=turn + k + 1)
+                for k in range(turn % 5 + 1)
+            )
+            uow.commits.commit_runtime_state(_commit(fence, usage_deltas=deltas))
+            add(deltas)
+            with pytest.raises(HeadRevisionConflict):
+                uow.commits.commit_runtime_state(
+                    _commit(fence, expected_head_revision=99, usage_deltas=deltas)
+                )
+            with pytest.raises(UsageLedgerOverflow):
+                uow.commits.commit_runtime_state(
+                    _commit(fence, usage_deltas=(*deltas, _delta("s0", "m", input_tokens=MAX_I64)))
+                )
+    _check_ledger(store, count, expected)
+    assert store.commits.get_head_revision(SID) == 6
+
+
+# --------------------------------------------------------------------------
+# The async drivers (asyncpg sends the folded statements one by one, unpipelined)
+
+
+def test_the_ledger_on_the_async_drivers(async_url: str) -> None:
+    import asyncio
+
+    from agentkeep.aio import AsyncStore
+    from tests.conftest import as_sync_url
+
+    rng = random.Random(5)
+    expected: dict[tuple[str, str], list[int]] = {}
+    count = 0
+    batches = [_deltas(rng) for _ in range(20)]
+
+    async def scenario() -> None:
+        astore = await AsyncStore.open(async_url, clock=SettableClock(T0))
+        try:
+            got = await astore.leases.try_claim_session_execution_lease(SID, A, TTL)
+            fence = got.lease  # type: ignore[union-attr]
+            for deltas in batches:
+                await astore.commits.commit_runtime_state(
+                    _commit(
+                        fence,
+                        usage_deltas=deltas,
+                        checkpoint=HydratedSessionCheckpoint(turn_state={"n": len(deltas)}),
+                    )
+                )
+        finally:
+            await astore.close()
+
+    asyncio.run(scenario())
+    for deltas in batches:
+        for d in deltas:
+            count += 1
+            e = expected.setdefault((d.source, d.model), [0, 0, 0])
+            for j, n in enumerate(_counts(d)):
+                e[j] += n
+    with Store.open(as_sync_url(async_url)) as sync:
+        _check_ledger(sync, count, expected)
