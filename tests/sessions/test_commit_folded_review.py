@@ -591,3 +591,53 @@ def test_the_ledger_on_the_async_drivers(async_url: str) -> None:
                 e[j] += n
     with Store.open(as_sync_url(async_url)) as sync:
         _check_ledger(sync, count, expected)
+
+
+# --------------------------------------------------------------------------
+# Blob GC racing commits that re-send collected blobs in the head statement
+
+GC_COMMITS = 40
+
+
+def _recycling_committer(store: Store, i: int, barrier: Any, p: dict[str, Any]) -> Any:
+    """Racer 0 commits checkpoints cycling through three (so each commit re-sends a
+    manifest and components a GC may just have collected); racer 1 runs the GC."""
+    if i == 1:
+        deleted = 0
+        while not p["done"].is_set():
+            deleted += store.call_write(
+                lambda r: r.maintenance.gc_unreachable_strict()
+            ).deleted_blob_count
+        return deleted
+    try:
+        fence = SessionExecutionLease.model_validate_json(p["fence"])
+        for n in range(GC_COMMITS):
+            k = n % 3
+            checkpoint = HydratedSessionCheckpoint(
+                turn_state={"k": k}, tool_state={"tool": k}, execution_state={"exec": [k] * 50}
+            )
+            store.commits.commit_runtime_state(_commit(fence, checkpoint=checkpoint))
+            got = store.commits.load_session(SID)
+            assert got is not None
+            assert got.checkpoint.tool_state == {"tool": k}
+            assert got.checkpoint.execution_state == {"exec": [k] * 50}
+        return None
+    finally:
+        p["done"].set()
+
+
+def test_a_gc_never_collects_a_blob_of_a_head_committed_with_its_blobs(
+    store: Store, db_url: str
+) -> None:
+    import threading
+
+    fence = acquire_lease(store, SID, A, TTL)
+    racing = Racing(threads=2, clock_ms=T0, barrier_timeout_s=120.0, join_timeout_s=300.0)
+    params = {"fence": fence.model_dump_json(), "done": threading.Event()}
+    _, deleted = race_threads(racing, db_url, _recycling_committer, params)
+    assert deleted >= 0
+    store.call_write(lambda r: r.maintenance.gc_unreachable_strict())
+    got = store.commits.load_session(SID)
+    assert got is not None and got.head_revision == GC_COMMITS
+    k = (GC_COMMITS - 1) % 3
+    assert got.checkpoint.execution_state == {"exec": [k] * 50}
