@@ -176,6 +176,7 @@ from typing import cast as typed
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import (
+    Column,
     and_,
     cast,
     delete,
@@ -210,6 +211,7 @@ from agentkeep.errors import (
     TurnInputClaimSuperseded,
     UsageLedgerOverflow,
 )
+from agentkeep.limits import ColumnKind, column_kind
 from agentkeep.sessions.checkpoints import (
     BLOB_COLUMNS,
     decode_blob,
@@ -595,6 +597,35 @@ def _put_total(dialect: Dialect) -> Any:
 _PUT_TOTAL: Final = Statement(_put_total, name="sessions.put_usage_total")
 #: The most usage deltas (and changed totals) one folded ledger statement carries.
 _USAGE_PER_FOLD: Final = 4
+#: The written text and binary columns of a delta row and of a blob row, with their
+#: limit kinds: :func:`_check_sizes` measures them where the unfolded statements
+#: were sent (the folded ones, sent later, are measured again by the driver).
+_DELTA_SIZED: Final = tuple(
+    (name, column_kind(typed(Column[object], UsageDeltaRow.__table__.c[name])))
+    for name in ("source", "model")
+)
+_BLOB_SIZED: Final = (("content", column_kind(typed(Column[object], BlobRow.__table__.c.content))),)
+
+
+def _check_sizes(
+    db: Driver, rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, ColumnKind]]
+) -> None:
+    """The store's size limits on ``rows``' values of ``columns`` (``(name, kind)``).
+
+    For a write folded into a later statement on Postgres (the usage rows into
+    the totals' statement, the blobs into the head's): its values are measured
+    at the step that wrote them before the fold, so the error precedence of the
+    module docstring holds (an oversized blob is refused before step 10's
+    overflow or step 11's duplicate node; an oversized delta before another
+    delta's overflow), as on SQLite.
+
+    Raises:
+        PayloadTooLarge: a value is over its limit.
+    """
+    limits = db.limits
+    for row in rows:
+        for name, kind in columns:
+            limits.check(name, kind, row[name])
 
 
 def _put_usage_and_totals(deltas: int, totals: int) -> Any:
@@ -1541,13 +1572,23 @@ class SessionCommitRepository:
         # Postgres: the blobs go out in the head's statement (step 13), not one by one.
         blobs: list[dict[str, Any]] | None = [] if db.postgres else None
         checkpoint_ref, manifest = put_checkpoint(db, commit.checkpoint, profile, into=blobs)
+        if blobs:  # their size limits here, before the errors of steps 10-11
+            _check_sizes(db, blobs, _BLOB_SIZED)
 
-        # 10. Usage deltas, in order, and the ledger totals they change.
-        if commit.usage_deltas:
-            changed = self._changed_totals(commit, totals)
-            if db.postgres and self._fold_usage(commit, changed):
-                changed = {}
+        # 10. Usage deltas, in order, and the ledger totals they change. The rows
+        # (their size limits) come before the totals (a UsageLedgerOverflow).
+        if deltas := commit.usage_deltas:
+            fold = db.postgres and len(deltas) <= _USAGE_PER_FOLD
+            if fold:
+                _check_sizes(
+                    db, [{"source": d.source, "model": d.model} for d in deltas], _DELTA_SIZED
+                )
             else:
+                self._put_deltas(commit)
+            changed = self._changed_totals(commit, totals)
+            if fold and self._fold_usage(commit, changed):
+                changed = {}
+            elif fold:  # no total changes (every delta is zero): no folded shape
                 self._put_deltas(commit)
             self._put_totals(commit, changed)
 
