@@ -235,7 +235,7 @@ def test_a_refused_write_caught_in_a_unit_leaves_nothing(store: Store) -> None:
 
 
 def test_a_fault_between_blob_and_node_leaves_nothing(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broken = cn_module.Statement(
         cn_module.select(cn_module.GraphNodeRow.node_id).where(
@@ -243,7 +243,10 @@ def test_a_fault_between_blob_and_node_leaves_nothing(
         ),
         name="test.broken_put_node",
     )
-    monkeypatch.setattr(cn_module, "_PUT_NODE_AND_BLOB", broken)
+    # Postgres: one statement (the blob a CTE of the node upsert); SQLite: the
+    # guarded node upsert, then the blob insert, which fails here.
+    second = "_PUT_NODE_AND_BLOB" if backend == "postgres" else "_SQLITE_PUT_BLOB"
+    monkeypatch.setattr(cn_module, second, broken)
     with pytest.raises((DatabaseError, KeyError)):
         store.checkpoint_nodes.put_checkpoint_node(SID, "c1", b"never")
     assert _blob_count(store) == 0
