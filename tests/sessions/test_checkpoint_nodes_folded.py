@@ -163,8 +163,14 @@ def _racer(url: str, barrier: threading.Barrier, fn: Any) -> Any:
             return type(exc).__name__
 
 
-def test_race_unfenced_pending_writes_against_a_claim(db_url: str) -> None:
-    """Each round: the writes land before the lease is claimed, or are refused; never both."""
+@pytest.mark.parametrize("begin", [True, False], ids=["unit", "autocommit"])
+def test_race_unfenced_pending_writes_against_a_claim(db_url: str, begin: bool) -> None:
+    """Each round: the writes land before the lease is claimed, or are refused; never both.
+
+    ``autocommit``: the one-call unit opens no transaction
+    (``Store._call_operation(begin=False)``, the LangGraph saver's unfenced
+    put_writes on SQLite): the guarded insert is one statement on its own.
+    """
     outcomes = set()
     for round_ in range(6):
         barrier = threading.Barrier(2)
@@ -178,7 +184,10 @@ def test_race_unfenced_pending_writes_against_a_claim(db_url: str) -> None:
 
         def write(s: Store, sid: str = sid) -> Any:
             rows = [PendingWrite(0, "a", "j", b"x"), PendingWrite(-1, "e", "j", b"y")]
-            return s.checkpoint_nodes.put_pending_writes(sid, "c1", "t", rows)
+            return s._call_operation(
+                lambda r: r.checkpoint_nodes.put_pending_writes(sid, "c1", "t", rows),
+                begin=begin or s.engine.dialect.name == "postgresql",
+            )
 
         (claimed, seen), wrote = run_threads(
             [(_racer, (db_url, barrier, own)), (_racer, (db_url, barrier, write))]
@@ -244,3 +253,29 @@ def test_race_fenced_write_against_release_and_claim(db_url: str, kind: str) -> 
             assert node is not None and node.body == b"x"
         else:
             assert wrote is None and [w.value for w in stored] == [b"x"]
+
+
+def test_autocommit_pending_writes(store: Store, backend: str, clock: SettableClock) -> None:
+    """A one-call unit without a transaction (SQLite): one statement when the lease is free;
+    a refusal, a repeat and a renewing fence take the guarded path in a transaction."""
+    if backend == "postgres":
+        pytest.skip("SQLite only: Postgres units always begin")
+
+    def put(rows: list[PendingWrite], **kw: Any) -> None:
+        store._call_operation(
+            lambda r: r.checkpoint_nodes.put_pending_writes(SID, "c1", "t", rows, **kw),
+            begin=False,
+        )
+
+    put([PendingWrite(0, "a", "j", b"1"), PendingWrite(-1, "e", "j", b"old")])
+    put([PendingWrite(0, "a", "j", b"again")])  # a repeat: ignored (the guarded path)
+    acquire_lease(store, SID, A, 60_000)
+    before = _rows(store)
+    with pytest.raises(SessionLeaseHeld):
+        put([PendingWrite(1, "b", "j", b"2"), PendingWrite(-1, "e", "j", b"new")])
+    assert _rows(store) == before
+    stored = {w.idx: w.value for w in store.checkpoint_nodes.list_pending_writes(SID, "c1")}
+    assert stored == {0: b"1", -1: b"old"}
+    clock.advance(60_001)  # expired: no longer blocks
+    put([PendingWrite(1, "b", "j", b"2")])
+    assert [w.idx for w in store.checkpoint_nodes.list_pending_writes(SID, "c1")] == [-1, 0, 1]

@@ -740,7 +740,12 @@ class CheckpointNodeRepository:
         replace: Sequence[Mapping[str, Any]],
     ) -> None:
         """Pending writes on SQLite: one guarded insert of them all (:data:`_SQLITE_ADD_WRITES`),
-        with the unit's ``BEGIN IMMEDIATE`` and ``COMMIT`` three statements.
+        with the unit's ``BEGIN IMMEDIATE`` and ``COMMIT`` three statements; in a
+        one-call unit that opened no transaction (the LangGraph saver's unfenced
+        put_writes, ``Store._call_operation(begin=False)``) that insert alone, in
+        autocommit: one statement is atomic, and SQLite runs it holding the
+        database write lock, serialised with every other writer, so the lease
+        it judges cannot change under it.
 
         Up to :data:`_SQLITE_ROWS` writes, the insert carries LEASE_GUARD
         folded (as :meth:`_put_sqlite`). When it writes no row (the lease did
@@ -748,10 +753,19 @@ class CheckpointNodeRepository:
         is kept), or there are more writes, the unfolded guard runs and
         raises, or passes (renewing a fenced lease when due), and the rows
         are inserted as before (one ``executemany`` per kind); a repeat is
-        still ignored.
+        still ignored. In autocommit that path first opens the transaction
+        (``BEGIN IMMEDIATE``) and samples ``now`` again; the unit commits it.
+        ``now`` of the folded insert is sampled before the statement takes
+        the write lock: a wait for the lock only makes an unfenced write more
+        careful (a lease still live at that ``now`` refuses it, and the
+        unfolded guard judges it again); a fenced write never runs in
+        autocommit.
         """
         db = self._db
         lease_sid = lease_session_id or session_id
+        # A one-call unit that opened no transaction (Store._call_operation(begin=False)):
+        # the folded insert is one atomic statement in autocommit.
+        autocommit = not self._nested and not getattr(db.raw, "in_transaction", True)
         now = begin_session_write(db, self._clock, self._writable, session_id)
         rows = [*add, *replace]
         if len(rows) <= _SQLITE_ROWS:
@@ -773,6 +787,9 @@ class CheckpointNodeRepository:
                 stmt = _SQLITE_ADD_WRITES[fence is not None, len(rows)]
                 if db.execute(stmt, params).rowcount > 0:
                     return
+        if autocommit:  # the unfolded path runs in a transaction (the unit commits it)
+            db.begin(write=True)
+            now = begin_session_write(db, self._clock, self._writable, session_id)
         guard_session_write(db, lease_sid, fence, now, renew_ms)
         db.executemany(_ADD_WRITE, add)
         db.executemany(_REPLACE_WRITE, replace)
