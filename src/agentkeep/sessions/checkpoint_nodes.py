@@ -26,7 +26,13 @@ unit that may hold other work or a caller that catches (``store.write()``,
 unit on psycopg the writes go out in the round trip of the lock and the lease
 read, after them, and a refusal rolls that unit (this operation alone) back;
 without a fence ``COMMIT`` goes in that round trip too, once the server
-found the lease free (``CheckpointNodeRepository._guarded``).
+found the lease free (``CheckpointNodeRepository._guarded``). On SQLite the
+guard is folded into the write itself (``INSERT … SELECT … WHERE`` the lease
+passes: free, or the fence's live lease with no renewal due), under the
+unit's ``BEGIN IMMEDIATE``; a write that wrote nothing (or one of more than
+:data:`_SQLITE_ROWS` pending writes) runs the unfolded guard, which raises
+with nothing written, or renews and writes (``_put_sqlite``,
+``_writes_sqlite``).
 
 Idempotency. Putting a node again under the same id replaces its parent,
 JSON, blob and run (the last put wins, as LangGraph's savers do); a pending
@@ -34,12 +40,15 @@ write with ``write_idx >= 0`` is stored once (a repeat of the same
 ``(task, idx)`` is ignored), one with a negative index (LangGraph's special
 channels: errors, interrupts, resumes) is replaced.
 
-Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
-NOTHING``) and one node upsert (on Postgres one statement: the blob insert is
-a data-modifying CTE of the upsert); a pending-write put: the lease read and
-one insert per write on SQLite (one ``executemany``); on Postgres the
-writes of ``idx >= 0`` in one multi-row insert (per 8), each negative
-index its own upsert. Nothing written is read back. A one-call put on
+Cost of a put on SQLite: ``BEGIN IMMEDIATE``, the guarded node upsert, the
+blob insert (``ON CONFLICT DO NOTHING``), ``COMMIT``; a pending-write put:
+``BEGIN IMMEDIATE``, one guarded insert of all its writes, ``COMMIT``, or
+that insert alone in a one-call unit that opened no transaction
+(``Store._call_operation(begin=False)``: the LangGraph saver outside
+``owning``). On Postgres a put is the guard's lease read and one node upsert
+(the blob insert a data-modifying CTE of it); a pending-write put the lease
+read, the writes of ``idx >= 0`` in one multi-row insert (per 8), each
+negative index its own upsert. Nothing written is read back. A one-call put on
 psycopg without a fence is one round trip: ``BEGIN``, the locks, the lease
 read (as :data:`_FREE_LEASE_READ`, which refuses unless the lease is free),
 the writes and ``COMMIT`` pipelined (docs/architecture.md#one-round-trip-commit);
