@@ -358,16 +358,20 @@ def test_race_owner_against_unfenced_writer(db_url: str) -> None:
         sid = f"race/{round_}/"
 
         def own(s: Store, sid: str = sid) -> Any:
-            return s.leases.try_claim_session_execution_lease(sid, A, 60_000)
+            # The claim and a read of the node in one unit: what the claim saw.
+            with s.write() as uow:
+                uow.leases.try_claim_session_execution_lease(sid, A, 60_000)
+                return uow.checkpoint_nodes.get_checkpoint_node(sid, "c1")
 
         def write(s: Store, sid: str = sid) -> Any:
             return s.checkpoint_nodes.put_checkpoint_node(sid, "c1", b"x")
 
-        _, wrote = run_threads(
+        seen, wrote = run_threads(
             [(_racer, (db_url, barrier, own)), (_racer, (db_url, barrier, write))]
         )
         with Store.open(db_url) as store:
             node = store.checkpoint_nodes.get_checkpoint_node(sid, "c1")
+        assert node == seen  # nothing landed after the claim
         if wrote == "SessionLeaseHeld":
             assert node is None
         else:
