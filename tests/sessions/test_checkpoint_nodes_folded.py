@@ -279,3 +279,15 @@ def test_autocommit_pending_writes(store: Store, backend: str, clock: SettableCl
     clock.advance(60_001)  # expired: no longer blocks
     put([PendingWrite(1, "b", "j", b"2")])
     assert [w.idx for w in store.checkpoint_nodes.list_pending_writes(SID, "c1")] == [-1, 0, 1]
+    # A fenced one and a put open their transaction first: FENCE_OK at a now
+    # sampled under the write lock (here it renews), node and blob together.
+    lease = acquire_lease(store, SID, A, 10_000)
+    clock.advance(6_000)
+    put([PendingWrite(2, "c", "j", b"3")], fence=lease, renew_ms=10_000)
+    assert _expires(store) == clock.now_ms() + 10_000
+    store._call_operation(
+        lambda r: r.checkpoint_nodes.put_checkpoint_node(SID, "c1", b"body", fence=lease),
+        begin=False,
+    )
+    node = store.checkpoint_nodes.get_checkpoint_node(SID, "c1")
+    assert node is not None and node.body == b"body" and len(node.writes) == 4

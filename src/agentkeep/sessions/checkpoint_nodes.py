@@ -371,8 +371,8 @@ _FREE_LEASE_READ: Final = Statement(_free_lease_read, name="checkpoint_nodes.fre
 # WHERE <the lease passes>``: under the unit's ``BEGIN IMMEDIATE`` (every
 # session writer serialised) it writes its rows when the lease passes, and
 # nothing when it does not; then the repository runs the unfolded guard
-# (``_run_guarded``), which raises the guard's typed error, or renews the
-# lease and writes (``_put_sqlite`` / ``_writes_sqlite``).
+# (``leases.guard_session_write``), which raises the guard's typed error, or
+# renews the lease, and writes (``_put_sqlite`` / ``_writes_sqlite``).
 
 
 def _integer(dialect: Any, column: Any) -> Any:
@@ -704,6 +704,11 @@ class CheckpointNodeRepository:
 
     # ---------------------------------------------------------------- SQLite
 
+    def _in_transaction(self) -> bool:
+        """False only in a one-call unit that opened no transaction
+        (``Store._call_operation(begin=False)``, SQLite); every other unit has one."""
+        return self._nested or bool(getattr(self._db.raw, "in_transaction", True))
+
     def _put_sqlite(
         self,
         session_id: str,
@@ -725,10 +730,13 @@ class CheckpointNodeRepository:
         it raises the typed error (SessionLeaseHeld,
         SessionExecutionLeaseExpired, SessionCorrupt) or renews the lease,
         and then the node and the blob are written. ``graph_nodes.blob_ref``
-        has no foreign key: the node may go first.
+        has no foreign key: the node may go first. In a one-call unit that
+        opened no transaction the put opens it (``BEGIN IMMEDIATE``) first.
         """
         db = self._db
         lease_sid = lease_session_id or session_id
+        if self._writable and not self._in_transaction():
+            db.begin(write=True)  # node and blob commit together, never in autocommit
         now = begin_session_write(db, self._clock, self._writable, session_id, blobs=True)
         guard = _sqlite_guard_params(lease_sid, fence, now, renew_ms)
         if (
@@ -773,8 +781,12 @@ class CheckpointNodeRepository:
         db = self._db
         lease_sid = lease_session_id or session_id
         # A one-call unit that opened no transaction (Store._call_operation(begin=False)):
-        # the folded insert is one atomic statement in autocommit.
-        autocommit = not self._nested and not getattr(db.raw, "in_transaction", True)
+        # the folded insert is one atomic statement in autocommit; a fenced one
+        # opens the transaction first (FENCE_OK judged at a now sampled under the lock).
+        autocommit = self._writable and not self._in_transaction()
+        if autocommit and fence is not None:
+            db.begin(write=True)
+            autocommit = False
         now = begin_session_write(db, self._clock, self._writable, session_id)
         rows = [*add, *replace]
         if len(rows) <= _SQLITE_ROWS:
