@@ -284,6 +284,13 @@ def _written_here(construct: Insert | Update) -> tuple[tuple[str, str, ColumnKin
         for values in row:
             if isinstance(values, Mapping):
                 pairs += values.items()
+    source = getattr(construct, "select", None)  # INSERT … SELECT: the selected parameters
+    if source is not None:
+        for select_ in getattr(source, "selects", None) or (source,):  # UNION ALL of rows
+            for key, value in zip(
+                construct._select_names or (), select_.selected_columns, strict=True
+            ):
+                pairs.append((key, value))
     conflict = getattr(construct, "_post_values_clause", None)
     sets = getattr(conflict, "update_values_to_set", None) or ()
     pairs += list(sets.items() if isinstance(sets, Mapping) else sets)

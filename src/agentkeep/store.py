@@ -701,7 +701,7 @@ class Store:
         """
         return self._call_write(fn, operation=False)
 
-    def _call_operation(self, fn: Callable[[Repositories], T]) -> T:
+    def _call_operation(self, fn: Callable[[Repositories], T], *, begin: bool = True) -> T:
         """:meth:`call_write` for ``fn`` that is one repository operation whose errors propagate.
 
         The one-call forms (``store.runs.<op>``, ``store.commits.<op>``, ...)
@@ -713,13 +713,22 @@ class Store:
         go on to commit. Never pass a ``fn`` that catches an operation's
         error here: the writes that operation made before failing would be
         committed. Raises what :meth:`call_write` raises.
-        """
-        return self._call_write(fn, operation=True)
 
-    def _call_write(self, fn: Callable[[Repositories], T], *, operation: bool) -> T:
+        ``begin=False`` (SQLite only): the unit opens no transaction; ``fn``
+        runs its first statement in autocommit (one atomic statement) and
+        calls ``driver.begin(write=True)`` itself before it needs more; the
+        unit then commits or rolls back that transaction as usual.
+        """
+        return self._call_write(fn, operation=True, begin=begin)
+
+    def _call_write(
+        self, fn: Callable[[Repositories], T], *, operation: bool, begin: bool = True
+    ) -> T:
         deadline = self._deadline()
         return db.retry_transient(
-            lambda: self._lean(fn, write=True, deadline=deadline, operation=operation),
+            lambda: self._lean(
+                fn, write=True, snapshot=begin, deadline=deadline, operation=operation
+            ),
             attempts=self._retry_attempts,
             sleep=self._sleep,
             deadline=deadline,
@@ -815,7 +824,7 @@ class Store:
             try:
                 if limit is not None and not driver.postgres:
                     driver.limit_lock_wait(limit)
-                if write or snapshot:
+                if snapshot:  # a write's BEGIN IMMEDIATE, unless _call_operation(begin=False)
                     driver.begin(write=write)  # may open the driver's transaction
                 if limit is not None and driver.postgres:
                     driver.limit_lock_wait(limit)

@@ -251,8 +251,8 @@ def test_a_lost_commit_answer_is_settled_by_running_the_write_again(
     guard = threading.Lock()
     retrying = threading.local()  # the retry runs next, on the thread whose answer was lost
 
-    def flaky(fn: Any) -> Any:
-        result = real(fn)
+    def flaky(fn: Any, **kw: Any) -> Any:
+        result = real(fn, **kw)
         if getattr(retrying, "now", False):
             retrying.now = False
             return result

@@ -235,7 +235,7 @@ def test_a_refused_write_caught_in_a_unit_leaves_nothing(store: Store) -> None:
 
 
 def test_a_fault_between_blob_and_node_leaves_nothing(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broken = cn_module.Statement(
         cn_module.select(cn_module.GraphNodeRow.node_id).where(
@@ -243,7 +243,10 @@ def test_a_fault_between_blob_and_node_leaves_nothing(
         ),
         name="test.broken_put_node",
     )
-    monkeypatch.setattr(cn_module, "_PUT_NODE_AND_BLOB", broken)
+    # Postgres: one statement (the blob a CTE of the node upsert); SQLite: the
+    # guarded node upsert, then the blob insert, which fails here.
+    second = "_PUT_NODE_AND_BLOB" if backend == "postgres" else "_SQLITE_PUT_BLOB"
+    monkeypatch.setattr(cn_module, second, broken)
     with pytest.raises((DatabaseError, KeyError)):
         store.checkpoint_nodes.put_checkpoint_node(SID, "c1", b"never")
     assert _blob_count(store) == 0
@@ -355,16 +358,20 @@ def test_race_owner_against_unfenced_writer(db_url: str) -> None:
         sid = f"race/{round_}/"
 
         def own(s: Store, sid: str = sid) -> Any:
-            return s.leases.try_claim_session_execution_lease(sid, A, 60_000)
+            # The claim and a read of the node in one unit: what the claim saw.
+            with s.write() as uow:
+                uow.leases.try_claim_session_execution_lease(sid, A, 60_000)
+                return uow.checkpoint_nodes.get_checkpoint_node(sid, "c1")
 
         def write(s: Store, sid: str = sid) -> Any:
             return s.checkpoint_nodes.put_checkpoint_node(sid, "c1", b"x")
 
-        _, wrote = run_threads(
+        seen, wrote = run_threads(
             [(_racer, (db_url, barrier, own)), (_racer, (db_url, barrier, write))]
         )
         with Store.open(db_url) as store:
             node = store.checkpoint_nodes.get_checkpoint_node(sid, "c1")
+        assert node == seen  # nothing landed after the claim
         if wrote == "SessionLeaseHeld":
             assert node is None
         else:

@@ -134,6 +134,9 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         self.session_prefix = session_prefix
         self.owner_id = owner_id or f"agentkeep-saver-{uuid.uuid4().hex}"
         self.lease_ttl_ms = lease_ttl_ms
+        #: A sync Store on pysqlite: unfenced put_writes run in autocommit (_one_call).
+        engine = self.store.engine
+        self._sqlite = self.astore is None and engine.dialect.driver == "pysqlite"
         #: Session ids already encoded, by (thread, namespace): every put names two.
         self._ids: dict[tuple[str, str], str] = {}
         self._owned: contextvars.ContextVar[dict[str, SessionExecutionLease] | None] = (
@@ -219,7 +222,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
     async def _awrite_once(self, fn: Callable[[Repositories], T]) -> T:
         return await self._async(lambda s: s.call_write(fn), lambda a: a.call_write(fn))
 
-    def _one_call(self, op: Callable[[Any], Any]) -> None:
+    def _one_call(self, op: Callable[[Any], Any], *, begin: bool = True) -> None:
         """Run a put as a one-call operation: its own unit, holding it alone.
 
         ``op(calls)`` calls one method of a ``checkpoint_nodes`` facade or
@@ -234,6 +237,13 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         once more (puts are idempotent). On an AsyncStore it calls the async
         facade (``astore.checkpoint_nodes``), which settles a lost answer the
         same way.
+
+        ``begin=False`` (an unfenced put_writes on a sync SQLite store): the
+        unit opens no transaction, and the repository writes with one
+        statement in autocommit (its guard folded in), or opens the
+        transaction itself when that statement wrote nothing
+        (``CheckpointNodeRepository._writes_sqlite``): one statement instead
+        of three (``BEGIN IMMEDIATE``, the insert, ``COMMIT``).
         """
         astore = self.astore
         if astore is None:
@@ -243,9 +253,9 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
                 return op(r.checkpoint_nodes)
 
             try:
-                store._call_operation(fn)
+                store._call_operation(fn, begin=begin)
             except CommitOutcomeUnknown:
-                store._call_operation(fn)
+                store._call_operation(fn, begin=begin)
             return
         self._sync(lambda: op(self.store.checkpoint_nodes), lambda: op(astore.checkpoint_nodes))
 
@@ -523,7 +533,13 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
             SessionLeaseHeld, SessionExecutionLeaseExpired: as :meth:`put`.
         """
         if writes:
-            self._one_call(self._writes_op(config, writes, task_id, task_path))
+            # Outside owning on a sync SQLite store: no transaction of the unit's
+            # own, the writes are one statement in autocommit (see _one_call).
+            unfenced = self._fence(config["configurable"]["thread_id"]) is None
+            self._one_call(
+                self._writes_op(config, writes, task_id, task_path),
+                begin=not (unfenced and self._sqlite),
+            )
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every session of the thread (all namespaces) in one transaction.

@@ -26,7 +26,13 @@ unit that may hold other work or a caller that catches (``store.write()``,
 unit on psycopg the writes go out in the round trip of the lock and the lease
 read, after them, and a refusal rolls that unit (this operation alone) back;
 without a fence ``COMMIT`` goes in that round trip too, once the server
-found the lease free (``CheckpointNodeRepository._guarded``).
+found the lease free (``CheckpointNodeRepository._guarded``). On SQLite the
+guard is folded into the write itself (``INSERT … SELECT … WHERE`` the lease
+passes: free, or the fence's live lease with no renewal due), under the
+unit's ``BEGIN IMMEDIATE``; a write that wrote nothing (or one of more than
+:data:`_SQLITE_ROWS` pending writes) runs the unfolded guard, which raises
+with nothing written, or renews and writes (``_put_sqlite``,
+``_writes_sqlite``).
 
 Idempotency. Putting a node again under the same id replaces its parent,
 JSON, blob and run (the last put wins, as LangGraph's savers do); a pending
@@ -34,12 +40,15 @@ write with ``write_idx >= 0`` is stored once (a repeat of the same
 ``(task, idx)`` is ignored), one with a negative index (LangGraph's special
 channels: errors, interrupts, resumes) is replaced.
 
-Cost of a put: the guard's lease read, one blob insert (``ON CONFLICT DO
-NOTHING``) and one node upsert (on Postgres one statement: the blob insert is
-a data-modifying CTE of the upsert); a pending-write put: the lease read and
-one insert per write on SQLite (one ``executemany``); on Postgres the
-writes of ``idx >= 0`` in one multi-row insert (per 8), each negative
-index its own upsert. Nothing written is read back. A one-call put on
+Cost of a put on SQLite: ``BEGIN IMMEDIATE``, the guarded node upsert, the
+blob insert (``ON CONFLICT DO NOTHING``), ``COMMIT``; a pending-write put:
+``BEGIN IMMEDIATE``, one guarded insert of all its writes, ``COMMIT``, or
+that insert alone in a one-call unit that opened no transaction
+(``Store._call_operation(begin=False)``: the LangGraph saver outside
+``owning``). On Postgres a put is the guard's lease read and one node upsert
+(the blob insert a data-modifying CTE of it); a pending-write put the lease
+read, the writes of ``idx >= 0`` in one multi-row insert (per 8), each
+negative index its own upsert. Nothing written is read back. A one-call put on
 psycopg without a fence is one round trip: ``BEGIN``, the locks, the lease
 read (as :data:`_FREE_LEASE_READ`, which refuses unless the lease is free),
 the writes and ``COMMIT`` pipelined (docs/architecture.md#one-round-trip-commit);
@@ -59,7 +68,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Integer, case, cast, delete, exists, literal, select
+from sqlalchemy import Integer, case, cast, delete, exists, func, literal, or_, select
 from sqlalchemy import bindparam as p
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql import Select
@@ -67,8 +76,13 @@ from sqlalchemy.sql import Select
 from agentkeep.clock import Clock
 from agentkeep.db import Answered, Driver, PrefetchCheckFailed
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
-from agentkeep.sessions.checkpoints import put_opaque_blob
-from agentkeep.sessions.domain import MAX_I64, LeaseFence, check_fence, check_id
+from agentkeep.sessions.domain import (
+    MAX_I64,
+    LeaseFence,
+    check_fence,
+    check_id,
+    saturating_add,
+)
 from agentkeep.sessions.leases import begin_session_write, guard_session_write, lease_read
 from agentkeep.sessions.maintenance import _batches, _in_list, _in_params
 from agentkeep.sessions.models import BlobRow, GraphNodeRow, PendingWriteRow, SessionLeaseRow
@@ -348,6 +362,169 @@ def _lease_columns(dialect: Any) -> tuple[Any, ...]:
 _FREE_LEASE_READ: Final = Statement(_free_lease_read, name="checkpoint_nodes.free_lease_read")
 
 
+# ---------------------------------------------------------------- SQLite: LEASE_GUARD folded
+#
+# On SQLite each statement costs the saver's thread a GIL hand-off (sqlite3
+# releases the GIL around every step), which inside a running graph costs far
+# more than the SQL: a put there folds LEASE_GUARD into its write, so the
+# lease read is no statement of its own. The write is an ``INSERT … SELECT …
+# WHERE <the lease passes>``: under the unit's ``BEGIN IMMEDIATE`` (every
+# session writer serialised) it writes its rows when the lease passes, and
+# nothing when it does not; then the repository runs the unfolded guard
+# (``leases.guard_session_write``), which raises the guard's typed error, or
+# renews the lease, and writes (``_put_sqlite`` / ``_writes_sqlite``).
+
+
+def _integer(dialect: Any, column: Any) -> Any:
+    """``column`` holds an integer (SQLite's ``typeof``; Postgres' column type says so).
+
+    (These statements run on SQLite; Postgres only compiles them.)
+    """
+    if dialect.name == "sqlite":
+        return func.typeof(column) == "integer"
+    return literal(True)
+
+
+def _sqlite_lease_passes(dialect: Any, *, fenced: bool) -> Any:
+    """The folded LEASE_GUARD on the lease row of ``:lsid`` (SQLite).
+
+    Without a fence (``fenced`` False): no row, or a row that is not live
+    (no token, or ``expires <= :now``) and whose generation is a
+    non-negative integer (the guard reads any other as SessionCorrupt). With
+    a fence: FENCE_OK (the row's owner, incarnation, a NULL one read as the
+    owner, token and generation are the fence's: ``:owner``, ``:inc``,
+    ``:token``, ``:fencing``) with the expiry after ``:after``, which the
+    caller sets so that the lease is live and needs no renewal (see
+    :func:`_sqlite_guard_params`). Anything else does not pass: the unfolded
+    guard judges it.
+    """
+    if not fenced:
+        return ~exists().where(
+            _L.session_id == p("lsid"),
+            or_(
+                (_L.lease_token.is_not(None)) & (_L.lease_expires_at_ms > p("now")),
+                _L.lease_fencing_token < 0,
+                _integer(dialect, _L.lease_fencing_token).is_(False),
+            ),
+        )
+    return exists().where(
+        _L.session_id == p("lsid"),
+        _L.lease_owner_id == p("owner"),
+        func.coalesce(_L.lease_owner_incarnation_id, _L.lease_owner_id) == p("inc"),
+        _L.lease_token == p("token"),
+        _L.lease_fencing_token == p("fencing"),
+        _integer(dialect, _L.lease_fencing_token),
+        _L.lease_expires_at_ms > p("after"),
+    )
+
+
+def _sqlite_guard_params(
+    lease_sid: str, fence: LeaseFence | None, now: int, renew_ms: int | None
+) -> dict[str, Any] | None:
+    """The parameters of :func:`_sqlite_lease_passes` at ``now``; None when a fence names
+    another session than ``lease_sid`` (the unfolded guard refuses it).
+
+    ``:after`` is ``now`` plus, with ``renew_ms``, half of it less 1: the
+    guard renews a lease with ``expires - now < renew_ms // 2`` left, so
+    ``expires > :after`` is "live, and no renewal due".
+    """
+    if fence is None:
+        return {"lsid": lease_sid, "now": now}
+    if fence.session_id != lease_sid:
+        return None
+    after = now if renew_ms is None else saturating_add(now, max(renew_ms // 2 - 1, 0))
+    return {
+        "lsid": lease_sid,
+        "owner": fence.owner.owner_id,
+        "inc": fence.owner.incarnation_id,
+        "token": fence.lease_token,
+        "fencing": fence.fencing_token,
+        "after": after,
+    }
+
+
+def _sqlite_put_node(dialect: Any, fenced: bool) -> Any:
+    """The node upsert of a put as ``INSERT … SELECT … WHERE`` the folded guard passes."""
+    names: tuple[str, ...] = ("session_id", "node_id", "parent_node_id", "node_json")
+    names += ("tombstoned", "blob_ref", "run_id")
+    row: Any = select(p("sid"), p("nid"), p("parent"), p("json"), p("live"), p("ref"), p("run"))
+    passes = _sqlite_lease_passes(dialect, fenced=fenced)
+    stmt = upsert(dialect, _N).from_select(names, row.where(passes))
+    return stmt.on_conflict_do_update(
+        index_elements=[_N.session_id, _N.node_id],
+        set_={key: stmt.excluded[key] for key in names[2:]},
+    )
+
+
+#: ``_SQLITE_PUT_NODE[fenced]``: the guarded node upsert.
+_SQLITE_PUT_NODE: Final = {
+    fenced: Statement(
+        functools.partial(_sqlite_put_node, fenced=fenced),
+        name=f"checkpoint_nodes.sqlite_put_node_{fenced}",
+    )
+    for fenced in (False, True)
+}
+_SQLITE_PUT_BLOB: Final = Statement(
+    lambda d: (
+        upsert(d, BlobRow)
+        .values(hash=p("ref"), kind=p("kind"), compression=p("compression"), content=p("content"))
+        .on_conflict_do_nothing(index_elements=[BlobRow.hash])
+    ),
+    name="checkpoint_nodes.sqlite_put_blob",
+)
+
+#: Pending writes one guarded SQLite insert takes at most (more: the unfolded path).
+_SQLITE_ROWS: Final = 16
+
+
+def _sqlite_add_writes(dialect: Any, count: int, fenced: bool) -> Any:
+    """The guarded insert of ``count`` pending writes of one task (SQLite).
+
+    One ``SELECT … WHERE <guard>`` per row (``UNION ALL``): ``sid``, ``nid``,
+    ``task`` and ``path`` shared, ``idx<i>``, ``channel<i>``, ``type<i>``,
+    ``value<i>`` per row. A conflict on ``(task, idx)`` keeps the stored row
+    for ``idx >= 0`` and replaces it for a negative ``idx`` (the ``DO UPDATE
+    … WHERE``), row by row in order, as :data:`_ADD_WRITE` and
+    :data:`_REPLACE_WRITE` one row at a time.
+    """
+    names: tuple[str, ...] = ("session_id", "node_id", "task_id", "write_idx", "channel")
+    names += ("value_type", "value", "task_path")
+    passes = _sqlite_lease_passes(dialect, fenced=fenced)
+    rows: list[Any] = [
+        select(
+            p("sid"),
+            p("nid"),
+            p("task"),
+            p(f"idx{i}"),
+            p(f"channel{i}"),
+            p(f"type{i}"),
+            p(f"value{i}"),
+            p("path"),
+        ).where(passes)
+        for i in range(count)
+    ]
+    source: Any = rows[0]
+    if count > 1:
+        source = source.union_all(*rows[1:])
+    stmt = upsert(dialect, _W).from_select(names, source)
+    return stmt.on_conflict_do_update(
+        index_elements=[_W.session_id, _W.node_id, _W.task_id, _W.write_idx],
+        set_={key: stmt.excluded[key] for key in ("channel", "value_type", "value", "task_path")},
+        where=stmt.excluded.write_idx < 0,
+    )
+
+
+#: ``_SQLITE_ADD_WRITES[fenced, n]``: the guarded insert of ``n`` rows (1..``_SQLITE_ROWS``).
+_SQLITE_ADD_WRITES: Final = {
+    (fenced, n): Statement(
+        functools.partial(_sqlite_add_writes, count=n, fenced=fenced),
+        name=f"checkpoint_nodes.sqlite_add_writes_{n}_{fenced}",
+    )
+    for fenced in (False, True)
+    for n in range(1, _SQLITE_ROWS + 1)
+}
+
+
 @dataclass(frozen=True, slots=True)
 class PendingWrite:
     """One write to record: its index in the task, channel, serializer type tag and bytes."""
@@ -525,6 +702,119 @@ class CheckpointNodeRepository:
         for stmt, params in writes:
             db.execute(stmt, params)
 
+    # ---------------------------------------------------------------- SQLite
+
+    def _in_transaction(self) -> bool:
+        """False only in a one-call unit that opened no transaction
+        (``Store._call_operation(begin=False)``, SQLite); every other unit has one."""
+        return self._nested or bool(getattr(self._db.raw, "in_transaction", True))
+
+    def _put_sqlite(
+        self,
+        session_id: str,
+        lease_session_id: str | None,
+        fence: LeaseFence | None,
+        renew_ms: int | None,
+        node: dict[str, Any],
+    ) -> None:
+        """A put on SQLite: the guarded node upsert, then the blob; three statements with
+        the unit's ``BEGIN IMMEDIATE`` and ``COMMIT`` when the lease passes.
+
+        Under the unit's ``BEGIN IMMEDIATE`` (no other writer, no blob GC, until
+        it ends): the node upsert with LEASE_GUARD folded in
+        (:data:`_SQLITE_PUT_NODE`). It writes the node when the lease passes
+        (free, or without a renewal due, the fence's live lease); then the
+        blob (``ON CONFLICT DO NOTHING``), in the same transaction, so a blob
+        GC never sees the node without its blob. When it writes nothing, the
+        unfolded guard judges the same lease row (nothing was written yet):
+        it raises the typed error (SessionLeaseHeld,
+        SessionExecutionLeaseExpired, SessionCorrupt) or renews the lease,
+        and then the node and the blob are written. ``graph_nodes.blob_ref``
+        has no foreign key: the node may go first. In a one-call unit that
+        opened no transaction the put opens it (``BEGIN IMMEDIATE``) first.
+        """
+        db = self._db
+        lease_sid = lease_session_id or session_id
+        if self._writable and not self._in_transaction():
+            db.begin(write=True)  # node and blob commit together, never in autocommit
+        now = begin_session_write(db, self._clock, self._writable, session_id, blobs=True)
+        guard = _sqlite_guard_params(lease_sid, fence, now, renew_ms)
+        if (
+            guard is None
+            or db.execute(_SQLITE_PUT_NODE[fence is not None], {**node, **guard}).rowcount != 1
+        ):
+            guard_session_write(db, lease_sid, fence, now, renew_ms)
+            db.execute(_PUT_NODE, node)
+        db.execute(_SQLITE_PUT_BLOB, node)
+
+    def _writes_sqlite(
+        self,
+        session_id: str,
+        lease_session_id: str | None,
+        fence: LeaseFence | None,
+        renew_ms: int | None,
+        add: Sequence[Mapping[str, Any]],
+        replace: Sequence[Mapping[str, Any]],
+    ) -> None:
+        """Pending writes on SQLite: one guarded insert of them all (:data:`_SQLITE_ADD_WRITES`),
+        with the unit's ``BEGIN IMMEDIATE`` and ``COMMIT`` three statements; in a
+        one-call unit that opened no transaction (the LangGraph saver's unfenced
+        put_writes, ``Store._call_operation(begin=False)``) that insert alone, in
+        autocommit: one statement is atomic, and SQLite runs it holding the
+        database write lock, serialised with every other writer, so the lease
+        it judges cannot change under it.
+
+        Up to :data:`_SQLITE_ROWS` writes, the insert carries LEASE_GUARD
+        folded (as :meth:`_put_sqlite`). When it writes no row (the lease did
+        not pass, or every write was a repeat of an ``idx >= 0`` one, which
+        is kept), or there are more writes, the unfolded guard runs and
+        raises, or passes (renewing a fenced lease when due), and the rows
+        are inserted as before (one ``executemany`` per kind); a repeat is
+        still ignored. In autocommit that path first opens the transaction
+        (``BEGIN IMMEDIATE``) and samples ``now`` again; the unit commits it.
+        ``now`` of the folded insert is sampled before the statement takes
+        the write lock: a wait for the lock only makes an unfenced write more
+        careful (a lease still live at that ``now`` refuses it, and the
+        unfolded guard judges it again); a fenced write never runs in
+        autocommit.
+        """
+        db = self._db
+        lease_sid = lease_session_id or session_id
+        # A one-call unit that opened no transaction (Store._call_operation(begin=False)):
+        # the folded insert is one atomic statement in autocommit; a fenced one
+        # opens the transaction first (FENCE_OK judged at a now sampled under the lock).
+        autocommit = self._writable and not self._in_transaction()
+        if autocommit and fence is not None:
+            db.begin(write=True)
+            autocommit = False
+        now = begin_session_write(db, self._clock, self._writable, session_id)
+        rows = [*add, *replace]
+        if len(rows) <= _SQLITE_ROWS:
+            guard = _sqlite_guard_params(lease_sid, fence, now, renew_ms)
+            if guard is not None:
+                first = rows[0]
+                params: dict[str, Any] = {
+                    "sid": first["sid"],
+                    "nid": first["nid"],
+                    "task": first["task"],
+                    "path": first["path"],
+                    **guard,
+                }
+                for i, row in enumerate(rows):
+                    params[f"idx{i}"] = row["idx"]
+                    params[f"channel{i}"] = row["channel"]
+                    params[f"type{i}"] = row["type"]
+                    params[f"value{i}"] = row["value"]
+                stmt = _SQLITE_ADD_WRITES[fence is not None, len(rows)]
+                if db.execute(stmt, params).rowcount > 0:
+                    return
+        if autocommit:  # the unfolded path runs in a transaction (the unit commits it)
+            db.begin(write=True)
+            now = begin_session_write(db, self._clock, self._writable, session_id)
+        guard_session_write(db, lease_sid, fence, now, renew_ms)
+        db.executemany(_ADD_WRITE, add)
+        db.executemany(_REPLACE_WRITE, replace)
+
     @staticmethod
     def _check_guard(lease_session_id: object, renew_ms: object) -> None:
         if lease_session_id is not None:
@@ -602,9 +892,8 @@ class CheckpointNodeRepository:
             writes = [(_PUT_NODE_AND_BLOB, node)]
             self._guarded(session_id, lease_session_id, fence, renew_ms, writes, blobs=True)
         else:
-            self._guarded(session_id, lease_session_id, fence, renew_ms, (), blobs=True)
-            digest = node["ref"] = put_opaque_blob(self._db, KIND_OPAQUE, raw)
-            self._db.execute(_PUT_NODE_AND_BLOB, node)
+            digest = node["ref"] = hashlib.sha256(raw).hexdigest()
+            self._put_sqlite(session_id, lease_session_id, fence, renew_ms, node)
         return digest
 
     def put_pending_writes(
@@ -663,9 +952,7 @@ class CheckpointNodeRepository:
             rows = _add_write_statements(add) + [(_REPLACE_WRITE, row) for row in replace]
             self._guarded(session_id, lease_session_id, fence, renew_ms, rows, blobs=False)
         else:
-            self._guarded(session_id, lease_session_id, fence, renew_ms, (), blobs=False)
-            self._db.executemany(_ADD_WRITE, add)
-            self._db.executemany(_REPLACE_WRITE, replace)
+            self._writes_sqlite(session_id, lease_session_id, fence, renew_ms, add, replace)
 
     def delete_nodes_for_runs(self, run_ids: Sequence[str]) -> int:
         """Delete every checkpoint node written by one of ``run_ids``, with its pending writes.
