@@ -12,23 +12,26 @@ Every operation takes the ``session:<id>`` write lock first
 writes with a fenced statement; inside the lock a fence that matches nothing
 is a bug signal (:class:`~agentkeep.errors.ConcurrentModification`).
 
-Round trips (psycopg, sync or asyncio). The lease read goes out with
-``BEGIN`` and the lock, in their round trip (:meth:`Driver.prefetching`):
-claim and reclaim are three (``BEGIN`` + lock + read, the fenced write,
-``COMMIT``; the write needs ``now``, sampled once the lock is held). Renew is
-two in a one-call unit: its fenced write, which cannot fail under the lock,
-goes with ``COMMIT`` (``prefetching(commit=True)``); three elsewhere. Renew
-keeps the lock round trip: FENCE_OK compares the expiry with ``now``, which
-must be sampled after the lock (docs/decisions.md#now-is-sampled-once-after-the-lock;
-a ``now`` sampled before a statement that takes the lock itself could be
-older than that of a writer that ran in between and saw the lease expired).
-Release reads nothing and needs no ``now``: in a one-call unit on Postgres
-(psycopg and asyncpg) it is one statement of its own that takes the lock
-itself if free (:func:`_release_alone`), one round trip; when the lock is
-held elsewhere, or in a ``store.write()`` unit, its fenced UPDATE goes out
-with ``BEGIN`` and the lock (:func:`_run_locked`), two round trips, and the
-UPDATE still runs only once the lock is granted. SQLite runs the locked
-path: ``BEGIN IMMEDIATE``, the fenced statements, ``COMMIT``.
+Round trips (psycopg, sync or asyncio). Claim and reclaim send the lease
+read with ``BEGIN`` and the lock, in their round trip
+(:meth:`Driver.prefetching`): three (``BEGIN`` + lock + read, the fenced
+write, ``COMMIT``; the write needs ``now``, sampled once the lock is held).
+Renew reads nothing first: FENCE_OK is its UPDATE's WHERE (the holder fence
+and ``expires > now``, ``now`` sampled once the lock is held), which returns
+the stored ``claimed_at``; the lease row is read only to say why a refused
+renew was refused (it goes with the UPDATE on psycopg). In a one-call unit
+the UPDATE goes with ``COMMIT``: two round trips (``BEGIN`` + lock, UPDATE +
+``COMMIT``); three on asyncpg; on SQLite ``BEGIN IMMEDIATE``, the UPDATE,
+``COMMIT``. Renew keeps the lock round trip: a statement that took the lock
+itself would compare the expiry with a ``now`` sampled before it, possibly
+older than that of a writer that ran in between and saw the lease expired
+(docs/decisions.md#now-is-sampled-once-after-the-lock). Release reads
+nothing and compares no time: in a one-call unit on Postgres (psycopg and
+asyncpg) it is one statement of its own that takes the lock itself if free
+(:func:`_release_alone`), one round trip; when the lock is held elsewhere, or
+in a ``store.write()`` unit, its fenced UPDATE goes out with ``BEGIN`` and the
+lock (:func:`_run_locked`; two round trips on psycopg), and still runs only
+once the lock is granted. SQLite: ``BEGIN IMMEDIATE``, the UPDATE, ``COMMIT``.
 
 :func:`ensure_session_execution_lease` is FENCE_OK
 (docs/sessions.md#named-predicates): the one check every fenced operation of
@@ -176,8 +179,13 @@ _TAKEOVER: Final = Statement(
     .where(*_HOLDER_FENCE),
     name="leases.takeover",
 )
+#: The renew: FENCE_OK (the holder fence and ``expires > now``) in the UPDATE's WHERE,
+#: run under the lock with ``now`` sampled after it; the stored ``claimed_at`` back.
 _RENEW: Final = Statement(
-    update(_L).values(lease_expires_at_ms=p("expires")).where(*_HOLDER_FENCE),
+    update(_L)
+    .values(lease_expires_at_ms=p("expires"))
+    .where(*_HOLDER_FENCE, _L.lease_expires_at_ms > p("now"))
+    .returning(_L.lease_claimed_at_ms),
     name="leases.renew",
 )
 # Release keeps lease_fencing_token: the next acquisition is generation + 1.
@@ -683,9 +691,7 @@ class SessionLeaseRepository:
         db = self._db
         # A one-call unit on psycopg that has sent nothing: COMMIT may go with the write.
         commit_ahead = self._alone and db.commits_ahead
-        with db.prefetching([lease_read(sid)]):  # psycopg: with the lock, in its round trip
-            now = begin_session_write(db, self._clock, self._writable, sid)
-            row = _fenced_row(db, sid, fence, now)
+        now = begin_session_write(db, self._clock, self._writable, sid)
         expires = saturating_add(now, ttl_ms)
         params = {
             "sid": sid,
@@ -693,18 +699,21 @@ class SessionLeaseRepository:
             "inc": fence.owner.incarnation_id,
             "token": fence.lease_token,
             "fencing": fence.fencing_token,
+            "now": now,
             "expires": expires,
         }
-        with db.prefetching([], commit=commit_ahead):
-            moved = db.execute(_RENEW, params).rowcount
-        if moved != 1:
-            raise ConcurrentModification(f"session {sid}: lease changed under the lock")
+        # psycopg: the lease read goes with the UPDATE (and COMMIT), for a refusal only.
+        with db.prefetching([lease_read(sid)], commit=commit_ahead):
+            renewed = db.execute(_RENEW, params).fetchone()
+            if renewed is None:  # the row as FENCE_OK judges it: why it was refused
+                _fenced_row(db, sid, fence, now)
+                raise ConcurrentModification(f"session {sid}: lease changed under the lock")
         return SessionExecutionLease.model_construct(
             session_id=sid,
             owner=fence.owner,
             lease_token=fence.lease_token,
             fencing_token=fence.fencing_token,
-            claimed_at_epoch_ms=row.claimed_at,
+            claimed_at_epoch_ms=renewed[0],
             expires_at_epoch_ms=expires,
         )
 
