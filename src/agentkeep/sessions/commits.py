@@ -176,7 +176,9 @@ from typing import cast as typed
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import (
+    Text,
     and_,
+    case,
     cast,
     delete,
     func,
@@ -752,7 +754,13 @@ def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
         return table.tombstoned + 0 == 0 if bounded else table.tombstoned == 0
 
     walked = (GraphNodeRow.seq, GraphNodeRow.node_id, GraphNodeRow.parent_node_id)
-    depth = (cast(literal(1, BIGINT), BIGINT).label("depth"),) if bounded else ()
+    # The bounded walk's depth, and its mark (Brent's cycle check): the node id
+    # at the last power-of-two depth below the row's (NULL on the first row).
+    depth = (
+        (cast(literal(1, BIGINT), BIGINT).label("depth"), cast(null(), Text).label("mark"))
+        if bounded
+        else ()
+    )
     path = (
         select(*walked, GraphNodeRow.node_json, *depth)
         .where(
@@ -764,7 +772,13 @@ def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
     )
     parent_of = and_(nodes.session_id == p("sid"), nodes.node_id == path.c.parent_node_id)
     columns = (nodes.seq, nodes.node_id, nodes.parent_node_id, nodes.node_json)
-    next_depth = (cast(path.c.depth + 1, BIGINT),) if bounded else ()
+    next_depth: tuple[Any, ...] = ()
+    if bounded:
+        power_of_two = path.c.depth.op("&")(path.c.depth - 1) == 0
+        next_depth = (
+            cast(path.c.depth + 1, BIGINT),
+            cast(case((power_of_two, path.c.node_id), else_=path.c.mark), Text),
+        )
     if bounded and dialect.name == "postgresql":
         parent = (
             select(*columns).where(parent_of, live(nodes)).limit(literal_column("1")).lateral("g")
@@ -777,7 +791,15 @@ def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
             .where(live(nodes))
         )
     if bounded:
-        path = path.union_all(step.where(path.c.depth < p("n", type_=BIGINT)))
+        # A row whose node is its mark met that node before (a cycle): the walk
+        # ends there, having read the whole cycle, so the caller's ordering walk
+        # reports it. Without the mark a cycle would be walked ``:n`` times.
+        path = path.union_all(
+            step.where(
+                path.c.depth < p("n", type_=BIGINT),
+                path.c.node_id.is_distinct_from(path.c.mark),
+            )
+        )
     else:
         path = path.union(step)
     return select(path.c.seq, path.c.node_id, path.c.parent_node_id, path.c.node_json)
