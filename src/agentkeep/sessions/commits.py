@@ -747,6 +747,18 @@ def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
     at every step, faster than a lookup per step (9,000 nodes: 55 against
     80 ms). SQLite has no ``LATERAL``; its planner runs the recursive step
     with the work queue outside and the unique index inside.
+
+    A cycle of parent ids (corrupt data) would make the bounded walk go round
+    it until ``:n`` rows (``2**63-1`` at most). Each row of it carries a
+    *mark* (Brent's cycle detection): the node id at the last power-of-two
+    depth below the row's, NULL on the first row. A row whose node id is its
+    mark is not walked on: the walk ends there, having read the whole cycle,
+    which the caller's ordering walk (:func:`_ordered_path`) reports as
+    ``SessionCorrupt``. With the cycle entered after ``m`` rows and ``k``
+    long, the mark sits on the cycle once the depth passes ``max(m, k)``
+    rounded up to a power of two, so the walk ends within ``3 * (m + k)``
+    rows. A path without a cycle never meets its mark (its ids are
+    distinct), so its rows are unchanged; the cost is one more column per row.
     """
     nodes = aliased(GraphNodeRow, name="g")
 
@@ -822,7 +834,9 @@ ACTIVE_PATH: Final = Statement(
 #: so it costs ``:n`` index lookups however long the path is (on Postgres each
 #: a ``LATERAL`` subquery: see :func:`_path_walk`). ``UNION ALL``
 #: (the depth makes every row distinct); a cycle shorter than ``:n`` repeats
-#: node ids, which the caller's ordering walk reports as corrupt.
+#: node ids, which the caller's ordering walk reports as corrupt. The walk
+#: ends once it met a node twice (its mark, :func:`_path_walk`): a cycle is
+#: read once, not ``:n`` times.
 ACTIVE_PATH_TAIL: Final = Statement(
     lambda dialect: _path_walk(dialect, bounded=True), name="sessions.active_path_tail"
 )
