@@ -26,13 +26,15 @@ Refused calls leave the row as it was.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
-from agentkeep import Store
+from agentkeep import Store, db, observability
 from agentkeep.clock import SettableClock
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionExecutionLeaseExpired
 from agentkeep.sessions.domain import (
@@ -389,3 +391,57 @@ def test_renew_and_release_are_three_statements_on_sqlite(store: Store, backend:
     with pytest.raises(SessionExecutionLeaseExpired):
         store.leases.renew_session_execution_lease(renewed, 60_000)
     assert [t.split()[0] for t in log] == ["BEGIN", "UPDATE", "SELECT", "ROLLBACK"], log
+
+
+# --------------------------------------------------------------------------
+# A connection lost with the one-statement release in flight
+
+
+def test_a_release_lost_in_flight_is_run_again(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement is its own COMMIT: its connection lost in flight leaves the outcome
+    unknown (``CommitOutcomeUnknown`` inside), and the one-call form runs the release
+    again, which releases the lease or matches nothing: ``None`` either way.
+
+    The backend is terminated just before the statement is sent, after the unit
+    found the connection open (as tests/runs/test_one_statement_writes.py does).
+    """
+    admin = psycopg.connect(
+        make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False),
+        autocommit=True,
+    )
+    original = db.Driver.closed_while_idle
+    fired: list[int] = []
+
+    def closed_while_idle(driver: db.Driver) -> bool:
+        closed = original(driver)
+        # Only the check execute_alone makes right before it sends the statement.
+        if not fired and sys._getframe(1).f_code.co_name == "execute_alone":
+            pid = driver.raw.info.backend_pid
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
+                threading.Event().wait(0.002)
+            fired.append(pid)
+        return closed
+
+    sid = "rel-lost"
+    try:
+        with Store.open(pg_url, clock=SettableClock(T0_MS)) as store:
+            held = _hold(store, sid)
+            monkeypatch.setattr(db.Driver, "closed_while_idle", closed_while_idle)
+            resolved: list[tuple[str, str]] = []
+            monkeypatch.setattr(
+                observability,
+                "commit_outcome_resolved",
+                lambda operation, how: resolved.append((operation, how)),
+            )
+            assert store.leases.release_session_execution_lease(held) is None
+            monkeypatch.undo()
+            assert fired
+            assert resolved == [("leases.release_session_execution_lease", "replayed")]
+            raw = _raw(store, sid)
+            assert raw is not None and raw["lease_token"] is None, raw
+            assert raw["lease_fencing_token"] == held.fencing_token
+    finally:
+        admin.close()
