@@ -16,9 +16,10 @@ its round trips one per line.
 The operations are those of the speed issue's table: ``runs.get``,
 ``runs.try_transition``, ``runs.acquire_assignee``, ``runs.update_status``,
 ``runs.set_result``, ``runs.set_input_json``, ``runs.delete``, a lease cycle (claim,
-renew, release: three operations), a small fenced turn commit (one node, a
-checkpoint and a usage row under a lease), ``load_session`` of the active
-path, and ``runtime.atomic_apply`` (a ~10 KiB snapshot, a receipt, 4 inputs).
+renew, release: three operations), a renew and a release alone, a small
+fenced turn commit (one node, a checkpoint and a usage row under a lease),
+``load_session`` of the active path, and ``runtime.atomic_apply`` (a ~10 KiB
+snapshot, a receipt, 4 inputs).
 No timing: the figure is the same on every run of the same code.
 """
 
@@ -121,6 +122,18 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
             call(lambda st: st.leases.release_session_execution_lease(out.lease))
 
         return cycle
+
+    def prep_lease_renew() -> Callable[[], Any]:
+        sid = s.fresh("S")
+        out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 60_000))
+        assert isinstance(out, Acquired), out
+        return lambda: call(lambda st: st.leases.renew_session_execution_lease(out.lease, 60_000))
+
+    def prep_lease_release() -> Callable[[], Any]:
+        sid = s.fresh("S")
+        out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 60_000))
+        assert isinstance(out, Acquired), out
+        return lambda: call(lambda st: st.leases.release_session_execution_lease(out.lease))
 
     def prep_commit() -> Callable[[], Any]:
         sid = s.fresh("S")
@@ -238,6 +251,8 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         ("runs.set_input_json", prep_set_input),
         ("runs.delete", prep_delete),
         ("lease cycle (claim, renew, release)", prep_lease_cycle),
+        ("leases.renew", prep_lease_renew),
+        ("leases.release", prep_lease_release),
         ("small fenced commit", prep_commit),
         ("load_session(ActivePathScope)", prep_load),
         ("runtime.atomic_apply", prep_apply),

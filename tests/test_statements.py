@@ -56,6 +56,7 @@ POSTGRES_ONLY = frozenset(
         "runs.set_result_alone",
         "runs.set_input_alone",
         "runs.delete_alone",
+        "leases.release_alone",
     }
 )
 #: The commit's folded ledger write (a data-modifying CTE): sent only on Postgres.

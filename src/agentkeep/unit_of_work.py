@@ -123,7 +123,9 @@ class Repositories:
     def leases(self) -> SessionLeaseRepository:
         """Session execution leases in this unit."""
         if self._leases is None:
-            self._leases = SessionLeaseRepository(self.driver, self.clock, writable=self.writable)
+            self._leases = SessionLeaseRepository(
+                self.driver, self.clock, writable=self.writable, nested=self.nested
+            )
         return self._leases
 
     @property

@@ -427,3 +427,60 @@ def test_a_walk_planned_on_a_small_session_stays_flat(
                 after = uow.connection.execute(text(counted)).scalar_one()
             assert got is not None and ids(got) == walked
             assert after - before <= once + 4 * len(walked), (scope, after - before)
+
+
+def _graph_rows(store: Store) -> list[Any]:
+    return query(
+        store,
+        "SELECT seq, node_id, parent_node_id, node_json, tombstoned FROM graph_nodes "
+        "WHERE session_id = :s ORDER BY seq",
+        s=SID,
+    )
+
+
+# The thread method: a walk that does not stop runs inside SQLite's (or libpq's)
+# C code, where a SIGALRM handler never gets to run; 30 s bounds it (and the rows
+# it piles up) where a fixed walk takes milliseconds.
+@pytest.mark.timeout(30, method="thread")
+@pytest.mark.parametrize("shape", ["rho", "loop", "self"])
+def test_a_parent_cycle_fails_a_huge_tail_at_once(store: Store, shape: str) -> None:
+    """A cycle with ``tail=2**63-1``: the walk stops once it met a node twice (its
+    Brent mark), not after ``tail`` steps, on both backends and every read form;
+    SessionCorrupt, nothing changed. (Without the mark the walk ran until the
+    timeout, holding every row it had walked.)"""
+    fence = hold(store)
+    commit(store, mk(fence, nodes=chain("p", 40)))
+    # rho: p39 -> ... -> p10 -> p9 -> ... -> p3 -> p9 (a cycle entered after 30 steps);
+    # loop: the root's parent is the leaf (the whole path is the cycle);
+    # self: p0 is its own parent, 40 steps up.
+    target, parent = {"rho": ("p3", "p9"), "loop": ("p0", "p39"), "self": ("p0", "p0")}[shape]
+    execute_sql(
+        store,
+        "UPDATE graph_nodes SET parent_node_id = :parent WHERE node_id = :target",
+        parent=parent,
+        target=target,
+    )
+    before = _graph_rows(store)
+    huge = 2**63 - 1
+    for scope in (ActivePathScope(tail=huge), ActivePathScope(leaf_node_id="p39", tail=huge)):
+        with pytest.raises(SessionCorrupt) as info:  # a snapshot unit (the walk alone)
+            load(store, scope=scope)
+        assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
+        with pytest.raises(SessionCorrupt) as info:  # the one-call read
+            store.commits.load_session(SID, scope)
+        assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
+    with pytest.raises(SessionCorrupt) as info:  # the one-statement read (head's leaf)
+        store.call_read(lambda r: r.commits._load_tail_alone(SID, huge))
+    assert (info.value.table, info.value.column) == ("graph_nodes", "parent_node_id")
+    # The walk itself: every node of the path and cycle, a node met twice at most
+    # once, fewer than three times the distinct nodes' count of rows.
+    rows = store.call_read(
+        lambda r: r.driver.execute(
+            K.ACTIVE_PATH_TAIL, {"sid": SID, "leaf": "p39", "n": huge}
+        ).fetchall()
+    )
+    walked = [row[1] for row in rows]
+    distinct = 40 if shape != "rho" else 40 - 3
+    assert len(set(walked)) == distinct, walked
+    assert len(walked) < 3 * distinct, walked
+    assert _graph_rows(store) == before

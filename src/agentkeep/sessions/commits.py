@@ -177,7 +177,9 @@ from typing import cast as typed
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import (
     Column,
+    Text,
     and_,
+    case,
     cast,
     delete,
     func,
@@ -776,6 +778,18 @@ def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
     at every step, faster than a lookup per step (9,000 nodes: 55 against
     80 ms). SQLite has no ``LATERAL``; its planner runs the recursive step
     with the work queue outside and the unique index inside.
+
+    A cycle of parent ids (corrupt data) would make the bounded walk go round
+    it until ``:n`` rows (``2**63-1`` at most). Each row of it carries a
+    *mark* (Brent's cycle detection): the node id at the last power-of-two
+    depth below the row's, NULL on the first row. A row whose node id is its
+    mark is not walked on: the walk ends there, having read the whole cycle,
+    which the caller's ordering walk (:func:`_ordered_path`) reports as
+    ``SessionCorrupt``. With the cycle entered after ``m`` rows and ``k``
+    long, the mark sits on the cycle once the depth passes ``max(m, k)``
+    rounded up to a power of two, so the walk ends within ``3 * (m + k)``
+    rows. A path without a cycle never meets its mark (its ids are
+    distinct), so its rows are unchanged; the cost is one more column per row.
     """
     nodes = aliased(GraphNodeRow, name="g")
 
@@ -783,7 +797,13 @@ def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
         return table.tombstoned + 0 == 0 if bounded else table.tombstoned == 0
 
     walked = (GraphNodeRow.seq, GraphNodeRow.node_id, GraphNodeRow.parent_node_id)
-    depth = (cast(literal(1, BIGINT), BIGINT).label("depth"),) if bounded else ()
+    # The bounded walk's depth, and its mark (Brent's cycle check): the node id
+    # at the last power-of-two depth below the row's (NULL on the first row).
+    depth = (
+        (cast(literal(1, BIGINT), BIGINT).label("depth"), cast(null(), Text).label("mark"))
+        if bounded
+        else ()
+    )
     path = (
         select(*walked, GraphNodeRow.node_json, *depth)
         .where(
@@ -795,7 +815,13 @@ def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
     )
     parent_of = and_(nodes.session_id == p("sid"), nodes.node_id == path.c.parent_node_id)
     columns = (nodes.seq, nodes.node_id, nodes.parent_node_id, nodes.node_json)
-    next_depth = (cast(path.c.depth + 1, BIGINT),) if bounded else ()
+    next_depth: tuple[Any, ...] = ()
+    if bounded:
+        power_of_two = path.c.depth.op("&")(path.c.depth - 1) == 0
+        next_depth = (
+            cast(path.c.depth + 1, BIGINT),
+            cast(case((power_of_two, path.c.node_id), else_=path.c.mark), Text),
+        )
     if bounded and dialect.name == "postgresql":
         parent = (
             select(*columns).where(parent_of, live(nodes)).limit(literal_column("1")).lateral("g")
@@ -808,7 +834,15 @@ def _path_walk(dialect: Dialect, *, bounded: bool, leaf: Any = None) -> Any:
             .where(live(nodes))
         )
     if bounded:
-        path = path.union_all(step.where(path.c.depth < p("n", type_=BIGINT)))
+        # A row whose node is its mark met that node before (a cycle): the walk
+        # ends there, having read the whole cycle, so the caller's ordering walk
+        # reports it. Without the mark a cycle would be walked ``:n`` times.
+        path = path.union_all(
+            step.where(
+                path.c.depth < p("n", type_=BIGINT),
+                path.c.node_id.is_distinct_from(path.c.mark),
+            )
+        )
     else:
         path = path.union(step)
     return select(path.c.seq, path.c.node_id, path.c.parent_node_id, path.c.node_json)
@@ -831,7 +865,9 @@ ACTIVE_PATH: Final = Statement(
 #: so it costs ``:n`` index lookups however long the path is (on Postgres each
 #: a ``LATERAL`` subquery: see :func:`_path_walk`). ``UNION ALL``
 #: (the depth makes every row distinct); a cycle shorter than ``:n`` repeats
-#: node ids, which the caller's ordering walk reports as corrupt.
+#: node ids, which the caller's ordering walk reports as corrupt. The walk
+#: ends once it met a node twice (its mark, :func:`_path_walk`): a cycle is
+#: read once, not ``:n`` times.
 ACTIVE_PATH_TAIL: Final = Statement(
     lambda dialect: _path_walk(dialect, bounded=True), name="sessions.active_path_tail"
 )

@@ -67,7 +67,8 @@ class LeaseCalls(OneCalls):
     try_claim_session_execution_lease = write(_LEASES.try_claim_session_execution_lease)
     reclaim_session_execution_lease = write(_LEASES.reclaim_session_execution_lease)
     renew_session_execution_lease = write(_LEASES.renew_session_execution_lease)
-    release_session_execution_lease = write(_LEASES.release_session_execution_lease)
+    # A release is idempotent by its fence: run again, it releases or matches nothing.
+    release_session_execution_lease = write(_LEASES.release_session_execution_lease, resolve=rerun)
     ensure_session_execution_lease = read(
         _LEASES.ensure_session_execution_lease, single_statement=True
     )

@@ -12,14 +12,26 @@ Every operation takes the ``session:<id>`` write lock first
 writes with a fenced statement; inside the lock a fence that matches nothing
 is a bug signal (:class:`~agentkeep.errors.ConcurrentModification`).
 
-Round trips (psycopg, sync or asyncio). The lease read goes out with
-``BEGIN`` and the lock, in their round trip (:meth:`Driver.prefetching`):
-claim, reclaim and renew are three (``BEGIN`` + lock + read, the fenced
+Round trips (psycopg, sync or asyncio). Claim and reclaim send the lease
+read with ``BEGIN`` and the lock, in their round trip
+(:meth:`Driver.prefetching`): three (``BEGIN`` + lock + read, the fenced
 write, ``COMMIT``; the write needs ``now``, sampled once the lock is held).
-Release reads nothing and needs no ``now``: its one fenced UPDATE goes out
-with ``BEGIN`` and the lock (:func:`_run_locked`), so it is two round trips,
-and the UPDATE still runs only once the lock is granted. SQLite and asyncpg
-run the same code one statement at a time.
+Renew reads nothing first: FENCE_OK is its UPDATE's WHERE (the holder fence
+and ``expires > now``, ``now`` sampled once the lock is held), which returns
+the stored ``claimed_at``; the lease row is read only to say why a refused
+renew was refused (it goes with the UPDATE on psycopg). In a one-call unit
+the UPDATE goes with ``COMMIT``: two round trips (``BEGIN`` + lock, UPDATE +
+``COMMIT``); three on asyncpg; on SQLite ``BEGIN IMMEDIATE``, the UPDATE,
+``COMMIT``. Renew keeps the lock round trip: a statement that took the lock
+itself would compare the expiry with a ``now`` sampled before it, possibly
+older than that of a writer that ran in between and saw the lease expired
+(docs/decisions.md#now-is-sampled-once-after-the-lock). Release reads
+nothing and compares no time: in a one-call unit on Postgres (psycopg and
+asyncpg) it is one statement of its own that takes the lock itself if free
+(:func:`_release_alone`), one round trip; when the lock is held elsewhere, or
+in a ``store.write()`` unit, its fenced UPDATE goes out with ``BEGIN`` and the
+lock (:func:`_run_locked`; two round trips on psycopg), and still runs only
+once the lock is granted. SQLite: ``BEGIN IMMEDIATE``, the UPDATE, ``COMMIT``.
 
 :func:`ensure_session_execution_lease` is FENCE_OK
 (docs/sessions.md#named-predicates): the one check every fenced operation of
@@ -46,12 +58,19 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import func, null, select, update
+from sqlalchemy import func, null, select, true, update
 from sqlalchemy.engine import Dialect
 
 from agentkeep import observability
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, LockNamespace, lock_aggregate, lock_aggregate_and_blobs
+from agentkeep.db import (
+    Driver,
+    LockNamespace,
+    aggregate_lock_params,
+    aggregate_try_lock_cte,
+    lock_aggregate,
+    lock_aggregate_and_blobs,
+)
 from agentkeep.errors import (
     ConcurrentModification,
     ReadOnlyUnitOfWork,
@@ -160,24 +179,63 @@ _TAKEOVER: Final = Statement(
     .where(*_HOLDER_FENCE),
     name="leases.takeover",
 )
+#: The renew: FENCE_OK (the holder fence and ``expires > now``) in the UPDATE's WHERE,
+#: run under the lock with ``now`` sampled after it; the stored ``claimed_at`` back.
 _RENEW: Final = Statement(
-    update(_L).values(lease_expires_at_ms=p("expires")).where(*_HOLDER_FENCE),
+    update(_L)
+    .values(lease_expires_at_ms=p("expires"))
+    .where(*_HOLDER_FENCE, _L.lease_expires_at_ms > p("now"))
+    .returning(_L.lease_claimed_at_ms),
     name="leases.renew",
 )
 # Release keeps lease_fencing_token: the next acquisition is generation + 1.
+_RELEASED: Final = {
+    _L.lease_owner_id: null(),
+    _L.lease_owner_incarnation_id: null(),
+    _L.lease_owner_liveness_json: null(),
+    _L.lease_token: null(),
+    _L.lease_claimed_at_ms: 0,
+    _L.lease_expires_at_ms: 0,
+}
 _RELEASE: Final = Statement(
-    update(_L)
-    .values(
-        lease_owner_id=null(),
-        lease_owner_incarnation_id=null(),
-        lease_owner_liveness_json=null(),
-        lease_token=null(),
-        lease_claimed_at_ms=0,
-        lease_expires_at_ms=0,
-    )
-    .where(*_HOLDER_FENCE),
-    name="leases.release",
+    update(_L).values(_RELEASED).where(*_HOLDER_FENCE), name="leases.release"
 )
+
+
+def _release_alone() -> Statement:
+    """The release as one statement that takes ``session:<id>`` itself (Postgres, one-call units).
+
+    The release's UPDATE, fenced as :data:`_RELEASE` (the holder fence: no
+    clock, nothing read before), runs only if the statement got the
+    session's write lock (:func:`agentkeep.db.aggregate_try_lock_cte`, which
+    does not wait), so a unit holding ``session:<id>`` (a turn commit, a
+    claim, a renew) excludes it as it excludes the locked path; Postgres
+    re-checks the fence on the row's latest version. One row: ``moved`` (1:
+    this call released the lease) and ``locked`` (the statement held the
+    lock). ``moved`` 0 with ``locked`` true is the locked path's silent no-op
+    (the fence matched nothing while every other lease writer was excluded);
+    ``moved`` 0 with ``locked`` false (the lock held elsewhere) hands over to
+    the locked path, which waits for the lock.
+    """
+    lock = aggregate_try_lock_cte("lease_lock")
+    locked = select(lock.c.locked).scalar_subquery()
+    moved = (
+        update(_L)
+        .values(_RELEASED)
+        .where(*_HOLDER_FENCE, locked.is_(true()))
+        .returning(_L.session_id)
+        .cte("moved")
+    )
+    return Statement(
+        select(
+            select(func.count()).select_from(moved).scalar_subquery().label("moved"),
+            locked.label("locked"),
+        ).add_cte(moved),
+        name="leases.release_alone",
+    )
+
+
+_RELEASE_ALONE: Final = _release_alone()
 
 
 # --------------------------------------------------------------------------
@@ -434,10 +492,16 @@ def _note_expired_takeover(
 class SessionLeaseRepository:
     """Session execution lease operations inside one unit of work (``uow.leases``)."""
 
-    def __init__(self, driver: Driver, clock: Clock, *, writable: bool) -> None:
+    def __init__(
+        self, driver: Driver, clock: Clock, *, writable: bool, nested: bool = True
+    ) -> None:
         self._db = driver
         self._clock = clock
         self._writable = writable
+        # A one-call unit (not nested) holds this one operation and nothing else:
+        # a release may then run as a transaction of its own, and a renew may
+        # send COMMIT with its write.
+        self._alone = not nested and driver.postgres
 
     def _begin_and_load(self, session_id: str) -> tuple[int, _Row | None]:
         """Take the write lock, sample ``now`` after it, and read the lease row.
@@ -624,9 +688,10 @@ class SessionLeaseRepository:
         check_id(fence.session_id, "fence.session_id")
         check_ms(ttl_ms, "ttl_ms")
         sid = fence.session_id
-        with self._db.prefetching([lease_read(sid)]):  # psycopg: with the lock, in its round trip
-            now = begin_session_write(self._db, self._clock, self._writable, sid)
-            row = _fenced_row(self._db, sid, fence, now)
+        db = self._db
+        # A one-call unit on psycopg that has sent nothing: COMMIT may go with the write.
+        commit_ahead = self._alone and db.commits_ahead
+        now = begin_session_write(db, self._clock, self._writable, sid)
         expires = saturating_add(now, ttl_ms)
         params = {
             "sid": sid,
@@ -634,16 +699,21 @@ class SessionLeaseRepository:
             "inc": fence.owner.incarnation_id,
             "token": fence.lease_token,
             "fencing": fence.fencing_token,
+            "now": now,
             "expires": expires,
         }
-        if self._db.execute(_RENEW, params).rowcount != 1:
-            raise ConcurrentModification(f"session {sid}: lease changed under the lock")
+        # psycopg: the lease read goes with the UPDATE (and COMMIT), for a refusal only.
+        with db.prefetching([lease_read(sid)], commit=commit_ahead):
+            renewed = db.execute(_RENEW, params).fetchone()
+            if renewed is None:  # the row as FENCE_OK judges it: why it was refused
+                _fenced_row(db, sid, fence, now)
+                raise ConcurrentModification(f"session {sid}: lease changed under the lock")
         return SessionExecutionLease.model_construct(
             session_id=sid,
             owner=fence.owner,
             lease_token=fence.lease_token,
             fencing_token=fence.fencing_token,
-            claimed_at_epoch_ms=row.claimed_at,
+            claimed_at_epoch_ms=renewed[0],
             expires_at_epoch_ms=expires,
         )
 
@@ -662,7 +732,33 @@ class SessionLeaseRepository:
         """
         params = _release_params(completion)
         sid = completion.session_id
+        if self._alone and self._released_alone(sid, params):
+            return
         _run_locked(self._db, self._clock, self._writable, sid, _RELEASE, params)
+
+    def _released_alone(self, session_id: str, params: dict[str, Any]) -> bool:
+        """Run :data:`_RELEASE_ALONE` as a transaction of its own (Postgres, one round trip).
+
+        Returns True when the release is decided: it released the lease
+        (committed with the statement), or it held the session's lock and
+        the fence matched nothing (the silent no-op). False, having written
+        nothing, when the unit cannot run it alone
+        (:meth:`~agentkeep.db.Driver.execute_alone`) or the lock is held
+        elsewhere: the locked path decides.
+
+        Raises:
+            ReadOnlyUnitOfWork: inside ``store.read()``.
+            CommitOutcomeUnknown: the connection was lost with it in flight.
+        """
+        if not self._writable:
+            raise ReadOnlyUnitOfWork("session store writes need store.write(), not store.read()")
+        db = self._db
+        alone = {**params, **aggregate_lock_params(db, LockNamespace.SESSION, session_id)}
+        cur = db.execute_alone(_RELEASE_ALONE, alone)
+        if cur is None:
+            return False
+        moved, locked = cur.fetchone()
+        return bool(moved == 1 or locked)
 
     def ensure_session_execution_lease(self, fence: LeaseFence) -> None:
         """Check that ``fence`` is the live lease now (FENCE_OK); writes nothing.
