@@ -73,7 +73,7 @@ def test_a_put_and_put_writes_take_one_round_trip(store: Store) -> None:
     assert counts == [(1, 1)] * 6
     with saver.owning(THREAD), trace.round_trips() as owned:
         saver.put(_config(), _checkpoint(9), {}, {})
-    assert len(owned) == 2  # fenced: the guard judges the lease before COMMIT
+    assert len(owned) == 1  # fenced: the server checks the fence before COMMIT
     got = saver.get_tuple(_config())
     assert got is not None and got.checkpoint["id"] == "1ef0-0009"
     assert len(_stored(saver)) == 8
