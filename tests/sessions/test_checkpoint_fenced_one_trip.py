@@ -10,9 +10,13 @@ outcome (both backends):
 
 * the fence's live lease with no renewal due: one round trip, written, the
   lease row untouched (no renewal);
+* the one round trip is the pipeline's implicit transaction: two statements
+  (the locks, the check folded with the write), no ``BEGIN`` / ``COMMIT``;
+  a session whose default isolation is not READ COMMITTED makes the check
+  refuse, and the put goes the explicit ``BEGIN`` way (written, no error);
 * a renewal due: the check refuses, the two-round-trip path renews the
-  lease and writes (five round trips in all: the refused one, its
-  ``ROLLBACK``, and the guard's three with the renewal);
+  lease and writes (four round trips in all: the refused one, and the
+  guard's three with the renewal);
 * fence lost (another owner took over), expired, released, or naming
   another session: the typed error, nothing written, the lease row as it was;
 * a stored NULL incarnation (read as the owner id) passes as the guard does;
@@ -115,6 +119,16 @@ class _Trips:
         if self.trace is not None:
             self._cm.__exit__(*exc)
             self.count = len(self._out)
+            self.trace._file.seek(0)
+            self.lines = self.trace._file.read().decode("utf-8", "replace").splitlines()
+
+    def executed(self) -> list[str]:
+        """The client's Execute messages of the block (one per statement run)."""
+        return [line for line in self.lines if line.startswith("F") and "\tExecute" in line]
+
+    def sent_text(self, word: str) -> bool:
+        """True when a message the client sent names ``word`` (a statement's text)."""
+        return any(line.startswith("F") and word in line for line in self.lines)
 
 
 def test_a_live_fence_with_no_renewal_due_takes_one_round_trip(store: Store) -> None:
@@ -136,6 +150,10 @@ def test_a_live_fence_with_no_renewal_due_takes_one_round_trip(store: Store) -> 
                 [PendingWrite(1, "b", "json", b"2"), PendingWrite(-1, "e", "json", b"3")],
             )
         counts.append((put.count, writes.count, several.count))
+        if put.count is not None:  # the locks, then the check folded with the write
+            assert len(put.executed()) == len(writes.executed()) == 2
+            assert len(several.executed()) == 4  # the locks, the check, two writes
+            assert not put.sent_text("BEGIN") and not put.sent_text("COMMIT")
     if store.engine.dialect.name.startswith("postgres"):
         assert counts == [(1, 1, 1)] * 6
     assert _lease_row(store) == before  # nothing renewed
@@ -151,9 +169,10 @@ def test_a_renewal_due_goes_to_the_guard_which_renews(store: Store) -> None:
     with _Trips(store) as put:
         _put(store, "c1", lease)
     if put.count is not None:
-        # The refused check, its ROLLBACK, then the guard's way: the locks, the
-        # read and the write; the renewal; COMMIT.
-        assert put.count == 5
+        # The refused check (its implicit transaction is rolled back at the
+        # Sync: no ROLLBACK to send), then the guard's way: BEGIN, the locks,
+        # the read and the write; the renewal; COMMIT.
+        assert put.count == 4
     row = _lease_row(store)[0]
     assert row["lease_expires_at_ms"] == T0 + TTL // 2 + 1 + TTL
     assert row["lease_token"] == lease.lease_token
@@ -319,3 +338,30 @@ def test_race_a_takeover_stops_the_owners_fenced_puts(db_url: str) -> None:
         assert final == set(seen), (round_, sorted(final - set(seen)))
         assert len(refused) == 1, "the owner was never refused"
         assert len(landed) >= SEEN - 1
+
+
+def test_a_default_isolation_other_than_read_committed_goes_the_begin_way(
+    store: Store, db_url: str
+) -> None:
+    """The implicit transaction runs at the session's default isolation: the check
+    refuses unless it is READ COMMITTED, and the put begins explicitly instead."""
+    if not store.engine.dialect.name.startswith("postgres"):
+        pytest.skip("Postgres only: the session's default isolation")
+    from sqlalchemy import event
+
+    def repeatable_read(dbapi_conn: Any, *_: Any) -> None:
+        was = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
+        dbapi_conn.execute("SET default_transaction_isolation = 'repeatable read'")
+        dbapi_conn.autocommit = was
+
+    lease = acquire_lease(store, SID, A, TTL)
+    event.listen(store.engine, "checkout", repeatable_read)
+    for fence in (lease, None):
+        store.leases.release_session_execution_lease(lease) if fence is None else None
+        node = "fenced" if fence is not None else "plain"
+        with _Trips(store) as put:
+            _put(store, node, fence)
+        assert put.count == 3  # the refused check, then BEGIN ... and COMMIT
+        assert put.sent_text("BEGIN ISOLATION LEVEL READ COMMITTED")
+    assert _nodes(store) == ["fenced", "plain"]

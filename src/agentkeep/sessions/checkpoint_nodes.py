@@ -59,7 +59,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Integer, case, cast, delete, exists, func, literal, select
+from sqlalchemy import (
+    Integer,
+    case,
+    cast,
+    delete,
+    exists,
+    func,
+    literal,
+    literal_column,
+    select,
+)
 from sqlalchemy import bindparam as p
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql import Select
@@ -314,6 +324,30 @@ _DELETE_NODE_WRITES: Final = Statement(
 )
 
 
+#: The checking reads' refusal (``division_by_zero``) unless the transaction is READ
+#: COMMITTED: a condition on no row, which the planner makes a one-time filter,
+#: evaluated once before any row is read (also when there is none). The one
+#: round trip may run as the pipeline's implicit transaction (``implicit`` of
+#: :meth:`~agentkeep.db.Driver.prefetching`), at the session's default
+#: isolation: only under READ COMMITTED does each statement, the checking read
+#: included, read a snapshot taken after the lock before it was granted.
+_READ_COMMITTED: Final = (
+    cast(
+        literal(1)
+        / case(
+            (
+                func.current_setting(literal_column("'transaction_isolation'"))
+                == literal_column("'read committed'"),
+                1,
+            ),
+            else_=0,
+        ),
+        Integer,
+    )
+    == 1
+)
+
+
 def _free_lease_read(dialect: Any) -> Any:
     """The guard's lease read (:func:`~agentkeep.sessions.leases.lease_read`) of the
     lease of ``lsid`` that refuses unless the lease is *free*: no row, or a row never
@@ -333,6 +367,7 @@ def _free_lease_read(dialect: Any) -> Any:
     divisor = case((_L.session_id != p("lsid"), 1), (free, 1), else_=0)
     return (
         select(*_lease_columns(dialect))
+        .where(_READ_COMMITTED)
         .where(_L.session_id == p("lsid"))
         .where(cast(literal(1) / divisor, Integer) == 1)
     )
@@ -370,6 +405,7 @@ def _fenced_lease_read(dialect: Any) -> Any:
     return (
         select(*_lease_columns(dialect))
         .select_from(one.outerjoin(_L, _L.session_id == p("lsid")))
+        .where(_READ_COMMITTED)
         .where(cast(literal(1) / divisor, Integer) == 1)
     )
 
@@ -613,7 +649,7 @@ class CheckpointNodeRepository:
                 else:
                     sent = [Answered(*lease_read(lease_sid), check, params), *writes]
                 try:
-                    with db.prefetching(sent, commit=True):
+                    with db.prefetching(sent, commit=True, implicit=True):
                         self._run_guarded(
                             session_id, lease_sid, fence, renew_ms, run, blobs, now=now
                         )
