@@ -25,8 +25,9 @@ unit that may hold other work or a caller that catches (``store.write()``,
 ``call_write``) the checks run before anything is written; in a one-call
 unit on psycopg the writes go out in the round trip of the lock and the lease
 read, after them, and a refusal rolls that unit (this operation alone) back;
-without a fence ``COMMIT`` goes in that round trip too, once the server
-found the lease free (``CheckpointNodeRepository._guarded``).
+the commit goes in that round trip too once the server found the lease free
+(no fence) or the fence's live lease with no renewal due
+(``CheckpointNodeRepository._guarded``).
 
 Idempotency. Putting a node again under the same id replaces its parent,
 JSON, blob and run (the last put wins, as LangGraph's savers do); a pending
@@ -40,11 +41,16 @@ a data-modifying CTE of the upsert); a pending-write put: the lease read and
 one insert per write on SQLite (one ``executemany``); on Postgres the
 writes of ``idx >= 0`` in one multi-row insert (per 8), each negative
 index its own upsert. Nothing written is read back. A one-call put on
-psycopg without a fence is one round trip: ``BEGIN``, the locks, the lease
-read (as :data:`_FREE_LEASE_READ`, which refuses unless the lease is free),
-the writes and ``COMMIT`` pipelined (docs/architecture.md#one-round-trip-commit);
-a fenced one, or one whose lease is not free, two: the same without
-``COMMIT`` (the guard judges the lease), then ``COMMIT``.
+psycopg is one round trip of two statements, the pipeline's implicit
+transaction (docs/architecture.md#one-round-trip-commit): the locks, then
+the lease read as a *checking read* (:data:`_FREE_LEASE_READ` without a
+fence, which refuses unless the lease is free; :data:`_FENCED_LEASE_READ`
+with one, which refuses unless the fence's lease is live with no renewal
+due) with the write folded in as its data-modifying CTEs (:data:`_FOLDED`;
+a put_writes of several statements sends them after the read). A lease the
+check refuses takes that round trip and two more: ``BEGIN``, the locks, the
+lease read and the writes (the guard judges the lease: it renews it, or
+raises), then ``COMMIT``.
 
 Corrupt data fails loudly: a node whose blob is missing, stored with a
 compression other than ``none``, or whose bytes do not match its hash, is
