@@ -1135,6 +1135,7 @@ class Driver:
         "_began",
         "_commit_ahead",
         "_committed",
+        "_implicit",
         "_cursor",
         "_deferred",
         "_error",
@@ -1200,6 +1201,7 @@ class Driver:
         # One-round-trip commit (prefetching(commit=True)): COMMIT goes with the
         # prefetched statements; _committed once it came back.
         self._commit_ahead = False
+        self._implicit = False  # ... as the pipeline's implicit transaction (prefetching)
         self._committed = False
         self._began: str | None = None  # the BEGIN last sent in a round trip (restart)
 
@@ -1458,7 +1460,7 @@ class Driver:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
         self._pending_begin = None
         self._deferred, self._prefetch, self._prefetched = [], [], []
-        self._commit_ahead = self._committed = False
+        self._commit_ahead = self._implicit = self._committed = False
         if self._asyncpg_simple:
             self._asyncpg_end("ROLLBACK")
         self.raw.rollback()
@@ -1505,7 +1507,7 @@ class Driver:
         """
         self._pending_begin = None
         self._deferred, self._prefetch, self._prefetched = [], [], []
-        self._commit_ahead = self._committed = False
+        self._commit_ahead = self._implicit = self._committed = False
         if self._asyncpg_simple and _asyncpg_in_transaction(self.raw):
             # psycopg refuses the switch in a transaction; the adapter would not
             raise DatabaseError("postgres: a transaction left open by an ended unit")
@@ -1523,7 +1525,7 @@ class Driver:
         if self._cursor is not None:
             self.close_cursor()
         self._pending_begin = None
-        self._commit_ahead = self._committed = False
+        self._commit_ahead = self._implicit = self._committed = False
         if self._deferred or self._prefetch or self._prefetched:
             self._deferred, self._prefetch, self._prefetched = [], [], []
 
@@ -1622,6 +1624,7 @@ class Driver:
         reads: Sequence[tuple[Statement, Mapping[str, Any]] | Answered],
         *,
         commit: bool = False,
+        implicit: bool = False,
     ) -> Iterator[None]:
         """Send ``reads`` with the next statement sent in the block, in its round trip (psycopg).
 
@@ -1664,6 +1667,19 @@ class Driver:
 
         Without pipelining ``commit`` is ignored: the unit commits as usual.
 
+        ``implicit`` (with ``commit``): the round trip is sent without its
+        ``BEGIN`` and ``COMMIT``, as the implicit transaction the server
+        runs every statement up to a pipeline's Sync in: committed at the
+        Sync when every statement succeeded, rolled back otherwise (two
+        statements fewer, the same outcomes). Only where the unit's
+        ``BEGIN`` is the plain ``READ COMMITTED`` one (no lock wait limit),
+        the connection is in autocommit mode (a lean unit) and the engine's
+        default isolation was READ COMMITTED; else the round trip carries
+        both as above. The implicit transaction runs at the session's
+        default isolation, so the caller's checking read must refuse
+        (SQLSTATE 22012) unless ``transaction_isolation`` is ``read
+        committed``, whatever rows it reads.
+
         Raises:
             InvalidInput, PayloadTooLarge: as :meth:`execute`, for a read's parameters.
         """
@@ -1680,11 +1696,12 @@ class Driver:
             prefetch.append(item)
         self._prefetch, self._prefetched = prefetch, []
         self._commit_ahead = commit
+        self._implicit = commit and implicit
         try:
             yield
         finally:
             self._prefetch, self._prefetched = [], []
-            self._commit_ahead = False
+            self._commit_ahead = self._implicit = False
 
     @property
     def commits_ahead(self) -> bool:
@@ -1856,8 +1873,13 @@ class Driver:
             form = sent.compiled(self.target)
             items.append((form.sql, params if form.plain else form.bind(params)))
         commit, self._commit_ahead = self._commit_ahead, False
+        implicit, self._implicit = self._implicit, False
         if commit:
-            items.append(("COMMIT", None))
+            if implicit and self._implicit_commit_fits():
+                # No BEGIN, no COMMIT: the pipeline's implicit transaction (see prefetching).
+                self._began, self._pending_begin = self._pending_begin, None
+            else:
+                items.append(("COMMIT", None))
             watch = _COMMIT_WATCH.get()
             if watch is not None:
                 watch.committing = True
@@ -1883,6 +1905,13 @@ class Driver:
         first = out[0]
         assert first is not None
         return first
+
+    def _implicit_commit_fits(self) -> bool:
+        """True when a one-round-trip commit may go as an implicit transaction (prefetching)."""
+        if self._pending_begin != _BEGIN_WRITE_PG or self._pg_read_committed:
+            return False
+        conn = getattr(self.raw, "_connection", None) or self.raw
+        return getattr(conn, "autocommit", False) is True
 
     def _round_trip(self, items: list[tuple[str, Any]], out: list[_Fetched | None]) -> None:
         """Run ``items`` (after a pending BEGIN) in one pipelined round trip.

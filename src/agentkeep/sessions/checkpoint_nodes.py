@@ -25,8 +25,9 @@ unit that may hold other work or a caller that catches (``store.write()``,
 ``call_write``) the checks run before anything is written; in a one-call
 unit on psycopg the writes go out in the round trip of the lock and the lease
 read, after them, and a refusal rolls that unit (this operation alone) back;
-without a fence ``COMMIT`` goes in that round trip too, once the server
-found the lease free (``CheckpointNodeRepository._guarded``). On SQLite the
+the commit goes in that round trip too once the server found the lease free
+(no fence) or the fence's live lease with no renewal due
+(``CheckpointNodeRepository._guarded``). On SQLite the
 guard is folded into the write itself (``INSERT … SELECT … WHERE`` the lease
 passes: free, or the fence's live lease with no renewal due), under the
 unit's ``BEGIN IMMEDIATE``; a write that wrote nothing (or one of more than
@@ -49,11 +50,16 @@ that insert alone in a one-call unit that opened no transaction
 (the blob insert a data-modifying CTE of it); a pending-write put the lease
 read, the writes of ``idx >= 0`` in one multi-row insert (per 8), each
 negative index its own upsert. Nothing written is read back. A one-call put on
-psycopg without a fence is one round trip: ``BEGIN``, the locks, the lease
-read (as :data:`_FREE_LEASE_READ`, which refuses unless the lease is free),
-the writes and ``COMMIT`` pipelined (docs/architecture.md#one-round-trip-commit);
-a fenced one, or one whose lease is not free, two: the same without
-``COMMIT`` (the guard judges the lease), then ``COMMIT``.
+psycopg is one round trip of two statements, the pipeline's implicit
+transaction (docs/architecture.md#one-round-trip-commit): the locks, then
+the lease read as a *checking read* (:data:`_FREE_LEASE_READ` without a
+fence, which refuses unless the lease is free; :data:`_FENCED_LEASE_READ`
+with one, which refuses unless the fence's lease is live with no renewal
+due) with the write folded in as its data-modifying CTEs (:data:`_FOLDED`;
+a put_writes of several statements sends them after the read). A lease the
+check refuses takes that round trip and two more: ``BEGIN``, the locks, the
+lease read and the writes (the guard judges the lease: it renews it, or
+raises), then ``COMMIT``.
 
 Corrupt data fails loudly: a node whose blob is missing, stored with a
 compression other than ``none``, or whose bytes do not match its hash, is
@@ -68,7 +74,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Integer, case, cast, delete, exists, func, literal, or_, select
+from sqlalchemy import (
+    Integer,
+    case,
+    cast,
+    delete,
+    exists,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+)
 from sqlalchemy import bindparam as p
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql import Select
@@ -328,10 +345,34 @@ _DELETE_NODE_WRITES: Final = Statement(
 )
 
 
+#: The checking reads' refusal (``division_by_zero``) unless the transaction is READ
+#: COMMITTED: a condition on no row, which the planner makes a one-time filter,
+#: evaluated once before any row is read (also when there is none). The one
+#: round trip may run as the pipeline's implicit transaction (``implicit`` of
+#: :meth:`~agentkeep.db.Driver.prefetching`), at the session's default
+#: isolation: only under READ COMMITTED does each statement, the checking read
+#: included, read a snapshot taken after the lock before it was granted.
+_READ_COMMITTED: Final = (
+    cast(
+        literal(1)
+        / case(
+            (
+                func.current_setting(literal_column("'transaction_isolation'"))
+                == literal_column("'read committed'"),
+                1,
+            ),
+            else_=0,
+        ),
+        Integer,
+    )
+    == 1
+)
+
+
 def _free_lease_read(dialect: Any) -> Any:
-    """The guard's lease read (:func:`~agentkeep.sessions.leases.lease_read`) that refuses
-    unless the lease is *free*: no row, or a row never claimed or released (no token,
-    no owner, a generation >= 0).
+    """The guard's lease read (:func:`~agentkeep.sessions.leases.lease_read`) of the
+    lease of ``lsid`` that refuses unless the lease is *free*: no row, or a row never
+    claimed or released (no token, no owner, a generation >= 0).
 
     Its rows are the lease read's. A row that is not free makes it fail with
     ``division_by_zero`` (:data:`agentkeep.db.CHECK_FAILED_SQLSTATE`): the
@@ -344,10 +385,48 @@ def _free_lease_read(dialect: Any) -> Any:
     free = (
         (_L.lease_token.is_(None)) & (_L.lease_owner_id.is_(None)) & (_L.lease_fencing_token >= 0)
     )
-    divisor = case((_L.session_id != p("sid"), 1), (free, 1), else_=0)
+    divisor = case((_L.session_id != p("lsid"), 1), (free, 1), else_=0)
     return (
         select(*_lease_columns(dialect))
-        .where(_L.session_id == p("sid"))
+        .where(_READ_COMMITTED)
+        .where(_L.session_id == p("lsid"))
+        .where(cast(literal(1) / divisor, Integer) == 1)
+    )
+
+
+def _fenced_lease_read(dialect: Any) -> Any:
+    """The guard's lease read of the lease of ``lsid`` that refuses unless the caller's
+    fence passes LEASE_GUARD on it with nothing to renew.
+
+    Passes (one row: the lease read's) only when the row exists, its owner
+    (``owner``; the incarnation ``inc``, a NULL stored incarnation read as
+    the owner id, as :func:`~agentkeep.sessions.codec.decode_owner` does),
+    ``token`` and generation (``fencing``) are the fence's, and it expires at
+    or after ``min_expires``: the caller sends ``now + max(1, renew_ms // 2)``
+    (``now + 1`` without ``renew_ms``), so the lease is live at ``now``
+    (FENCE_OK: ``expires > now``) and no renewal is due (``expires - now >=
+    renew_ms // 2``). Any other row, or none (the outer join from one row
+    keeps a missing lease as a row of NULLs), fails with ``division_by_zero``
+    (:data:`agentkeep.db.CHECK_FAILED_SQLSTATE`). The guard then judges the
+    same row at the same ``now`` (``CheckpointNodeRepository._guarded``) and
+    passes without a write: a fenced put that passed this read is committed
+    in its round trip, and every other outcome (renewal due, fence lost,
+    expired, no row) goes the two-round-trip way, where the guard renews the
+    lease or raises its typed error.
+    """
+    fenced = (
+        (_L.lease_owner_id == p("owner"))
+        & (func.coalesce(_L.lease_owner_incarnation_id, _L.lease_owner_id) == p("inc"))
+        & (_L.lease_token == p("token"))
+        & (_L.lease_fencing_token == p("fencing"))
+        & (_L.lease_expires_at_ms >= p("min_expires"))
+    )
+    divisor = case((fenced, 1), else_=0)
+    one = select(literal(1).label("one")).subquery("one_row")
+    return (
+        select(*_lease_columns(dialect))
+        .select_from(one.outerjoin(_L, _L.session_id == p("lsid")))
+        .where(_READ_COMMITTED)
         .where(cast(literal(1) / divisor, Integer) == 1)
     )
 
@@ -360,6 +439,50 @@ def _lease_columns(dialect: Any) -> tuple[Any, ...]:
 
 
 _FREE_LEASE_READ: Final = Statement(_free_lease_read, name="checkpoint_nodes.free_lease_read")
+_FENCED_LEASE_READ: Final = Statement(_fenced_lease_read, name="checkpoint_nodes.fenced_lease_read")
+
+
+def _put_blob(dialect: Any) -> Any:
+    return (
+        upsert(dialect, BlobRow)
+        .values(hash=p("ref"), kind=p("kind"), compression=p("compression"), content=p("content"))
+        .on_conflict_do_nothing(index_elements=[BlobRow.hash])
+    )
+
+
+#: The inserts a write statement of ``_guarded`` is made of (Postgres), for
+#: :func:`_checked_writes`: each a data-modifying CTE of the checking read.
+_WRITE_PARTS: Final[dict[Statement, tuple[Any, ...]]] = {
+    _PUT_NODE_AND_BLOB: (_put_blob, _put_node),
+    _ADD_WRITE: (lambda d: _put_write(d, replace=False),),
+    _REPLACE_WRITE: (lambda d: _put_write(d, replace=True),),
+    **{stmt: (functools.partial(_add_writes, count=n),) for n, stmt in _ADD_WRITES.items()},
+}
+
+
+def _checked_writes(check: Any, parts: tuple[Any, ...], dialect: Any) -> Any:
+    """The checking read ``check`` with ``parts`` (inserts) as its data-modifying CTEs.
+
+    One statement: the writes and the read share its snapshot, taken after
+    the lock statement before it was granted; when the read refuses
+    (``division_by_zero``) the statement fails and none of its writes is
+    kept. The read's parameters (``lsid``, the fence's) do not clash with
+    the writes' (``sid``, ``nid``, ...).
+    """
+    read = check(dialect)
+    for i, part in enumerate(parts):
+        read = read.add_cte(part(dialect).cte(f"w{i}"))
+    return read
+
+
+_FOLDED: Final[dict[tuple[Statement, Statement], Statement]] = {
+    (check, write): Statement(
+        functools.partial(_checked_writes, check.construct, parts),
+        name=f"{check.name}+{write.name}",
+    )
+    for check in (_FREE_LEASE_READ, _FENCED_LEASE_READ)
+    for write, parts in _WRITE_PARTS.items()
+}
 
 
 # ---------------------------------------------------------------- SQLite: LEASE_GUARD folded
@@ -662,27 +785,61 @@ class CheckpointNodeRepository:
         Elsewhere (SQLite, asyncpg) every statement runs when executed, in
         the same order.
 
-        One round trip (a one-call unit on psycopg, no fence): the lease read
-        is sent as :data:`_FREE_LEASE_READ` and ``COMMIT`` follows the writes
-        in the same round trip (``prefetching(commit=True)``,
-        docs/architecture.md#one-round-trip-commit). The server commits only
-        when the lease is free, and a free lease passes the guard, which then
-        judges the same row; a lease that is not free stops the round trip
-        before ``COMMIT`` (nothing written), the unit begins again
+        One round trip (a one-call unit on psycopg): the lease read is sent as
+        a *checking read* and ``COMMIT`` follows the writes in the same round
+        trip (``prefetching(commit=True)``,
+        docs/architecture.md#one-round-trip-commit). Without a fence it is
+        :data:`_FREE_LEASE_READ` (the lease is free); with one,
+        :data:`_FENCED_LEASE_READ` (the fence's lease, live at ``now`` with
+        no renewal due, ``now`` sampled from the store's clock before the
+        round trip and the guard then judging at that same ``now``). A write
+        of one statement is folded into the checking read as its
+        data-modifying CTEs (:data:`_FOLDED`): one statement fewer, the same
+        snapshot. The server commits only when the check passes, and what
+        passes it passes the guard, which then judges the same row without
+        writing; any other row stops the round trip before ``COMMIT``
+        (nothing written), the unit begins again
         (:meth:`~agentkeep.db.Driver.restart`) and the two round trips above
-        let the guard judge it. A fenced write always takes those two: its
-        guard may renew the lease.
+        let the guard judge it: renew the lease, or raise its typed error.
         """
         db = self._db
         lease_sid = lease_session_id or session_id
-        if fence is None and not self._nested and writes and db.commits_ahead:
-            read = Answered(*lease_read(lease_sid), _FREE_LEASE_READ, {"sid": lease_sid})
-            try:
-                with db.prefetching([read, *writes], commit=True):
-                    self._run_guarded(session_id, lease_sid, fence, renew_ms, writes, blobs)
-                return
-            except PrefetchCheckFailed:
-                db.restart()  # the lease is not free: the guard judges it (below)
+        if not self._nested and writes and db.commits_ahead:
+            now = None
+            check: Statement | None = _FREE_LEASE_READ
+            if fence is None:
+                params: dict[str, Any] = {"lsid": lease_sid}
+            else:
+                now = self._clock.now_ms()
+                floor = now + max(1, (renew_ms or 0) // 2)
+                check = _FENCED_LEASE_READ
+                params = {
+                    "lsid": lease_sid,
+                    "owner": fence.owner.owner_id,
+                    "inc": fence.owner.incarnation_id,
+                    "token": fence.lease_token,
+                    "fencing": fence.fencing_token,
+                    "min_expires": floor,
+                }
+                if fence.session_id != lease_sid or not 0 <= floor <= MAX_I64:
+                    check = None  # the guard refuses it, or no lease could pass
+            if check is not None:
+                run = writes
+                sent: list[Any]
+                folded = _FOLDED.get((check, writes[0][0])) if len(writes) == 1 else None
+                if folded is not None:
+                    read = Answered(*lease_read(lease_sid), folded, {**writes[0][1], **params})
+                    sent, run = [read], ()
+                else:
+                    sent = [Answered(*lease_read(lease_sid), check, params), *writes]
+                try:
+                    with db.prefetching(sent, commit=True, implicit=True):
+                        self._run_guarded(
+                            session_id, lease_sid, fence, renew_ms, run, blobs, now=now
+                        )
+                    return
+                except PrefetchCheckFailed:
+                    db.restart()  # the check refused: the guard judges the lease (below)
         ahead = () if self._nested else writes
         with db.prefetching([lease_read(lease_sid), *ahead]):
             self._run_guarded(session_id, lease_sid, fence, renew_ms, writes, blobs)
@@ -695,10 +852,14 @@ class CheckpointNodeRepository:
         renew_ms: int | None,
         writes: Sequence[tuple[Statement, Mapping[str, Any]]],
         blobs: bool,
+        *,
+        now: int | None = None,
     ) -> None:
+        """Lock, guard, write; the guard judges at ``now`` when given (the checking
+        read's), else at the time sampled after the lock."""
         db = self._db
-        now = begin_session_write(db, self._clock, self._writable, session_id, blobs=blobs)
-        guard_session_write(db, lease_sid, fence, now, renew_ms)
+        locked = begin_session_write(db, self._clock, self._writable, session_id, blobs=blobs)
+        guard_session_write(db, lease_sid, fence, locked if now is None else now, renew_ms)
         for stmt, params in writes:
             db.execute(stmt, params)
 
