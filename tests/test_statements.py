@@ -62,6 +62,13 @@ POSTGRES_ONLY = frozenset(
 #: The commit's folded ledger write (a data-modifying CTE): sent only on Postgres.
 POSTGRES_ONLY |= frozenset(s.name for s in commits._PUT_USAGE_AND_TOTALS.values())
 POSTGRES_ONLY |= frozenset(s.name for s in commits._PUT_HEAD_WITH_BLOBS.values())
+#: The checkpoint puts' checking lease reads (``current_setting``) and the writes
+#: folded into them as data-modifying CTEs: sent only on psycopg.
+POSTGRES_ONLY |= {
+    checkpoint_nodes._FREE_LEASE_READ.name,
+    checkpoint_nodes._FENCED_LEASE_READ.name,
+    *(s.name for s in checkpoint_nodes._FOLDED.values()),
+}
 #: Statements that run only on SQLite (the repository checks ``driver.postgres``
 #: first): the checkpoint puts with LEASE_GUARD folded in (``INSERT … SELECT`` of
 #: untyped parameters, which Postgres would read as text).
