@@ -1719,6 +1719,28 @@ class Driver:
             and not self.closed_while_idle()
         )
 
+    @property
+    def commits_with_write(self) -> bool:
+        """True when ``prefetching((), commit=True)`` would send COMMIT with the next write.
+
+        psycopg with pipelining, in a one-call (lean) unit that has begun
+        (its ``BEGIN`` went out with an earlier statement): the write and
+        ``COMMIT`` go in one round trip. For a unit whose last statement is
+        that write and whose every decision was made before it, so that the
+        write's result only confirms what the unit already knew (a fenced
+        write that matched nothing wrote nothing: committing the unit then
+        commits nothing it wrote). The outcomes are those of
+        :meth:`prefetching` with ``commit``: a lost connection is
+        ``CommitOutcomeUnknown``.
+        """
+        return (
+            self._pipeline
+            and self._merge_begin
+            and self._pending_begin is None
+            and not self._committed
+            and not self._deferred
+        )
+
     def closed_while_idle(self) -> bool:
         """True when the server closed (or wrote to) this Postgres connection while it sat idle.
 

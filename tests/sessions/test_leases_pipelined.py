@@ -1,8 +1,8 @@
 """Session leases with the lock pipelined: round trips, and release racing a claim.
 
 On psycopg (sync and asyncio) the lease read goes out with ``BEGIN`` and the
-``session:<id>`` lock (see :mod:`agentkeep.sessions.leases`): claim is three
-round trips, renew two (its write goes with ``COMMIT``), release one (one
+``session:<id>`` lock (see :mod:`agentkeep.sessions.leases`): claim is two (its
+write goes with ``COMMIT``), renew two (the same), release one (one
 statement that takes the lock itself), counted off the wire (libpq trace, one
 ``ReadyForQuery`` per wait; :class:`tests.sessions.test_round_trips.Trace`).
 
@@ -58,12 +58,12 @@ def _cycle(call: Callable[[Callable[[Any], Any]], Any], trace: Trace, sid: str) 
 def test_lease_cycle_round_trips_on_psycopg(pg_url: str) -> None:
     with Store.open(pg_url) as store:
         trace = Trace(store.engine)
-        assert _cycle(lambda fn: fn(store), trace, "sess-lease-rt") == [3, 2, 1] * 2
+        assert _cycle(lambda fn: fn(store), trace, "sess-lease-rt") == [2, 2, 1] * 2
 
 
 def test_lease_cycle_round_trips_on_psycopg_async(pg_url: str) -> None:
     with psycopg_async_calls(pg_url) as (call, trace):
-        assert _cycle(call, trace, "sess-lease-rt-async") == [3, 2, 1] * 2
+        assert _cycle(call, trace, "sess-lease-rt-async") == [2, 2, 1] * 2
 
 
 # --------------------------------------------------------------------------

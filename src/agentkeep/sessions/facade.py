@@ -18,6 +18,13 @@ from agentkeep.errors import CommitOutcomeUnknown, DatabaseError, SessionCorrupt
 from agentkeep.one_call import OneCalls, read, rerun, write
 from agentkeep.sessions.commits import _DEFAULT_SCOPE, _NeedsSnapshot
 from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
+from agentkeep.sessions.domain import (
+    Acquired,
+    AcquireOutcome,
+    Busy,
+    LeaseOwnerIdentity,
+    same_incarnation,
+)
 from agentkeep.sessions.leases import SessionLeaseRepository as _LEASES
 from agentkeep.sessions.maintenance import MaintenanceRepository as _MAINTENANCE
 from agentkeep.sessions.maintenance import Progress, log_gc_failure
@@ -59,13 +66,37 @@ def _rerun_if_source_keyed(facade: Any, again: Callable[[], T], draft: Any) -> T
     return again()
 
 
+def _settle_reclaim(
+    facade: Any,
+    again: Callable[[], AcquireOutcome],
+    session_id: str,
+    owner: LeaseOwnerIdentity,
+    *args: Any,
+    **kwargs: Any,
+) -> AcquireOutcome:
+    """A lost COMMIT of a reclaim: reclaim again. If the first took the lease over, the
+    second finds ``owner``'s own live lease, not the observed holder's, and answers
+    ``Busy`` naming it: that lease is the first reclaim's, so ``owner`` holds it
+    (``Acquired``). Otherwise the second answer is the outcome."""
+    outcome = again()
+    if isinstance(outcome, Busy) and same_incarnation(outcome.holder.owner, owner):
+        return Acquired(lease=outcome.holder)
+    return outcome
+
+
 class LeaseCalls(OneCalls):
     """``store.leases``: session execution leases, each call in its own unit of work."""
 
     _repository = "leases"
 
-    try_claim_session_execution_lease = write(_LEASES.try_claim_session_execution_lease)
-    reclaim_session_execution_lease = write(_LEASES.reclaim_session_execution_lease)
+    # A lost COMMIT of a claim (its write goes with COMMIT on psycopg): claiming again
+    # with the same owner extends the lease the first claim took, or takes it now.
+    try_claim_session_execution_lease = write(
+        _LEASES.try_claim_session_execution_lease, resolve=rerun
+    )
+    reclaim_session_execution_lease = write(
+        _LEASES.reclaim_session_execution_lease, resolve=_settle_reclaim
+    )
     renew_session_execution_lease = write(_LEASES.renew_session_execution_lease)
     # A release is idempotent by its fence: run again, it releases or matches nothing.
     release_session_execution_lease = write(_LEASES.release_session_execution_lease, resolve=rerun)

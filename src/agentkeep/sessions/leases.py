@@ -14,8 +14,10 @@ is a bug signal (:class:`~agentkeep.errors.ConcurrentModification`).
 
 Round trips (psycopg, sync or asyncio). Claim and reclaim send the lease
 read with ``BEGIN`` and the lock, in their round trip
-(:meth:`Driver.prefetching`): three (``BEGIN`` + lock + read, the fenced
-write, ``COMMIT``; the write needs ``now``, sampled once the lock is held).
+(:meth:`Driver.prefetching`); the fenced write needs ``now``, sampled once
+the lock is held, so it goes in a second round trip, with ``COMMIT`` in a
+one-call unit (``_last_write``): two; three in a ``store.write()`` unit
+and on asyncpg.
 Renew reads nothing first: FENCE_OK is its UPDATE's WHERE (the holder fence
 and ``expires > now``, ``now`` sampled once the lock is held), which returns
 the stored ``claimed_at``; the lease row is read only to say why a refused
@@ -55,6 +57,7 @@ incarnation (a NULL incarnation reads as the owner id), token and generation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Final
 
 from sqlalchemy import bindparam as p
@@ -512,6 +515,22 @@ class SessionLeaseRepository:
             now = begin_session_write(self._db, self._clock, self._writable, session_id)
             return now, _load(self._db, session_id)
 
+    def _last_write(self) -> AbstractContextManager[None]:
+        """The block around a claim's or a reclaim's one write, the last statement of its unit.
+
+        In a one-call unit on psycopg (:attr:`Driver.commits_with_write`) the
+        write goes with ``COMMIT``, in one round trip: every decision was made
+        from the lease row read under the lock, and the write is fenced on
+        that row, so a write that matches nothing (a bug signal under the
+        lock: ConcurrentModification) wrote nothing and the COMMIT commits
+        nothing. A connection lost with that round trip in flight leaves the
+        outcome unknown (``CommitOutcomeUnknown``); the one-call forms settle
+        it by claiming again (``store.leases``). Elsewhere the unit commits
+        as usual.
+        """
+        db = self._db
+        return db.prefetching((), commit=self._alone and db.commits_with_write)
+
     def _acquire(
         self, session_id: str, owner: LeaseOwnerIdentity, previous: int | None, now: int, ttl: int
     ) -> SessionExecutionLease:
@@ -533,7 +552,9 @@ class SessionLeaseRepository:
             "expires": expires,
             "previous": previous if previous is not None else -1,
         }
-        if self._db.execute(_ACQUIRE, params).fetchone() is None:
+        with self._last_write():
+            acquired = self._db.execute(_ACQUIRE, params).fetchone()
+        if acquired is None:
             raise ConcurrentModification(
                 f"session {session_id}: lease changed under the write lock"
             )
@@ -580,7 +601,9 @@ class SessionLeaseRepository:
                 "token": row.token,
                 "fencing": row.fencing,
             }
-            if self._db.execute(_EXTEND, params).rowcount != 1:
+            with self._last_write():
+                extended = self._db.execute(_EXTEND, params).rowcount
+            if extended != 1:
                 raise ConcurrentModification(f"session {session_id}: lease changed under the lock")
             return Acquired(
                 lease=holder.model_copy(update={"owner": owner, "expires_at_epoch_ms": expires})
@@ -654,7 +677,9 @@ class SessionLeaseRepository:
             "now": now,
             "expires": expires,
         }
-        if self._db.execute(_TAKEOVER, params).rowcount != 1:
+        with self._last_write():
+            taken = self._db.execute(_TAKEOVER, params).rowcount
+        if taken != 1:
             raise ConcurrentModification(f"session {session_id}: lease changed under the lock")
         observability.lease_takeover(
             "reclaimed", session_id, holder.owner.owner_id, owner.owner_id, fencing
