@@ -77,7 +77,6 @@ SQLITE_ONLY = frozenset(
     for s in (
         *checkpoint_nodes._SQLITE_PUT_NODE.values(),
         *checkpoint_nodes._SQLITE_ADD_WRITES.values(),
-        checkpoint_nodes._SQLITE_PUT_BLOB,
     )
 )
 

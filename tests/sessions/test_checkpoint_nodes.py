@@ -245,7 +245,7 @@ def test_a_fault_between_blob_and_node_leaves_nothing(
     )
     # Postgres: one statement (the blob a CTE of the node upsert); SQLite: the
     # guarded node upsert, then the blob insert, which fails here.
-    second = "_PUT_NODE_AND_BLOB" if backend == "postgres" else "_SQLITE_PUT_BLOB"
+    second = "_PUT_NODE_AND_BLOB" if backend == "postgres" else "_PUT_BLOB"
     monkeypatch.setattr(cn_module, second, broken)
     with pytest.raises((DatabaseError, KeyError)):
         store.checkpoint_nodes.put_checkpoint_node(SID, "c1", b"never")

@@ -93,6 +93,7 @@ from sqlalchemy.sql import Select
 from agentkeep.clock import Clock
 from agentkeep.db import Answered, Driver, PrefetchCheckFailed
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
+from agentkeep.sessions.checkpoints import _PUT as _PUT_BLOB
 from agentkeep.sessions.domain import (
     MAX_I64,
     LeaseFence,
@@ -291,6 +292,26 @@ _ADD_WRITES: Final = {
 }
 
 
+def _write_rows_params(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The parameters of a multi-row insert of ``rows`` (of one task): the shared
+    ``sid``, ``nid``, ``task`` and ``path`` (of the first row), then ``idx<i>``,
+    ``channel<i>``, ``type<i>``, ``value<i>`` per row (:func:`_add_writes`,
+    :func:`_sqlite_add_writes`)."""
+    first = rows[0]
+    params: dict[str, Any] = {
+        "sid": first["sid"],
+        "nid": first["nid"],
+        "task": first["task"],
+        "path": first["path"],
+    }
+    for i, row in enumerate(rows):
+        params[f"idx{i}"] = row["idx"]
+        params[f"channel{i}"] = row["channel"]
+        params[f"type{i}"] = row["type"]
+        params[f"value{i}"] = row["value"]
+    return params
+
+
 def _add_write_statements(
     rows: Sequence[Mapping[str, Any]],
 ) -> list[tuple[Statement, Mapping[str, Any]]]:
@@ -301,19 +322,7 @@ def _add_write_statements(
         if len(chunk) == 1:
             out.append((_ADD_WRITE, chunk[0]))
             continue
-        first = chunk[0]
-        params: dict[str, Any] = {
-            "sid": first["sid"],
-            "nid": first["nid"],
-            "task": first["task"],
-            "path": first["path"],
-        }
-        for i, row in enumerate(chunk):
-            params[f"idx{i}"] = row["idx"]
-            params[f"channel{i}"] = row["channel"]
-            params[f"type{i}"] = row["type"]
-            params[f"value{i}"] = row["value"]
-        out.append((_ADD_WRITES[len(chunk)], params))
+        out.append((_ADD_WRITES[len(chunk)], _write_rows_params(chunk)))
     return out
 
 
@@ -587,14 +596,6 @@ _SQLITE_PUT_NODE: Final = {
     )
     for fenced in (False, True)
 }
-_SQLITE_PUT_BLOB: Final = Statement(
-    lambda d: (
-        upsert(d, BlobRow)
-        .values(hash=p("ref"), kind=p("kind"), compression=p("compression"), content=p("content"))
-        .on_conflict_do_nothing(index_elements=[BlobRow.hash])
-    ),
-    name="checkpoint_nodes.sqlite_put_blob",
-)
 
 #: Pending writes one guarded SQLite insert takes at most (more: the unfolded path).
 _SQLITE_ROWS: Final = 16
@@ -906,7 +907,8 @@ class CheckpointNodeRepository:
         ):
             guard_session_write(db, lease_sid, fence, now, renew_ms)
             db.execute(_PUT_NODE, node)
-        db.execute(_SQLITE_PUT_BLOB, node)
+        blob = {"hash": node["ref"], "kind": node["kind"], "compression": node["compression"]}
+        db.execute(_PUT_BLOB, {**blob, "content": node["content"]})
 
     def _writes_sqlite(
         self,
@@ -953,19 +955,8 @@ class CheckpointNodeRepository:
         if len(rows) <= _SQLITE_ROWS:
             guard = _sqlite_guard_params(lease_sid, fence, now, renew_ms)
             if guard is not None:
-                first = rows[0]
-                params: dict[str, Any] = {
-                    "sid": first["sid"],
-                    "nid": first["nid"],
-                    "task": first["task"],
-                    "path": first["path"],
-                    **guard,
-                }
-                for i, row in enumerate(rows):
-                    params[f"idx{i}"] = row["idx"]
-                    params[f"channel{i}"] = row["channel"]
-                    params[f"type{i}"] = row["type"]
-                    params[f"value{i}"] = row["value"]
+                params = _write_rows_params(rows)
+                params.update(guard)
                 stmt = _SQLITE_ADD_WRITES[fence is not None, len(rows)]
                 if db.execute(stmt, params).rowcount > 0:
                     return
