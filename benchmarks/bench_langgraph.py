@@ -16,6 +16,14 @@ Savers, side by side in one run:
   defaults), the same inside ``owning`` (fenced puts), and the stock
   ``SqliteSaver`` on a sqlite3 connection (its ``setup`` turns WAL on;
   ``synchronous`` is sqlite3's default FULL unless ``--stock-normal``).
+* The SQLite floor (``--floor``): ``FloorSaver``, a saver that sends the
+  statements AgentkeepSaver sends on SQLite (``BEGIN IMMEDIATE``, the node
+  upsert with the folded lease guard, the blob insert, ``COMMIT``; the
+  pending writes as one guarded insert in autocommit), compiled from the
+  same Statement objects, on a bare sqlite3 connection with a lock, and
+  nothing else: no argument or text checks, no unit of work, no retry.
+  Its ratio is the most this schema and these statements allow; the gap
+  between it and AgentkeepSaver is agentkeep's Python.
 * Postgres (unless ``--no-postgres``; a fresh database per saver):
   ``AgentkeepSaver(Store)`` on psycopg, the same inside ``owning``, and the
   stock ``PostgresSaver`` (autocommit, pipeline where supported).
@@ -27,8 +35,11 @@ above 1.0 agentkeep is faster.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sqlite3
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,6 +48,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import psycopg
+from langgraph.checkpoint.base import WRITES_IDX_MAP, get_checkpoint_metadata
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
@@ -44,6 +56,8 @@ from langgraph.graph.message import add_messages
 
 from agentkeep import Store
 from agentkeep.integrations.langgraph import AgentkeepSaver
+from agentkeep.sessions import checkpoint_nodes as nodes
+from agentkeep.statements import CompileTarget, Statement
 
 PG = "postgresql://postgres@127.0.0.1:5432"
 
@@ -116,6 +130,88 @@ def agentkeep_saver(url: str) -> Iterator[AgentkeepSaver]:
         store.close()
 
 
+class FloorSaver(AgentkeepSaver):
+    """AgentkeepSaver's SQLite statements on a bare sqlite3 connection, nothing else.
+
+    The same Statement objects, compiled for the store's dialect, the same
+    parameters (the lease guard judged at the wall clock), one lock for the
+    connection; no checks, no unit of work. Unfenced puts only (no ``owning``).
+    """
+
+    def __init__(self, store: Store, path: Path) -> None:
+        super().__init__(store)
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA busy_timeout=5000")
+        with store.engine.connect() as conn:
+            self.target = CompileTarget.of(conn.dialect)
+        self.lock = threading.Lock()
+
+    def _run(self, stmt: Statement, params: dict[str, Any]) -> None:
+        form = stmt.compiled(self.target)
+        self.conn.execute(form.sql, params if form.plain else form.bind(params))
+
+    def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        conf = config["configurable"]
+        thread, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
+        type_, body = self.serde.dumps_typed(checkpoint)
+        meta = get_checkpoint_metadata(config, metadata)
+        ref = hashlib.sha256(body).hexdigest()
+        node = {
+            "sid": self.session_id(thread, ns),
+            "nid": checkpoint["id"],
+            "parent": conf.get("checkpoint_id"),
+            "json": json.dumps({"type": type_, "metadata": meta}, ensure_ascii=False),
+            "live": 0,
+            "ref": ref,
+            "run": None,
+        }
+        guard = nodes._sqlite_guard_params(self.session_id(thread), None, _now_ms(), None)
+        assert guard is not None
+        blob = {"hash": ref, "kind": nodes.KIND_OPAQUE, "compression": "none", "content": body}
+        with self.lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self._run(nodes._SQLITE_PUT_NODE[False], {**node, **guard})
+            self._run(nodes._PUT_BLOB, blob)
+            self.conn.execute("COMMIT")
+        return {
+            "configurable": {
+                "thread_id": thread,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+        conf = config["configurable"]
+        thread = conf["thread_id"]
+        sid = self.session_id(thread, conf.get("checkpoint_ns", ""))
+        rows = []
+        for idx, (channel, value) in enumerate(writes):
+            type_, raw = self.serde.dumps_typed(value)
+            rows.append(
+                {
+                    "sid": sid,
+                    "nid": conf["checkpoint_id"],
+                    "task": task_id,
+                    "path": task_path,
+                    "idx": WRITES_IDX_MAP.get(channel, idx),
+                    "channel": channel,
+                    "type": type_,
+                    "value": raw,
+                }
+            )
+        guard = nodes._sqlite_guard_params(self.session_id(thread), None, _now_ms(), None)
+        assert guard is not None
+        params = {**nodes._write_rows_params(rows), **guard}
+        with self.lock:
+            self._run(nodes._SQLITE_ADD_WRITES[False, len(rows)], params)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 @contextmanager
 def stock_sqlite(path: Path, normal: bool) -> Iterator[SqliteSaver]:
     conn = sqlite3.connect(path, check_same_thread=False)
@@ -137,6 +233,9 @@ def main() -> None:
     ap.add_argument(
         "--stock-normal", action="store_true", help="SqliteSaver with synchronous=NORMAL"
     )
+    ap.add_argument(
+        "--floor", action="store_true", help="also FloorSaver: agentkeep's SQLite statements, bare"
+    )
     args = ap.parse_args()
     steps, rounds = args.steps, args.rounds
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -146,6 +245,12 @@ def main() -> None:
         ak_sqlite = stack.enter_context(agentkeep_saver(f"sqlite:///{Path(tmp) / 'ak.db'}"))
         runs.append(("sqlite", "AgentkeepSaver", ak_sqlite, False))
         runs.append(("sqlite", "AgentkeepSaver + owning", ak_sqlite, True))
+        if args.floor:
+            floor_path = Path(tmp) / "floor.db"
+            floor_store = stack.enter_context(Store.open(f"sqlite:///{floor_path}", migrate=True))
+            floor = FloorSaver(floor_store, floor_path)
+            stack.callback(floor.conn.close)
+            runs.append(("sqlite", "floor: same SQL, bare", floor, False))
         stock = stack.enter_context(stock_sqlite(Path(tmp) / "stock.db", args.stock_normal))
         runs.append(("sqlite", "SqliteSaver (stock)", stock, False))
         if not args.no_postgres:
