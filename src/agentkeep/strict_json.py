@@ -185,7 +185,9 @@ def _scanning(decoder: json.JSONDecoder) -> Callable[[str], Any]:
     and message) is ``decode``'s; an error raised inside the scan (a hook's,
     a bad number, the recursion limit) propagates as it would from ``decode``.
     """
-    scan, decode = decoder.scan_once, decoder.decode
+    # scan_once is set by JSONDecoder.__init__ (the C scanner), not in typeshed's stub.
+    scan: Callable[[str, int], tuple[Any, int]] = decoder.scan_once  # type: ignore[attr-defined]
+    decode = decoder.decode
 
     def scan_or_decode(text: str) -> Any:
         try:
