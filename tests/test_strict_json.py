@@ -517,3 +517,21 @@ def test_json_value_problem_reports_a_key_before_later_values() -> None:
         deep = [deep]
     assert json_value_problem(deep) is None
     assert json_value_problem([deep]) == f"nested deeper than {JSON_MAX_DEPTH} levels"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [' {"a": 1} ', '{"a":1}\n', "\t[1, 2]", '{"a":1} x', "[1] [2]", "", "x", "[1,2", '"abc'],
+)
+def test_scanner_fast_path_keeps_the_decoders_outcome(text: str) -> None:
+    """loads scans an edge-to-edge value by the C scanner alone; any other text
+    (surrounding whitespace, extra data, an error) gets json's own outcome."""
+    try:
+        expected: object = json.loads(text)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(JsonError) as info:
+            loads(text)
+        assert info.value.kind == "syntax"
+        assert str(exc) in str(info.value)
+    else:
+        assert loads(text) == expected

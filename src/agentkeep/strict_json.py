@@ -50,6 +50,7 @@ import json
 import math
 import re
 import threading
+from collections.abc import Callable
 from typing import Any, Final, Literal, TypeAlias
 
 __all__ = [
@@ -174,20 +175,48 @@ def _mark_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return marked
 
 
-_DECODE_REFUSE: Final = json.JSONDecoder(
-    parse_constant=_reject_constant,
-    parse_float=_finite_float,
-    object_pairs_hook=_refuse_duplicates,
-).decode
+def _scanning(decoder: json.JSONDecoder) -> Callable[[str], Any]:
+    """``decoder.decode`` by its C scanner alone when the text is one value edge to edge.
+
+    ``decode`` wraps the scanner in three Python calls and two regex matches
+    (leading and trailing whitespace), a quarter of a small document's
+    decode. A text with surrounding whitespace, trailing data or an error at
+    its start goes to ``decode`` itself, so every outcome (value, error type
+    and message) is ``decode``'s; an error raised inside the scan (a hook's,
+    a bad number, the recursion limit) propagates as it would from ``decode``.
+    """
+    # scan_once is set by JSONDecoder.__init__ (the C scanner), not in typeshed's stub.
+    scan: Callable[[str, int], tuple[Any, int]] = decoder.scan_once  # type: ignore[attr-defined]
+    decode = decoder.decode
+
+    def scan_or_decode(text: str) -> Any:
+        try:
+            value, end = scan(text, 0)
+        except StopIteration:
+            return decode(text)
+        return value if end == len(text) else decode(text)
+
+    return scan_or_decode
+
+
+_DECODE_REFUSE: Final = _scanning(
+    json.JSONDecoder(
+        parse_constant=_reject_constant,
+        parse_float=_finite_float,
+        object_pairs_hook=_refuse_duplicates,
+    )
+)
 # Without a pairs hook the C scanner builds the dicts itself: the fastest path.
-_DECODE_LAST: Final = json.JSONDecoder(
-    parse_constant=_reject_constant, parse_float=_finite_float
-).decode
-_DECODE_MARK: Final = json.JSONDecoder(
-    parse_constant=_reject_constant,
-    parse_float=_finite_float,
-    object_pairs_hook=_mark_duplicates,
-).decode
+_DECODE_LAST: Final = _scanning(
+    json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+)
+_DECODE_MARK: Final = _scanning(
+    json.JSONDecoder(
+        parse_constant=_reject_constant,
+        parse_float=_finite_float,
+        object_pairs_hook=_mark_duplicates,
+    )
+)
 
 # An escaped surrogate, paired or not (the walk decides).
 _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
