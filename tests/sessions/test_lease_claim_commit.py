@@ -239,3 +239,52 @@ def test_two_claims_at_once_have_one_winner(
             assert lost[0].holder == won[0].lease
             assert won[0].lease.fencing_token == 1
             assert store.leases.get_session_execution_lease(sid) == won[0].lease
+
+
+# --------------------------------------------------------------------------
+# Where the write must not go with COMMIT, and what a settled reclaim may answer
+
+
+def test_a_claim_in_a_unit_that_fails_after_it_is_rolled_back(db_url: str) -> None:
+    """``store.call_write(fn)`` may hold more work after the claim: its write must not
+    go with COMMIT (only a one-call unit's does), so an error after it undoes it."""
+
+    class _After(Exception):
+        pass
+
+    def fn(r: Any) -> None:
+        out = r.leases.try_claim_session_execution_lease("claim-then-fail", HOLDER, 60_000)
+        assert isinstance(out, Acquired)
+        raise _After
+
+    with Store.open(db_url, clock=SettableClock(T0_MS)) as store:
+        with pytest.raises(_After):
+            store.call_write(fn)
+        assert store.leases.get_session_execution_lease("claim-then-fail") is None
+
+
+def test_a_settled_reclaim_answers_acquired_only_with_the_owners_own_lease() -> None:
+    """The second reclaim's ``Busy`` means the first took the lease only if it names
+    ``owner``'s incarnation; a lease of anyone else (another incarnation of the same
+    owner id included) stays ``Busy``."""
+    from agentkeep.sessions.domain import SessionExecutionLease
+    from agentkeep.sessions.facade import _settle_reclaim
+
+    def lease(owner: LeaseOwnerIdentity) -> SessionExecutionLease:
+        return SessionExecutionLease(
+            session_id="s",
+            owner=owner,
+            lease_token="t",
+            fencing_token=2,
+            claimed_at_epoch_ms=T0_MS,
+            expires_at_epoch_ms=T0_MS + 1,
+        )
+
+    fence = lease(DEAD)
+    own = lease(CLAIMANT)
+    settled = _settle_reclaim(None, lambda: Busy(holder=own), "s", CLAIMANT, fence, 60_000)
+    assert settled == Acquired(lease=own)
+    sibling = LeaseOwnerIdentity(owner_id=CLAIMANT.owner_id, incarnation_id="inc-other")
+    for other in (lease(HOLDER), lease(sibling)):
+        busy = Busy(holder=other)
+        assert _settle_reclaim(None, lambda b=busy: b, "s", CLAIMANT, fence, 60_000) is busy
