@@ -31,6 +31,7 @@ from agentkeep.integrations.langgraph import AgentkeepSaver  # noqa: E402
 from agentkeep.sessions.checkpoint_nodes import PendingWrite  # noqa: E402
 from agentkeep.sessions.domain import LeaseOwnerIdentity  # noqa: E402
 from tests.conftest import as_async_url  # noqa: E402
+from tests.sessions.test_queue import draft  # noqa: E402
 from tests.sessions.test_round_trips import Trace  # noqa: E402
 
 THREAD = "t-one-trip"
@@ -218,10 +219,13 @@ def test_a_put_after_other_work_of_its_unit_keeps_that_work(store: Store) -> Non
     store.leases.try_claim_session_execution_lease(sid, owner, 1000)
     clock.advance(1000)  # expired, not released: not free
 
+    # The other work is an enqueue: a lease claim would send its own write with
+    # COMMIT in a one-call unit (SessionLeaseRepository._last_write), which
+    # holds one operation only.
     def unit(r: Any) -> None:
-        r.leases.try_claim_session_execution_lease("other-session", owner, 5000)
+        r.queue.enqueue_queued_work(draft(sid="other-session"))
         r.checkpoint_nodes.put_checkpoint_node(sid, "c1", b"body")
 
     store._call_operation(unit)
     assert store.checkpoint_nodes.get_checkpoint_node(sid, "c1") is not None
-    assert store.leases.get_session_execution_lease("other-session") is not None
+    assert len(store.queue.list_queued_work("other-session")) == 1
