@@ -16,8 +16,9 @@ Round trips (psycopg, sync or asyncio). Claim and reclaim send the lease
 read with ``BEGIN`` and the lock, in their round trip
 (:meth:`Driver.prefetching`); the fenced write needs ``now``, sampled once
 the lock is held, so it goes in a second round trip, with ``COMMIT`` in a
-one-call unit (``_last_write``): two; three in a ``store.write()`` unit
-and on asyncpg.
+one-call unit (``_last_write``): two. In a ``store.write()`` unit the write
+and ``COMMIT`` go separately (four, with the unit's own ``BEGIN``); on
+asyncpg, which does not pipeline, four.
 Renew reads nothing first: FENCE_OK is its UPDATE's WHERE (the holder fence
 and ``expires > now``, ``now`` sampled once the lock is held), which returns
 the stored ``claimed_at``; the lease row is read only to say why a refused
