@@ -312,7 +312,9 @@ class CommitOutcomeUnknown(DatabaseError):
     again could apply it twice: read back first. The idempotent one-call
     operations resolve it themselves by reading back (run creation, turn
     commits by hash, boundary receipts, enqueues by source key); the others,
-    and units of work, raise it.
+    and units of work, raise it. So do the idempotent ones when the attempt
+    that was to settle it fails on the database (busy, its connection lost,
+    the database unavailable): that failure is its ``__cause__``.
 
     Attributes:
         operation: the one-call operation (``"runs.acquire_assignee"``),

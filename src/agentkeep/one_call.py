@@ -42,12 +42,21 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 
 from agentkeep import observability
 from agentkeep.arguments import argument_check, check_methods, no_check
-from agentkeep.errors import CommitOutcomeUnknown
+from agentkeep.errors import CommitOutcomeUnknown, ConcurrentModification, DatabaseError
 
 if TYPE_CHECKING:
     from agentkeep.store import Store
 
-__all__ = ["OneCalls", "Resolver", "named_outcome", "read", "rerun", "write"]
+__all__ = [
+    "OneCalls",
+    "Resolver",
+    "leaves_unknown",
+    "named_outcome",
+    "read",
+    "rerun",
+    "still_unknown",
+    "write",
+]
 
 #: How a write's one-call form settles a :class:`~agentkeep.errors.CommitOutcomeUnknown`:
 #: called as ``resolver(facade, again, *args, **kwargs)`` where ``again()`` runs the
@@ -82,6 +91,44 @@ def named_outcome(
     named = CommitOutcomeUnknown(operation, arguments, detail)
     named.__cause__ = exc
     return named
+
+
+def leaves_unknown(error: BaseException) -> bool:
+    """True when ``error``, raised by the attempt that was to settle a lost COMMIT answer,
+    leaves the first attempt's outcome unknown.
+
+    A database failure of that attempt (busy, its connection lost before it
+    committed, the database unavailable; in the runtime store the
+    ``WriteFailed`` / ``ReadFailed`` raised over one) says nothing of what
+    the first attempt left: it may still have committed. The operation's own
+    answer does settle it (a result, a typed refusal such as
+    ``SessionLeaseHeld``), and so does :class:`ConcurrentModification`, a
+    bug signal raised as it is. A second :class:`CommitOutcomeUnknown` is
+    not judged here (the callers name it themselves).
+    """
+    cause = error if isinstance(error, DatabaseError) else error.__cause__
+    return isinstance(cause, DatabaseError) and not isinstance(
+        cause, (CommitOutcomeUnknown, ConcurrentModification)
+    )
+
+
+def still_unknown(
+    first: CommitOutcomeUnknown,
+    error: BaseException,
+    operation: str | None = None,
+    arguments: dict[str, object] | None = None,
+) -> CommitOutcomeUnknown:
+    """The unknown outcome ``first``, still unknown because settling it failed with ``error``.
+
+    Names ``operation`` and ``arguments`` (default: ``first``'s); its detail
+    is ``first``'s followed by ``error``. Raise it ``from error``.
+    """
+    reason = f"running it again to settle it failed: {type(error).__name__}: {error}"
+    return CommitOutcomeUnknown(
+        first.operation if operation is None else operation,
+        first.arguments if arguments is None else arguments,
+        f"{first.detail}; {reason}" if first.detail else reason,
+    )
 
 
 P = ParamSpec("P")
@@ -235,6 +282,11 @@ class _Forwarder(Generic[P, T]):
                     raise named_outcome(
                         again, operation, signature, args, kwargs, unknown
                     ) from unknown
+                except Exception as failed:
+                    if not leaves_unknown(failed):
+                        raise
+                    named = named_outcome(unknown, operation, signature, args, kwargs)
+                    raise still_unknown(named, failed) from failed
 
         else:
             single = bool(self._single)

@@ -54,6 +54,7 @@ from agentkeep.errors import (
     SessionExecutionLeaseExpired,
     SessionLeaseHeld,
 )
+from agentkeep.one_call import leaves_unknown, still_unknown
 from agentkeep.sessions.checkpoint_nodes import CheckpointNode, PendingWrite
 from agentkeep.sessions.domain import Busy, LeaseOwnerIdentity, SessionExecutionLease
 from agentkeep.store import Store
@@ -203,21 +204,28 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         """Run a write in one unit. Every write of the saver is idempotent (a put
         replaces the same node, a pending write is stored once per task and index,
         deletes and prunes delete what is left), so a lost COMMIT answer
-        (``CommitOutcomeUnknown``) is settled by running it once more."""
+        (``CommitOutcomeUnknown``) is settled by running it once more; when that
+        run fails on the database the outcome stays unknown (:func:`_settle`)."""
 
         def once() -> T:
             return self._sync(lambda: self.store.call_write(fn), lambda: self._awrite_once(fn))
 
         try:
             return once()
-        except CommitOutcomeUnknown:
-            return once()
+        except CommitOutcomeUnknown as unknown:
+            return _settle(once, unknown)
 
     async def _awrite_unit(self, fn: Callable[[Repositories], T]) -> T:
         try:
             return await self._awrite_once(fn)
-        except CommitOutcomeUnknown:
+        except CommitOutcomeUnknown as unknown:
+            first = unknown
+        try:
             return await self._awrite_once(fn)
+        except Exception as failed:
+            if not leaves_unknown(failed):
+                raise
+            raise still_unknown(first, failed) from failed
 
     async def _awrite_once(self, fn: Callable[[Repositories], T]) -> T:
         return await self._async(lambda s: s.call_write(fn), lambda a: a.call_write(fn))
@@ -254,8 +262,8 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
 
             try:
                 store._call_operation(fn, begin=begin)
-            except CommitOutcomeUnknown:
-                store._call_operation(fn, begin=begin)
+            except CommitOutcomeUnknown as unknown:
+                _settle(lambda: store._call_operation(fn, begin=begin), unknown)
             return
         self._sync(lambda: op(self.store.checkpoint_nodes), lambda: op(astore.checkpoint_nodes))
 
@@ -716,6 +724,22 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
                 await self._arelease(lease)
             except SessionExecutionLeaseExpired:
                 pass
+
+
+def _settle(again: Callable[[], T], first: CommitOutcomeUnknown) -> T:
+    """Settle the lost COMMIT answer ``first`` of an idempotent write by running it again.
+
+    Raises:
+        CommitOutcomeUnknown: that second run's answer was lost too, or it
+            failed on the database (busy, its connection lost, the database
+            unavailable), which leaves ``first`` unknown.
+    """
+    try:
+        return again()
+    except Exception as failed:
+        if not leaves_unknown(failed):
+            raise
+        raise still_unknown(first, failed) from failed
 
 
 def _sessions(r: Repositories, prefix: str) -> list[str]:

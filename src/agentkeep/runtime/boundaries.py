@@ -60,6 +60,7 @@ from sqlalchemy import insert, select
 from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace
 from agentkeep.errors import CommitOutcomeUnknown
+from agentkeep.one_call import leaves_unknown, still_unknown
 from agentkeep.runtime.access import RuntimeAccess
 from agentkeep.runtime.calls import RuntimeCallsBase
 from agentkeep.runtime.domain import (
@@ -383,7 +384,11 @@ class BoundaryCalls(RuntimeCallsBase):
         duplicate (``WriteFailed``, as for any boundary whose receipt key is taken).
 
         Raises:
-            CommitOutcomeUnknown: the second attempt's COMMIT answer was lost too.
+            CommitOutcomeUnknown: the second attempt's COMMIT answer was lost too,
+                or the receipt read or the second attempt failed on the database
+                (``WriteFailed`` / ``ReadFailed`` over a ``StoreBusy``, a lost
+                connection, the database unavailable): the first attempt's
+                outcome is still unknown.
         """
         receipt = prepared.receipt
         try:
@@ -405,6 +410,10 @@ class BoundaryCalls(RuntimeCallsBase):
                 )
         except CommitOutcomeUnknown as again:
             raise CommitOutcomeUnknown(operation, arguments, again.detail) from first
+        except Exception as failed:
+            if not leaves_unknown(failed):
+                raise
+            raise still_unknown(first, failed, operation, arguments) from failed
 
     def load_boundary_receipt(
         self, runtime_id: str, run_id: str, sequence: int

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentkeep.errors import CommitOutcomeUnknown, DatabaseError, SessionCorrupt
-from agentkeep.one_call import OneCalls, read, rerun, write
+from agentkeep.one_call import OneCalls, leaves_unknown, read, rerun, still_unknown, write
 from agentkeep.sessions.commits import _DEFAULT_SCOPE, _NeedsSnapshot
 from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
 from agentkeep.sessions.domain import (
@@ -248,7 +248,9 @@ class SessionCalls(OneCalls):
         of a commit with a ``turn_commit`` stamp is resolved by committing
         again: such a commit is idempotent by its hash, so the second call
         returns the stored result when the first was applied, and applies it
-        when it was not. Without a stamp the unknown outcome is raised.
+        when it was not. Without a stamp the unknown outcome is raised, and so it
+        is when that second call fails on the database (busy, its connection
+        lost, the database unavailable: it says nothing of the first).
         """
 
         def once() -> RuntimeCommitResult:
@@ -269,6 +271,12 @@ class SessionCalls(OneCalls):
                 raise CommitOutcomeUnknown(
                     "commits.commit_runtime_state", {"commit": commit}, again.detail
                 ) from unknown
+            except Exception as failed:
+                if not leaves_unknown(failed):
+                    raise
+                raise still_unknown(
+                    unknown, failed, "commits.commit_runtime_state", {"commit": commit}
+                ) from failed
         self._maybe_auto_gc()
         return result
 
