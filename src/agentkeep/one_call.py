@@ -38,7 +38,7 @@ import functools
 import inspect
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Final, Generic, ParamSpec, TypeVar, overload
 
 from agentkeep import observability
 from agentkeep.arguments import argument_check, check_methods, no_check
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OneCalls",
+    "Rerun",
     "Resolver",
     "leaves_unknown",
     "named_outcome",
@@ -58,16 +59,38 @@ __all__ = [
     "write",
 ]
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 #: How a write's one-call form settles a :class:`~agentkeep.errors.CommitOutcomeUnknown`:
 #: called as ``resolver(facade, again, *args, **kwargs)`` where ``again()`` runs the
 #: operation once more in a new unit; returns the operation's result or raises.
 Resolver = Callable[..., Any]
 
 
-def rerun(facade: Any, again: Callable[[], T], *args: Any, **kwargs: Any) -> T:
-    """Resolve by running the operation again: for operations whose replay returns the
-    stored outcome (a turn commit replayed by its hash, an enqueue by its source key)."""
-    return again()
+class Rerun:
+    """A resolver that runs the operation again: for operations whose second run returns
+    the stored outcome, or does what the first did not (a lease claim by the same owner,
+    a release, an idempotent put).
+
+    ``inconclusive``: answers of that second run that do not settle the first,
+    because they may have become true after the first committed (a write
+    guarded by a session lease: the lease may have changed hands, or
+    expired, in between). The one-call form raises
+    :class:`~agentkeep.errors.CommitOutcomeUnknown` over them.
+    """
+
+    __slots__ = ("inconclusive",)
+
+    def __init__(self, inconclusive: tuple[type[Exception], ...] = ()) -> None:
+        self.inconclusive = inconclusive
+
+    def __call__(self, facade: Any, again: Callable[[], T], *args: Any, **kwargs: Any) -> T:
+        return again()
+
+
+#: Run the operation again; every answer of that run settles the first.
+rerun: Final = Rerun()
 
 
 def named_outcome(
@@ -93,7 +116,7 @@ def named_outcome(
     return named
 
 
-def leaves_unknown(error: BaseException) -> bool:
+def leaves_unknown(error: BaseException, inconclusive: tuple[type[Exception], ...] = ()) -> bool:
     """True when ``error``, raised by the attempt that was to settle a lost COMMIT answer,
     leaves the first attempt's outcome unknown.
 
@@ -103,9 +126,12 @@ def leaves_unknown(error: BaseException) -> bool:
     the first attempt left: it may still have committed. The operation's own
     answer does settle it (a result, a typed refusal such as
     ``SessionLeaseHeld``), and so does :class:`ConcurrentModification`, a
-    bug signal raised as it is. A second :class:`CommitOutcomeUnknown` is
-    not judged here (the callers name it themselves).
+    bug signal raised as it is, except an answer of the ``inconclusive``
+    kinds (:class:`Rerun`). A second :class:`CommitOutcomeUnknown` is not
+    judged here (the callers name it themselves).
     """
+    if isinstance(error, inconclusive):
+        return True
     cause = error if isinstance(error, DatabaseError) else error.__cause__
     return isinstance(cause, DatabaseError) and not isinstance(
         cause, (CommitOutcomeUnknown, ConcurrentModification)
@@ -129,10 +155,6 @@ def still_unknown(
         first.arguments if arguments is None else arguments,
         f"{first.detail}; {reason}" if first.detail else reason,
     )
-
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 class OneCalls:
@@ -283,7 +305,7 @@ class _Forwarder(Generic[P, T]):
                         again, operation, signature, args, kwargs, unknown
                     ) from unknown
                 except Exception as failed:
-                    if not leaves_unknown(failed):
+                    if not leaves_unknown(failed, getattr(resolve, "inconclusive", ())):
                         raise
                     named = named_outcome(unknown, operation, signature, args, kwargs)
                     raise still_unknown(named, failed) from failed

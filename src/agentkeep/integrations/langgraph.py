@@ -55,7 +55,7 @@ from agentkeep.errors import (
     SessionLeaseHeld,
 )
 from agentkeep.one_call import leaves_unknown, still_unknown
-from agentkeep.sessions.checkpoint_nodes import CheckpointNode, PendingWrite
+from agentkeep.sessions.checkpoint_nodes import LEASE_REFUSALS, CheckpointNode, PendingWrite
 from agentkeep.sessions.domain import Busy, LeaseOwnerIdentity, SessionExecutionLease
 from agentkeep.store import Store
 from agentkeep.unit_of_work import Repositories
@@ -223,7 +223,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         try:
             return await self._awrite_once(fn)
         except Exception as failed:
-            if not leaves_unknown(failed):
+            if not leaves_unknown(failed, LEASE_REFUSALS):
                 raise
             raise still_unknown(first, failed) from failed
 
@@ -732,12 +732,15 @@ def _settle(again: Callable[[], T], first: CommitOutcomeUnknown) -> T:
     Raises:
         CommitOutcomeUnknown: that second run's answer was lost too, or it
             failed on the database (busy, its connection lost, the database
-            unavailable), which leaves ``first`` unknown.
+            unavailable) or was refused by the lease guard
+            (``SessionLeaseHeld``, ``SessionExecutionLeaseExpired``: the
+            lease may have changed hands or expired after the first run
+            committed), which leaves ``first`` unknown.
     """
     try:
         return again()
     except Exception as failed:
-        if not leaves_unknown(failed):
+        if not leaves_unknown(failed, LEASE_REFUSALS):
             raise
         raise still_unknown(first, failed) from failed
 

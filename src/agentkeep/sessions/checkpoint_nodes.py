@@ -92,7 +92,13 @@ from sqlalchemy.sql import Select
 
 from agentkeep.clock import Clock
 from agentkeep.db import Answered, Driver, PrefetchCheckFailed
-from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork, SessionCorrupt
+from agentkeep.errors import (
+    InvalidInput,
+    ReadOnlyUnitOfWork,
+    SessionCorrupt,
+    SessionExecutionLeaseExpired,
+    SessionLeaseHeld,
+)
 from agentkeep.sessions.checkpoints import _PUT as _PUT_BLOB
 from agentkeep.sessions.domain import (
     MAX_I64,
@@ -108,12 +114,18 @@ from agentkeep.statements import Statement, upsert
 
 __all__ = [
     "KIND_OPAQUE",
+    "LEASE_REFUSALS",
     "CheckpointNode",
     "CheckpointNodeRepository",
     "PendingWrite",
     "StoredWrite",
     "check_text_id",
 ]
+
+#: The lease guard's refusals: answers of a second run of a write that do not settle
+#: a first run whose COMMIT answer was lost (that run passed the guard and may have
+#: committed before the lease changed hands or expired).
+LEASE_REFUSALS: Final = (SessionLeaseHeld, SessionExecutionLeaseExpired)
 
 #: ``blobs.kind`` of an opaque body (never decoded by agentkeep).
 KIND_OPAQUE: Final = "opaque"

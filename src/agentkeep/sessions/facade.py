@@ -12,10 +12,10 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agentkeep.errors import CommitOutcomeUnknown, DatabaseError, SessionCorrupt
-from agentkeep.one_call import OneCalls, leaves_unknown, read, rerun, still_unknown, write
+from agentkeep.one_call import OneCalls, Rerun, leaves_unknown, read, rerun, still_unknown, write
 from agentkeep.sessions.commits import _DEFAULT_SCOPE, _NeedsSnapshot
 from agentkeep.sessions.commits import SessionCommitRepository as _SESSIONS
 from agentkeep.sessions.domain import (
@@ -296,9 +296,13 @@ class SessionCalls(OneCalls):
 # The session catalog and checkpoint nodes (appended; imports kept with them)
 
 from agentkeep.sessions.catalog import SessionCatalogRepository as _CATALOG  # noqa: E402
+from agentkeep.sessions.checkpoint_nodes import LEASE_REFUSALS  # noqa: E402
 from agentkeep.sessions.checkpoint_nodes import (  # noqa: E402
     CheckpointNodeRepository as _CHECKPOINT_NODES,
 )
+
+#: Run a checkpoint-node write again; a lease refusal of that run settles nothing.
+_RERUN_GUARDED: Final = Rerun(LEASE_REFUSALS)
 
 
 class CatalogCalls(OneCalls):
@@ -315,16 +319,20 @@ class CheckpointNodeCalls(OneCalls):
 
     Puts are idempotent (a node put again is replaced with the same values, a
     pending write is stored once per task and index), so a lost COMMIT answer
-    is settled by running the put again.
+    is settled by running the put again. That run's lease refusal
+    (``SessionLeaseHeld``, ``SessionExecutionLeaseExpired``) settles nothing:
+    the first run passed the guard and may have committed before the lease
+    changed hands or expired, so the call raises ``CommitOutcomeUnknown``
+    over it.
     """
 
     _repository = "checkpoint_nodes"
 
-    put_checkpoint_node = write(_CHECKPOINT_NODES.put_checkpoint_node, resolve=rerun)
-    put_pending_writes = write(_CHECKPOINT_NODES.put_pending_writes, resolve=rerun)
-    delete_nodes_for_runs = write(_CHECKPOINT_NODES.delete_nodes_for_runs, resolve=rerun)
-    prune_checkpoint_nodes = write(_CHECKPOINT_NODES.prune_checkpoint_nodes, resolve=rerun)
-    copy_checkpoint_nodes = write(_CHECKPOINT_NODES.copy_checkpoint_nodes, resolve=rerun)
+    put_checkpoint_node = write(_CHECKPOINT_NODES.put_checkpoint_node, resolve=_RERUN_GUARDED)
+    put_pending_writes = write(_CHECKPOINT_NODES.put_pending_writes, resolve=_RERUN_GUARDED)
+    delete_nodes_for_runs = write(_CHECKPOINT_NODES.delete_nodes_for_runs, resolve=_RERUN_GUARDED)
+    prune_checkpoint_nodes = write(_CHECKPOINT_NODES.prune_checkpoint_nodes, resolve=_RERUN_GUARDED)
+    copy_checkpoint_nodes = write(_CHECKPOINT_NODES.copy_checkpoint_nodes, resolve=_RERUN_GUARDED)
     get_checkpoint_node = read(_CHECKPOINT_NODES.get_checkpoint_node)
     list_checkpoint_nodes = read(_CHECKPOINT_NODES.list_checkpoint_nodes)
     list_pending_writes = read(_CHECKPOINT_NODES.list_pending_writes, single_statement=True)
