@@ -6,8 +6,10 @@ one-call unit takes it back. These tests check what parking must never
 change: a parked connection holds no snapshot (a later one-call read sees
 what another connection committed since), holds no lock (another connection
 writes while it is parked), a failed unit does not leave a transaction on it,
-a lost connection and ``close`` return it to the pool, and a host's engine,
-Postgres and in-memory SQLite never park.
+a lost connection and ``close`` return it to the pool, and a host's engine
+and in-memory SQLite never park. On Postgres (psycopg) the same, and a
+parked connection, kept in the lean units' autocommit mode, is switched back
+whenever it goes back to the pool.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ import sqlite3
 import warnings
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import pq
 from sqlalchemy import create_engine
 
 from agentkeep import migrations as migrate
 from agentkeep.errors import RunDuplicate, RunNotFound
 from agentkeep.runs.domain import RunRecord, RunStatus
 from agentkeep.runs.repository import _LIST_BY_TASK
-from agentkeep.store import Store
+from agentkeep.store import Store, _release_parked
 
 
 def _file_store(tmp_path: Path) -> tuple[Store, Path]:
@@ -183,15 +187,97 @@ def test_no_parking_on_a_host_engine_nor_in_memory(tmp_path: Path) -> None:
         memory.close()
 
 
-def test_no_parking_on_postgres(db_url: str) -> None:
-    store = Store.open(db_url)
+def test_one_call_units_park_one_connection_on_postgres(pg_url: str) -> None:
+    """psycopg: one connection parked and taken back, in the lean units' autocommit mode."""
+    store = Store.open(pg_url)
+    pool = store.engine.pool
     try:
         store.runs.create(RunRecord.new("R-1", "T-1", 10))
-        store.runs.get("R-1")
-        if store.engine.dialect.name == "postgresql":
-            assert store._parked == []
-            assert store.engine.pool.checkedout() == 0
-        else:
-            assert len(store._parked) == 1
+        assert len(store._parked) == 1
+        first = store._parked[0][0].dbapi_connection
+        assert first.autocommit is True  # parked as a lean unit leaves it
+        for _ in range(3):
+            store.runs.get("R-1")
+            store.runs.try_transition("R-1", RunStatus.PENDING, RunStatus.PENDING)
+        assert len(store._parked) == 1
+        assert store._parked[0][0].dbapi_connection is first
+        assert pool.checkedout() == 1
     finally:
         store.close()
+    assert store._parked == []
+    assert pool.checkedout() == 0
+
+
+def test_a_parked_postgres_connection_goes_back_to_the_pool_out_of_autocommit(
+    pg_url: str,
+) -> None:
+    """Released (a lost connection elsewhere, close, GC), the parked connection is switched
+    back before the pool hands it out: a ``store.write()`` unit on it is one transaction,
+    so a block that raises writes nothing."""
+    store = Store.open(pg_url)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        parked = store._parked[0][0].dbapi_connection
+        _release_parked(store._parked)
+        assert store._parked == []
+        assert store.engine.pool.checkedout() == 0
+        assert parked.autocommit is False
+        with pytest.raises(RuntimeError, match="abandon"):
+            with store.write() as uow:
+                assert uow.driver.raw is parked  # the pool's only idle connection
+                uow.runs.create(RunRecord.new("R-2", "T-1", 10))
+                raise RuntimeError("abandon the unit")
+        with pytest.raises(RunNotFound):
+            store.runs.get("R-2")
+    finally:
+        store.close()
+
+
+def test_a_failed_unit_leaves_the_parked_postgres_connection_idle(pg_url: str) -> None:
+    store = Store.open(pg_url)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        with pytest.raises(RunDuplicate):
+            store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        with pytest.raises(RunNotFound):
+            store.runs.get("R-404")
+        ((pooled, _driver),) = store._parked
+        assert pooled.dbapi_connection.info.transaction_status == pq.TransactionStatus.IDLE
+        store.runs.create(RunRecord.new("R-2", "T-1", 10))
+        assert [r.id for r in store.runs.list_by_task("T-1")] == ["R-1", "R-2"]
+    finally:
+        store.close()
+
+
+def test_a_parked_postgres_connection_holds_no_snapshot_nor_lock(pg_url: str) -> None:
+    """While parked it is idle on the server: another connection's commit is seen by the
+    next one-call read, and another connection takes the run's row lock at once."""
+    store = Store.open(pg_url)
+    url = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        pid = store._parked[0][0].dbapi_connection.info.backend_pid
+        with psycopg.connect(url, autocommit=True) as other:
+            state = other.execute(
+                "SELECT state, backend_xmin FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+            assert state == ("idle", None)
+            with other.transaction():
+                other.execute("SET LOCAL lock_timeout = '2s'")
+                other.execute("SELECT 1 FROM runs WHERE id = 'R-1' FOR UPDATE")
+                other.execute("UPDATE runs SET task_id = 'T-2' WHERE id = 'R-1'")
+        assert store.runs.get("R-1").task_id == "T-2"
+    finally:
+        store.close()
+
+
+def test_no_parking_on_a_host_postgres_engine(pg_url: str) -> None:
+    engine = create_engine(pg_url)
+    try:
+        store = Store.open(engine)
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        store.runs.get("R-1")
+        assert store._parked == []
+        assert engine.pool.checkedout() == 0
+    finally:
+        engine.dispose()

@@ -1524,10 +1524,27 @@ class Driver:
         """
         if self._cursor is not None:
             self.close_cursor()
-        self._pending_begin = None
+        self._pending_begin = self._began = None
         self._commit_ahead = self._implicit = self._committed = False
         if self._deferred or self._prefetch or self._prefetched:
             self._deferred, self._prefetch, self._prefetched = [], [], []
+
+    def outside_transaction(self) -> bool:
+        """True when the connection is known to be outside any transaction (it may be parked).
+
+        SQLite: the connection's ``in_transaction`` is false. psycopg: libpq
+        reports the connection idle (not in a transaction, a failed one, or a
+        statement in progress, and not in an unknown state). Any other
+        connection: False.
+        """
+        if not self.postgres:
+            return not sqlite_in_transaction(self.raw)
+        info = getattr(self.raw, "info", None)
+        if info is None:  # an asyncio connection's adapter
+            return False
+        from psycopg import pq
+
+        return bool(info.transaction_status == pq.TransactionStatus.IDLE)
 
     def send_with_begin(self, stmt: Statement, params: Mapping[str, int]) -> bool:
         """Send a pending ``BEGIN`` and ``stmt`` in one round trip; False if none is pending.

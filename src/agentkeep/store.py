@@ -405,27 +405,38 @@ class Store:
         return store
 
     def _park_connections(self) -> None:
-        """Let one-call units hand their connection to the next one-call unit (owned SQLite file).
+        """Let one-call units hand their connection to the next one-call unit (owned engines).
 
         Returning a connection to SQLAlchemy's pool after every one-call unit
         and checking one out for the next costs more than the unit's own
-        statements (a SQLite ``get`` spends about half its time there). On
-        an engine the store created for a SQLite file (pysqlite), a one-call
-        unit that ends cleanly (committed or rolled back, connection valid)
-        parks its connection and driver on the store instead, and the next
-        one-call unit takes them back; at most one connection stays parked
-        (the others go back to the pool as before). A parked connection
-        holds no transaction and no statement in progress, so it holds no
-        lock and no WAL snapshot: other connections and processes see no
-        difference. It stays checked out of the pool while parked;
-        :meth:`close` returns it before disposing the engine (and so does
-        the garbage collection of a store never closed), and a lost
-        connection returns every parked one. Never on a host's engine,
-        whose pool is the host's to size, nor on Postgres, in-memory SQLite
+        statements (a SQLite ``get`` spends about half its time there; on
+        Postgres the checkout, the reset on return and the two switches of
+        the autocommit mode cost a third of a psycopg ``get``'s CPU). On an
+        engine the store created for a SQLite file (pysqlite) or for
+        Postgres on psycopg (sync), a one-call unit that ends cleanly
+        (committed or rolled back, connection valid, outside any
+        transaction) parks its connection and driver on the store instead,
+        and the next one-call unit takes them back; at most one connection
+        stays parked (the others go back to the pool as before). A parked
+        connection holds no transaction and no statement in progress, so it
+        holds no lock and no snapshot: other connections and processes see
+        no difference. A parked Postgres connection stays in the lean units'
+        autocommit mode, and is switched back whenever it goes back to the
+        pool. It stays checked out of the pool while parked; :meth:`close`
+        returns it before disposing the engine (and so does the garbage
+        collection of a store never closed), and a lost connection returns
+        every parked one. A parked connection the server closed meanwhile is
+        what a pooled one would be (there is no pre-ping): the unit that
+        takes it gets ``ConnectionLost`` before anything was applied, and
+        the operation runs again on a fresh connection. Never on a host's
+        engine, whose pool is the host's to size, nor on in-memory SQLite
         or an asyncio driver.
         """
         engine = self.engine
-        if self._writers is None or engine.dialect.is_async or engine.dialect.driver != "pysqlite":
+        driver = engine.dialect.driver
+        if engine.dialect.is_async or driver not in ("pysqlite", "psycopg"):
+            return
+        if driver == "pysqlite" and self._writers is None:  # in-memory SQLite
             return
         self._park = True
         weakref.finalize(self, _release_parked, self._parked)
@@ -1061,7 +1072,7 @@ def _park_or_return(parked: list[tuple[Any, db.Driver]], pooled: Any, driver: db
     failed end of the unit discards the connection, which is then not
     valid); returns it to the pool otherwise (:func:`_return_to_pool`).
     """
-    if pooled.is_valid and not parked and not driver.raw.in_transaction:
+    if pooled.is_valid and not parked and driver.outside_transaction():
         driver.park()
         parked.append((pooled, driver))
         return
@@ -1085,13 +1096,18 @@ def _return_to_pool(pooled: Any, driver: db.Driver) -> None:
 
 
 def _release_parked(parked: list[tuple[Any, db.Driver]]) -> None:
-    """Return the parked connections to the pool (:meth:`Store.close`, a lost connection, GC)."""
+    """Return the parked connections to the pool (:meth:`Store.close`, a lost connection, GC).
+
+    Each as any lean unit's connection (:func:`_return_to_pool`): a parked
+    Postgres connection is still in autocommit mode, and is switched back
+    first (or discarded).
+    """
     while parked:
         try:
-            pooled, _driver = parked.pop()
+            pooled, driver = parked.pop()
         except IndexError:
             return
-        pooled.close()
+        _return_to_pool(pooled, driver)
 
 
 def _end_read(driver: db.Driver, pooled: Any) -> None:
