@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.pool import NullPool
 
 from agentkeep.statements import Statement
@@ -77,3 +77,26 @@ def explain(uow: UnitOfWork, stmt: Statement, params: dict[str, Any]) -> list[An
     prefix = "EXPLAIN " if uow.driver.postgres else "EXPLAIN QUERY PLAN "
     form = stmt.compiled(uow.driver.target)
     return list(uow.connection.exec_driver_sql(prefix + form.sql, form.bind(params)).all())
+
+
+def count_units(store: Store) -> list[int]:
+    """A counter of the connections ``store``'s units take from now on: pool checkouts
+    (``store.write()``, ``store.read()``, one-call units) and one-call units that take the
+    connection a previous one parked (``Store._park_connections``), which check nothing out.
+    """
+    counter = [0]
+
+    def on_checkout(*_: Any) -> None:
+        counter[0] += 1
+
+    event.listen(store.engine, "checkout", on_checkout)
+    for name in ("_lean_unit", "_lean_read"):
+        real = getattr(store, name)
+
+        def counted(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if store._parked:  # it may take the parked connection: no checkout
+                counter[0] += 1
+            return _real(*args, **kwargs)
+
+        setattr(store, name, counted)
+    return counter

@@ -62,7 +62,7 @@ def _stored(saver: AgentkeepSaver) -> list[str]:
 
 def test_a_put_and_put_writes_take_one_round_trip(store: Store) -> None:
     saver = AgentkeepSaver(store)
-    trace = Trace(store.engine)
+    trace = Trace(store.engine, store)
     saver.put(_config(), _checkpoint(0), {}, {})  # warm: the pool's connection is open
     counts = []
     for n in range(1, 7):  # past psycopg's prepare threshold (5)

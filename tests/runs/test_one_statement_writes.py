@@ -57,7 +57,7 @@ def test_one_call_transition_and_acquire_round_trips(backend: str, db_url: str) 
         pytest.skip("round trips are counted on Postgres")
     store = Store.open(db_url, clock=SettableClock(T0_MS))
     try:
-        trace = Trace(store.engine)
+        trace = Trace(store.engine, store)
         store.runs.create(RunRecord.new("R-rt", "T-1", 100))
         counts = []
         for i in range(8):

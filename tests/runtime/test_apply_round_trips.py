@@ -64,7 +64,7 @@ def _boundaries(call: Callable[[Callable[[Any], Any]], Any], trace: Trace, rt: s
 
 def test_atomic_apply_takes_three_round_trips_on_psycopg(pg_url: str) -> None:
     with Store.open(pg_url) as store:
-        trace = Trace(store.engine)
+        trace = Trace(store.engine, store)
         assert _boundaries(lambda fn: fn(store), trace, "rt-rtrips") == [3] * BOUNDARIES
 
 

@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import event as observe
 from hypothesis import strategies as st
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import create_engine
 
 from agentkeep.errors import InvalidInput
 from agentkeep.runtime import (
@@ -46,6 +46,7 @@ from agentkeep.runtime import (
 )
 from agentkeep.runtime.receipts import MAX_U64
 from agentkeep.store import Store
+from tests.support import count_units
 
 from .builders import (
     accepted_input,
@@ -108,22 +109,12 @@ def _write_lock_held(url: str, runtime_id: str) -> Iterator[None]:
     assert not failures, failures
 
 
-def _count_checkouts(engine: Engine) -> list[int]:
-    counter = [0]
-
-    def on_checkout(*_: Any) -> None:
-        counter[0] += 1
-
-    event.listen(engine, "checkout", on_checkout)
-    return counter
-
-
 def test_pre_database_refusals_answer_while_the_write_lock_is_held(db_url: str) -> None:
     s = user_session("mine")
     other = Session.new()
     bad_intent = snapshot_with_raw_intents(s, [unbacked_intent(s.id)])
     impatient = Store.open(db_url, busy_timeout_ms=1000, retry_attempts=1)
-    checkouts = _count_checkouts(impatient.engine)
+    checkouts = count_units(impatient)
     rt = impatient.runtime
     try:
         with _write_lock_held(db_url, RT):
@@ -163,7 +154,7 @@ def test_bad_input_id_is_refused_before_the_database(db_url: str) -> None:
     s = user_session("mine")
     bad = StoredInputState(input_id="not-a-uuid", current_state="accepted")
     impatient = Store.open(db_url, busy_timeout_ms=400, retry_attempts=1)
-    checkouts = _count_checkouts(impatient.engine)
+    checkouts = count_units(impatient)
     try:
         with _write_lock_held(db_url, RT):
             with pytest.raises(InvalidInput, match="input_id"):

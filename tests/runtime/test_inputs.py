@@ -14,7 +14,6 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 import agentkeep
 from agentkeep.errors import InvalidInput, ReadOnlyUnitOfWork
@@ -26,6 +25,7 @@ from agentkeep.runtime.domain import (
 from agentkeep.runtime.errors import InvalidInputStateBatchCas, ReadFailed, WriteFailed
 from agentkeep.runtime.inputs import InputStateCasOutcome
 from agentkeep.store import Store
+from tests.support import count_units
 
 from .support import (
     RT,
@@ -46,16 +46,6 @@ def _persisted(store: Store, n: int, runtime_id: str = RT) -> list[StoredInputSt
     states = accepted(n)
     store.runtime.persist_input_states_atomically(runtime_id, states)
     return states
-
-
-def _count_checkouts(store: Store) -> list[int]:
-    counter = [0]
-
-    def on_checkout(*_: Any) -> None:
-        counter[0] += 1
-
-    event.listen(store.engine, "checkout", on_checkout)
-    return counter
 
 
 # --------------------------------------------------------------------------
@@ -305,7 +295,7 @@ def test_cas_expected_equal_to_replacement_is_swapped_without_write(
 
 
 def test_empty_batch_is_swapped_without_touching_the_database(store: Store) -> None:
-    checkouts = _count_checkouts(store)
+    checkouts = count_units(store)
     assert store.runtime.compare_and_swap_input_states_atomically(RT, [], []) is SWAPPED
     assert checkouts[0] == 0
     # The repository form takes no write lock either: it works in a read unit.
@@ -321,7 +311,7 @@ def test_empty_batch_is_swapped_without_touching_the_database(store: Store) -> N
 def test_invalid_batch_is_refused_before_the_database(store: Store, db_url: str) -> None:
     states = _persisted(store, 3)
     before = input_bytes(db_url, RT)
-    checkouts = _count_checkouts(store)
+    checkouts = count_units(store)
     too_many = accepted(MAX_INPUT_STATE_BATCH_CAS + 1)
     stranger = accepted(1)[0]
     cases = [

@@ -99,7 +99,7 @@ def _trace(store: Store) -> Any:
         return None
     from tests.sessions.test_round_trips import Trace
 
-    return Trace(store.engine)
+    return Trace(store.engine, store)
 
 
 class _Trips:
@@ -349,6 +349,8 @@ def test_a_default_isolation_other_than_read_committed_goes_the_begin_way(
         pytest.skip("Postgres only: the session's default isolation")
     from sqlalchemy import event
 
+    from agentkeep.store import _release_parked
+
     def repeatable_read(dbapi_conn: Any, *_: Any) -> None:
         was = dbapi_conn.autocommit
         dbapi_conn.autocommit = True
@@ -356,6 +358,9 @@ def test_a_default_isolation_other_than_read_committed_goes_the_begin_way(
         dbapi_conn.autocommit = was
 
     lease = acquire_lease(store, SID, A, TTL)
+    # The setting is made at checkout: every unit checks out (none parks its connection).
+    store._park = False
+    _release_parked(store._parked)
     event.listen(store.engine, "checkout", repeatable_read)
     for fence in (lease, None):
         store.leases.release_session_execution_lease(lease) if fence is None else None

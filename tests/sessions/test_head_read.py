@@ -189,7 +189,7 @@ def _head_round_trips(call: Any, trace: Trace) -> list[int]:
 
 def test_resume_reads_are_one_round_trip_on_psycopg(pg_url: str) -> None:
     with Store.open(pg_url) as store:
-        trace = Trace(store.engine)
+        trace = Trace(store.engine, store)
         head, tail, head_components, tail_components = _head_round_trips(
             lambda fn: fn(store), trace
         )

@@ -93,7 +93,7 @@ def _counts(call: Any, trace: Trace, sid: str) -> list[int]:
 
 def test_claims_take_two_round_trips_on_psycopg(pg_url: str) -> None:
     with Store.open(pg_url, clock=SettableClock(T0_MS)) as store:
-        trace = Trace(store.engine)
+        trace = Trace(store.engine, store)
         assert _counts(lambda fn: fn(store), trace, "claim-rt") == [2, 2, 2, 2]
         # In a store.write() unit (which may hold other work) the write and COMMIT go
         # separately, as they did before: four (the unit sends its BEGIN alone).

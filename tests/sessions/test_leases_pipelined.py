@@ -57,7 +57,7 @@ def _cycle(call: Callable[[Callable[[Any], Any]], Any], trace: Trace, sid: str) 
 
 def test_lease_cycle_round_trips_on_psycopg(pg_url: str) -> None:
     with Store.open(pg_url) as store:
-        trace = Trace(store.engine)
+        trace = Trace(store.engine, store)
         assert _cycle(lambda fn: fn(store), trace, "sess-lease-rt") == [2, 2, 1] * 2
 
 

@@ -39,12 +39,15 @@ TURNS = 6  # past psycopg's prepare threshold (5): prepared statements change no
 
 
 class Trace:
-    """Traces the protocol of every connection checked out of ``engine`` while on."""
+    """Traces the protocol of every connection checked out of ``engine`` while on, and of
+    the connection parked on ``store`` (``Store._park_connections``: one-call units take
+    it without a checkout)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, store: Any = None) -> None:
         self.on = False
         self._file = tempfile.TemporaryFile()
         self._traced: list[Any] = []
+        self._store = store
         event.listen(engine, "checkout", self._checkout)
         event.listen(engine, "checkin", self._checkin)
 
@@ -73,10 +76,16 @@ class Trace:
         self._file.seek(0)
         self._file.truncate()
         self.on = True
+        parked = [] if self._store is None else [p for p, _ in self._store._parked]
+        for pooled in parked:
+            self._checkout(pooled.dbapi_connection, None, None)
         try:
             yield out
         finally:
             self.on = False
+            for pgconn in list(self._traced):  # still checked out (parked): stop tracing it
+                pgconn.untrace()
+                self._traced.remove(pgconn)
         self._file.seek(0)
         lines = self._file.read().decode("utf-8", "replace").splitlines()
         out.extend(line for line in lines if "\tReadyForQuery" in line and line.startswith("B"))
@@ -136,7 +145,7 @@ def _turns(call: Callable[[Callable[[Any], Any]], Any], trace: Trace) -> list[in
 
 def test_a_fenced_turn_commit_takes_three_round_trips_on_psycopg(pg_url: str) -> None:
     with Store.open(pg_url) as store:
-        trace = Trace(store.engine)
+        trace = Trace(store.engine, store)
         assert _turns(lambda fn: fn(store), trace) == [3] * TURNS
 
 
