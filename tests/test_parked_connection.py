@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import gc
 import sqlite3
+import threading
+import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -266,3 +269,56 @@ def _no_parking_on_host_engine(url: str) -> None:
         assert engine.pool.checkedout() == 0
     finally:
         engine.dispose()
+
+
+def test_a_pool_of_one_never_parks_its_connection(db_url: str) -> None:
+    """A parked connection stays checked out: with one connection in the pool, a
+    ``store.write()`` unit after a one-call unit would wait for it until ``pool_timeout``."""
+    store = Store.open(db_url, pool_size=1, max_overflow=0, pool_timeout=5)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        assert store._parked == []
+        with store.write() as uow:
+            assert uow.runs.get("R-1").id == "R-1"
+    finally:
+        store.close()
+
+
+def test_a_unit_waiting_for_the_pool_gets_the_connection_a_one_call_unit_ends_with(
+    db_url: str,
+) -> None:
+    """Pool of two: a ``store.read()`` block holds one connection and runs a one-call read,
+    which waits in the pool while another thread's one-call unit holds the other. That unit
+    ends at the pool's limit, so its connection goes back to the pool (parked, it would
+    never reach the waiting read, which would fail after ``pool_timeout``)."""
+    store = Store.open(db_url, pool_size=2, max_overflow=0, pool_timeout=20)
+    store.runs.create(RunRecord.new("R-1", "T-1", 10))
+    holding, reading = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def one_call_holder() -> None:
+        try:
+
+            def hold(_repos: Any) -> None:
+                holding.set()
+                assert reading.wait(20)
+                time.sleep(0.3)  # the read is waiting in the pool by now (or soon: same outcome)
+
+            store.call_write(hold)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    try:
+        with store.read() as uow:
+            uow.runs.get("R-1")  # this unit's connection is checked out
+            holder = threading.Thread(target=one_call_holder)
+            holder.start()
+            assert holding.wait(20)
+            reading.set()
+            started = time.monotonic()
+            assert store.runs.get("R-1").id == "R-1"  # a one-call read: the second connection
+            assert time.monotonic() - started < 15, "waited for the pool's timeout"
+        holder.join(20)
+        assert not errors, errors
+    finally:
+        store.close()

@@ -1070,13 +1070,33 @@ def _park_or_return(parked: list[tuple[Any, db.Driver]], pooled: Any, driver: db
 
     Parks a valid connection outside any transaction when none is parked (a
     failed end of the unit discards the connection, which is then not
-    valid); returns it to the pool otherwise (:func:`_return_to_pool`).
+    valid) and the pool is not at its limit (:func:`_room`); returns it to
+    the pool otherwise (:func:`_return_to_pool`).
     """
-    if pooled.is_valid and not parked and driver.outside_transaction():
+    if pooled.is_valid and not parked and driver.outside_transaction() and _room(pooled):
         driver.park()
         parked.append((pooled, driver))
         return
     _return_to_pool(pooled, driver)
+
+
+def _room(pooled: Any) -> bool:
+    """False when ``pooled``'s pool has every connection it may open checked out.
+
+    A unit may then be waiting for one (``store.write()``, or a one-call
+    unit that found nothing parked), and a parked connection never reaches
+    it: it goes to the next one-call unit, not back to the pool. So at the
+    limit the connection goes back to the pool; below it a parked
+    connection takes one place of the pool's, never the last one (a pool
+    of one connection never parks). A pool without a limit (``NullPool``,
+    an unlimited overflow) always has room.
+    """
+    pool = getattr(pooled, "_pool", None)
+    size = getattr(pool, "size", None)
+    overflow = getattr(pool, "_max_overflow", -1)
+    if pool is None or not callable(size) or overflow < 0:
+        return True
+    return bool(pool.checkedout() < size() + overflow)
 
 
 def _return_to_pool(pooled: Any, driver: db.Driver) -> None:
