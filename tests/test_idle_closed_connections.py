@@ -64,6 +64,10 @@ def _terminate_others(url: str) -> None:
 
 
 def _kill_pool(store: Store, url: str, n: int = 3) -> None:
+    """``n`` fresh pooled connections, and the one parked on the store if any, all idle,
+    terminated by the server. (Idle connections an earlier case left in the pool are
+    dropped first: the pool may have noticed a dead one and replaced it.)"""
+    store.engine.pool.dispose()
     conns = [store.engine.raw_connection() for _ in range(n)]
     for c in conns:
         c.close()

@@ -409,6 +409,9 @@ def test_a_walk_planned_on_a_small_session_stays_flat(
         (ActivePathScope(), ["p0", "p1", "p2"], added + 3),
     )
     with Store.open(fresh_url, clock=clock) as store:
+        # One connection for every unit (none parked), so that the store.read() below
+        # runs on the connection whose prepared plans the one-call loads made.
+        store._park = False
         fence = hold(store)
         commit(store, mk(fence, nodes=chain("p", 3)))
         for _ in range(12):  # past psycopg's prepare threshold and Postgres's 5 custom plans
