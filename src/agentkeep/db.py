@@ -1532,13 +1532,13 @@ class Driver:
     def outside_transaction(self) -> bool:
         """True when the connection is known to be outside any transaction (it may be parked).
 
-        SQLite: the connection's ``in_transaction`` is false. psycopg: libpq
+        SQLite (pysqlite): the connection's ``in_transaction`` is false. psycopg: libpq
         reports the connection idle (not in a transaction, a failed one, or a
         statement in progress, and not in an unknown state). Any other
         connection: False.
         """
-        if not self.postgres:
-            return not sqlite_in_transaction(self.raw)
+        if not self.postgres:  # parked only on pysqlite (Store._park_connections)
+            return not self.raw.in_transaction
         info = getattr(self.raw, "info", None)
         if info is None:  # an asyncio connection's adapter
             return False

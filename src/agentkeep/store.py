@@ -155,6 +155,10 @@ class Store:
         #: see :meth:`_park_connections`. Empty unless parking is on.
         self._parked: list[tuple[Any, db.Driver]] = []
         self._park = False
+        #: How many connections the pool may have checked out at most (pool_size +
+        #: max_overflow); None: no limit. A unit ending at it never parks.
+        self._park_limit: int | None = None
+        self._checked_out: Callable[[], int] = int  # the pool's checkedout(), with a limit
         self.runs = RunCalls(self)
         self.leases = LeaseCalls(self)
         self.queue = QueueCalls(self)
@@ -438,6 +442,11 @@ class Store:
             return
         if driver == "pysqlite" and self._writers is None:  # in-memory SQLite
             return
+        pool: Any = engine.pool
+        size, overflow = getattr(pool, "size", None), getattr(pool, "_max_overflow", -1)
+        if callable(size) and overflow >= 0:  # a pool with a limit (QueuePool)
+            self._park_limit = size() + overflow
+            self._checked_out = pool.checkedout
         self._park = True
         weakref.finalize(self, _release_parked, self._parked)
 
@@ -808,7 +817,7 @@ class Store:
                     _rollback_or_discard(driver, pooled, exc)
                     raise
                 finally:
-                    _park_or_return(parked, pooled, driver)
+                    _park_or_return(self, pooled, driver)
                 return result
         return self._lean_unit(fn, write=False, snapshot=snapshot, deadline=None, operation=True)
 
@@ -1053,7 +1062,7 @@ class _PooledDriver:
         assert driver is not None  # set with _pooled
         try:
             if self._park:
-                _park_or_return(self._store._parked, pooled, driver)
+                _park_or_return(self._store, pooled, driver)
             else:
                 _return_to_pool(pooled, driver)
         finally:
@@ -1065,38 +1074,33 @@ class _PooledDriver:
             mutex.__exit__(None, None, None)
 
 
-def _park_or_return(parked: list[tuple[Any, db.Driver]], pooled: Any, driver: db.Driver) -> None:
+def _park_or_return(store: Store, pooled: Any, driver: db.Driver) -> None:
     """End a one-call unit's use of its connection on a store that parks (its unit ended).
 
     Parks a valid connection outside any transaction when none is parked (a
     failed end of the unit discards the connection, which is then not
-    valid) and the pool is not at its limit (:func:`_room`); returns it to
-    the pool otherwise (:func:`_return_to_pool`).
+    valid) and the pool is below its limit (``Store._park_limit``); returns
+    it to the pool otherwise (:func:`_return_to_pool`).
+
+    At the pool's limit every connection it may open is checked out: a unit
+    may then be waiting for one (``store.write()``, or a one-call unit that
+    found nothing parked), and a parked connection never reaches it (it goes
+    to the next one-call unit, not back to the pool), so it goes back to the
+    pool instead. Below the limit a parked connection takes one place of the
+    pool's, never the last one: a pool of one connection never parks.
     """
-    if pooled.is_valid and not parked and driver.outside_transaction() and _room(pooled):
+    parked = store._parked
+    limit = store._park_limit
+    if (
+        pooled.is_valid
+        and not parked
+        and driver.outside_transaction()
+        and (limit is None or store._checked_out() < limit)
+    ):
         driver.park()
         parked.append((pooled, driver))
         return
     _return_to_pool(pooled, driver)
-
-
-def _room(pooled: Any) -> bool:
-    """False when ``pooled``'s pool has every connection it may open checked out.
-
-    A unit may then be waiting for one (``store.write()``, or a one-call
-    unit that found nothing parked), and a parked connection never reaches
-    it: it goes to the next one-call unit, not back to the pool. So at the
-    limit the connection goes back to the pool; below it a parked
-    connection takes one place of the pool's, never the last one (a pool
-    of one connection never parks). A pool without a limit (``NullPool``,
-    an unlimited overflow) always has room.
-    """
-    pool = getattr(pooled, "_pool", None)
-    size = getattr(pool, "size", None)
-    overflow = getattr(pool, "_max_overflow", -1)
-    if pool is None or not callable(size) or overflow < 0:
-        return True
-    return bool(pool.checkedout() < size() + overflow)
 
 
 def _return_to_pool(pooled: Any, driver: db.Driver) -> None:
