@@ -15,6 +15,7 @@ whenever it goes back to the pool.
 from __future__ import annotations
 
 import gc
+import os
 import sqlite3
 import threading
 import time
@@ -28,6 +29,7 @@ from psycopg import pq
 from sqlalchemy import create_engine
 
 from agentkeep import migrations as migrate
+from agentkeep import store as store_module
 from agentkeep.errors import RunDuplicate, RunNotFound
 from agentkeep.runs.domain import RunRecord, RunStatus
 from agentkeep.runs.repository import _LIST_BY_TASK
@@ -320,5 +322,50 @@ def test_a_unit_waiting_for_the_pool_gets_the_connection_a_one_call_unit_ends_wi
             assert time.monotonic() - started < 15, "waited for the pool's timeout"
         holder.join(20)
         assert not errors, errors
+    finally:
+        store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_never_uses_nor_ends_the_parents_parked_connection(db_url: str) -> None:
+    """A store that parked a connection, then a fork (a server's workers forked after the
+    app started): the child's units open their own connections, and the child closing
+    what it inherited does not end the parent's session (Postgres: libpq's Terminate
+    goes to /dev/null, not on the socket shared with the parent). The parent goes on on
+    the same parked connection."""
+    store = Store.open(db_url)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        ((parked, _driver),) = store._parked
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+            pid = os.fork()
+        if pid == 0:  # the child: report, then leave without any cleanup of pytest's
+            answer = b"?"
+            try:
+                inherited_parked = any(p is parked for p, _ in store._parked)
+                got = store.runs.get("R-1")
+                reused = any(p is parked for p, _ in store._parked)
+                # What the child's exit may do to what it inherited: close it (libpq's
+                # PQfinish sends Terminate on the socket it shares with the parent).
+                for inherited, driver in store_module._INHERITED:
+                    if driver.postgres:
+                        inherited.dbapi_connection.close()
+                ok = not inherited_parked and not reused and got.id == "R-1"
+                answer = b"ok" if ok else b"used the parent's connection"
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                answer = repr(exc).encode()[:300]
+            finally:
+                os.write(write, answer)
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            answer = pipe.read()
+        os.waitpid(pid, 0)
+        assert answer == b"ok", answer
+        for _ in range(3):  # still alive: a lost connection would be replaced, not parked again
+            assert store.runs.get("R-1").id == "R-1"
+            assert store._parked[0][0] is parked
     finally:
         store.close()

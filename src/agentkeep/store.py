@@ -20,6 +20,7 @@ attached next to the database (:mod:`agentkeep.db`).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -449,6 +450,7 @@ class Store:
             self._checked_out = pool.checkedout
         self._park = True
         weakref.finalize(self, _release_parked, self._parked)
+        _PARKING.add(self)
 
     def migrate(self) -> tuple[str, ...]:
         """Upgrade this store's namespace to head, adopting legacy tables; return the revisions."""
@@ -1117,6 +1119,54 @@ def _return_to_pool(pooled: Any, driver: db.Driver) -> None:
                 pooled.invalidate()
     finally:
         pooled.close()
+
+
+#: The stores that park connections (weakly): a forked child forgets theirs.
+_PARKING: weakref.WeakSet[Store] = weakref.WeakSet()
+#: The parked connections a forked child inherited: kept referenced and never used.
+_INHERITED: list[tuple[Any, db.Driver]] = []
+
+
+def _forget_parked_after_fork() -> None:
+    """In a forked child: never use, close or return a connection parked in the parent.
+
+    Its socket (or SQLite handle) is the parent's: a unit of the child on it
+    would interleave with the parent's on one Postgres connection, and
+    closing it, or returning it to the pool, would end or hand out the
+    parent's connection. It is kept referenced, so that no finalizer of the
+    child's ever closes it; the child's units open connections of their own.
+    (Connections idle in the pool are SQLAlchemy's to handle after a fork:
+    ``engine.dispose(close=False)`` in the child.)
+    """
+    for store in list(_PARKING):
+        for _pooled, driver in store._parked:
+            if driver.postgres:
+                _detach_socket(driver.raw)
+        _INHERITED.extend(store._parked)
+        store._parked.clear()
+
+
+def _detach_socket(raw: Any) -> None:
+    """Point a forked child's copy of a psycopg connection's socket at ``/dev/null``.
+
+    The descriptor number stays taken (no later socket of the child gets
+    it), and whatever libpq writes on it from now on (the ``Terminate`` it
+    sends when the object is freed at the child's exit) goes nowhere, not
+    to the parent's server session.
+    """
+    try:
+        fd = raw.pgconn.socket
+    except Exception:  # noqa: BLE001 - a closed or odd connection: nothing to detach
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parked_after_fork)
 
 
 def _release_parked(parked: list[tuple[Any, db.Driver]]) -> None:
