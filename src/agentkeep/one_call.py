@@ -123,12 +123,12 @@ def leaves_unknown(error: BaseException, inconclusive: tuple[type[Exception], ..
     A database failure of that attempt (busy, its connection lost before it
     committed, the database unavailable; in the runtime store the
     ``WriteFailed`` / ``ReadFailed`` raised over one) says nothing of what
-    the first attempt left: it may still have committed. The operation's own
-    answer does settle it (a result, a typed refusal such as
-    ``SessionLeaseHeld``), and so does :class:`ConcurrentModification`, a
-    bug signal raised as it is, except an answer of the ``inconclusive``
-    kinds (:class:`Rerun`). A second :class:`CommitOutcomeUnknown` is not
-    judged here (the callers name it themselves).
+    the first attempt left: it may still have committed, so this is True.
+    It is also True for an error of one of the ``inconclusive`` kinds
+    (:class:`Rerun`). Anything else is False: the operation's own answer
+    (a typed refusal) settles it, and :class:`ConcurrentModification`, a
+    bug signal, is raised as it is. A second :class:`CommitOutcomeUnknown`
+    is not judged here (the callers name it themselves).
     """
     if isinstance(error, inconclusive):
         return True

@@ -416,7 +416,7 @@ class Store:
         and checking one out for the next costs more than the unit's own
         statements (a SQLite ``get`` spends about half its time there; on
         Postgres the checkout, the reset on return and the two switches of
-        the autocommit mode cost a third of a psycopg ``get``'s CPU). On an
+        the autocommit mode cost about a fifth of a psycopg ``get``'s CPU). On an
         engine the store created for a SQLite file (pysqlite) or for
         Postgres on psycopg (sync), a one-call unit that ends cleanly
         (committed or rolled back, connection valid, outside any
