@@ -158,8 +158,8 @@ class Store:
         self._park = False
         #: How many connections the pool may have checked out at most (pool_size +
         #: max_overflow); None: no limit. A unit ending at it never parks.
+        #: (Counted on ``engine.pool`` when a unit ends: ``engine.dispose()`` replaces it.)
         self._park_limit: int | None = None
-        self._checked_out: Callable[[], int] = int  # the pool's checkedout(), with a limit
         self.runs = RunCalls(self)
         self.leases = LeaseCalls(self)
         self.queue = QueueCalls(self)
@@ -447,7 +447,6 @@ class Store:
         size, overflow = getattr(pool, "size", None), getattr(pool, "_max_overflow", -1)
         if callable(size) and overflow >= 0:  # a pool with a limit (QueuePool)
             self._park_limit = size() + overflow
-            self._checked_out = pool.checkedout
         self._park = True
         weakref.finalize(self, _release_parked, self._parked)
         _PARKING.add(self)
@@ -1097,7 +1096,7 @@ def _park_or_return(store: Store, pooled: Any, driver: db.Driver) -> None:
         pooled.is_valid
         and not parked
         and driver.outside_transaction()
-        and (limit is None or store._checked_out() < limit)
+        and (limit is None or store.engine.pool.checkedout() < limit)  # type: ignore[attr-defined]
     ):
         driver.park()
         parked.append((pooled, driver))
