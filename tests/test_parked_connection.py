@@ -388,3 +388,24 @@ def test_the_pool_limit_holds_after_the_engine_is_disposed(db_url: str) -> None:
             assert store.engine.pool.checkedout() == 1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    "pool_option", [{"pool_recycle": 1}, {"pool_pre_ping": True}], ids=["recycle", "pre_ping"]
+)
+def test_no_parking_when_the_pool_recycles_or_pre_pings(
+    db_url: str, pool_option: dict[str, Any]
+) -> None:
+    """``pool_recycle`` and ``pool_pre_ping`` act when a connection is checked out of the
+    pool: a parked connection is never checked out again, so parking would keep a
+    connection past its recycle age, unpinged (the idle connection a proxy or firewall
+    dropped silently, which those options are there to replace)."""
+    store = Store.open(db_url, **pool_option)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        first = store.runs.get("R-1")
+        assert first.id == "R-1"
+        assert store._parked == []
+        assert store.engine.pool.checkedout() == 0
+    finally:
+        store.close()

@@ -434,8 +434,9 @@ class Store:
         what a pooled one would be (there is no pre-ping): the unit that
         takes it gets ``ConnectionLost`` before anything was applied, and
         the operation runs again on a fresh connection. Never on a host's
-        engine, whose pool is the host's to size, nor on in-memory SQLite
-        or an asyncio driver.
+        engine, whose pool is the host's to size, nor on in-memory SQLite,
+        an asyncio driver, or a pool with ``pool_pre_ping`` or
+        ``pool_recycle`` (they act when a connection is checked out).
         """
         engine = self.engine
         driver = engine.dialect.driver
@@ -444,6 +445,10 @@ class Store:
         if driver == "pysqlite" and self._writers is None:  # in-memory SQLite
             return
         pool: Any = engine.pool
+        if getattr(pool, "_pre_ping", False) or getattr(pool, "_recycle", -1) >= 0:
+            # pool_pre_ping / pool_recycle act at checkout: a parked connection is
+            # never checked out again, so it would go unpinged past its recycle age.
+            return
         size, overflow = getattr(pool, "size", None), getattr(pool, "_max_overflow", -1)
         if callable(size) and overflow >= 0:  # a pool with a limit (QueuePool)
             self._park_limit = size() + overflow
