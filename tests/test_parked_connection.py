@@ -369,3 +369,43 @@ def test_a_forked_child_never_uses_nor_ends_the_parents_parked_connection(db_url
             assert store._parked[0][0] is parked
     finally:
         store.close()
+
+
+def test_the_pool_limit_holds_after_the_engine_is_disposed(db_url: str) -> None:
+    """``engine.dispose()`` (a forked child's ``dispose(close=False)``, a host resetting its
+    connections, ``close`` then reuse) gives the engine a new pool: a one-call unit ending
+    at that pool's limit still goes back to it (counted on the old pool, it parked, and a
+    ``store.write()`` block needing a second connection waited for ``pool_timeout``)."""
+    store = Store.open(db_url, pool_size=2, max_overflow=0, pool_timeout=5)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        store.engine.dispose()
+        _release_parked(store._parked)
+        with store.write() as uow:
+            assert uow.runs.get("R-1").id == "R-1"
+            assert store.runs.get("R-1").id == "R-1"  # the new pool's second, last connection
+            assert store._parked == []
+            assert store.engine.pool.checkedout() == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "pool_option", [{"pool_recycle": 1}, {"pool_pre_ping": True}], ids=["recycle", "pre_ping"]
+)
+def test_no_parking_when_the_pool_recycles_or_pre_pings(
+    db_url: str, pool_option: dict[str, Any]
+) -> None:
+    """``pool_recycle`` and ``pool_pre_ping`` act when a connection is checked out of the
+    pool: a parked connection is never checked out again, so parking would keep a
+    connection past its recycle age, unpinged (the idle connection a proxy or firewall
+    dropped silently, which those options are there to replace)."""
+    store = Store.open(db_url, **pool_option)
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        first = store.runs.get("R-1")
+        assert first.id == "R-1"
+        assert store._parked == []
+        assert store.engine.pool.checkedout() == 0
+    finally:
+        store.close()

@@ -158,8 +158,8 @@ class Store:
         self._park = False
         #: How many connections the pool may have checked out at most (pool_size +
         #: max_overflow); None: no limit. A unit ending at it never parks.
+        #: (Counted on ``engine.pool`` when a unit ends: ``engine.dispose()`` replaces it.)
         self._park_limit: int | None = None
-        self._checked_out: Callable[[], int] = int  # the pool's checkedout(), with a limit
         self.runs = RunCalls(self)
         self.leases = LeaseCalls(self)
         self.queue = QueueCalls(self)
@@ -434,8 +434,9 @@ class Store:
         what a pooled one would be (there is no pre-ping): the unit that
         takes it gets ``ConnectionLost`` before anything was applied, and
         the operation runs again on a fresh connection. Never on a host's
-        engine, whose pool is the host's to size, nor on in-memory SQLite
-        or an asyncio driver.
+        engine, whose pool is the host's to size, nor on in-memory SQLite,
+        an asyncio driver, or a pool with ``pool_pre_ping`` or
+        ``pool_recycle`` (they act when a connection is checked out).
         """
         engine = self.engine
         driver = engine.dialect.driver
@@ -444,10 +445,13 @@ class Store:
         if driver == "pysqlite" and self._writers is None:  # in-memory SQLite
             return
         pool: Any = engine.pool
+        if getattr(pool, "_pre_ping", False) or getattr(pool, "_recycle", -1) >= 0:
+            # pool_pre_ping / pool_recycle act at checkout: a parked connection is
+            # never checked out again, so it would go unpinged past its recycle age.
+            return
         size, overflow = getattr(pool, "size", None), getattr(pool, "_max_overflow", -1)
         if callable(size) and overflow >= 0:  # a pool with a limit (QueuePool)
             self._park_limit = size() + overflow
-            self._checked_out = pool.checkedout
         self._park = True
         weakref.finalize(self, _release_parked, self._parked)
         _PARKING.add(self)
@@ -1097,7 +1101,7 @@ def _park_or_return(store: Store, pooled: Any, driver: db.Driver) -> None:
         pooled.is_valid
         and not parked
         and driver.outside_transaction()
-        and (limit is None or store._checked_out() < limit)
+        and (limit is None or store.engine.pool.checkedout() < limit)  # type: ignore[attr-defined]
     ):
         driver.park()
         parked.append((pooled, driver))
