@@ -85,11 +85,12 @@ _BEGIN_LOCK = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_loc
 
 
 def test_a_fenced_turn_commit_on_asyncpg_merges_begin_with_its_locks(pg_url: str) -> None:
-    """BEGIN + both locks in one simple query, no prepare, COMMIT of its own: 6 round trips.
+    """BEGIN + both locks in one simple query, no prepare, COMMIT of its own: 4 round trips.
 
-    (BEGIN + locks; lease, head and ledger totals in one read; usage delta with
-    its totals upsert; node; head write carrying the checkpoint blob; COMMIT.)
-    The last turn also stamps and releases the lease.
+    (BEGIN + locks; lease, head and ledger totals in one read; the turn's
+    writes in one statement: the usage delta with its totals upsert, the node
+    and the head write carrying the checkpoint blob; COMMIT.) The last turn
+    also stamps and releases the lease (a round trip each).
     """
     with asyncpg_calls(pg_url) as (call, tap):
         trips: list[list[str]] = []
@@ -102,7 +103,10 @@ def test_a_fenced_turn_commit_on_asyncpg_merges_begin_with_its_locks(pg_url: str
                 trips.append(list(out))
 
         counts = _turns(call, Keep(tap))
-    assert counts[1:-1] == [6] * (TURNS - 2), trips
+    assert counts[1:-1] == [4] * (TURNS - 2), trips
+    for one in trips[1:-1]:
+        writes = one[2]
+        assert all(f"{cte} AS" in writes for cte in ("totals_put", "nodes_put", "head_put"))
     for one in trips:
         assert one[0].startswith(_BEGIN_LOCK) and "pg_advisory_xact_lock_shared(" in one[0]
         assert one[-1] == "COMMIT"

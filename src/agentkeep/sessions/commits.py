@@ -168,6 +168,7 @@ Choices where the original store was open (docs/decisions.md#session-store):
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -730,6 +731,57 @@ _PUT_NODES: Final = {
     n: Statement(_put_nodes(n), name=f"sessions.put_nodes_{n}")
     for n in range(1, _NODES_PER_INSERT + 1)
 }
+
+
+def _put_turn(nodes: int, ledger: tuple[int, int] | None, blobs: int) -> Any:
+    """Steps 10, 11 and 13 on Postgres: the turn's writes in one statement.
+
+    The folded ledger write of :func:`_put_usage_and_totals` (``ledger`` =
+    ``(deltas, totals)``, or None for none), the insert of ``nodes`` nodes of
+    :func:`_put_nodes` (0: none) and the head upsert of :func:`_put_head` with
+    its ``blobs`` blobs (0: none), each a data-modifying CTE of one
+    ``SELECT``, so the turn's writes are one statement (one round trip on
+    asyncpg, one pipeline entry on psycopg) that applies whole or not at all.
+    The CTEs write different tables and none reads another's rows, so
+    running them on one snapshot changes nothing. The bind names are those
+    of the three statements (they share ``:sid`` only).
+
+    The one row returned: the ids the node insert inserted (an array, null
+    for none) and the head's new revision (null when the revision fence
+    missed); :class:`_TurnWritten` checks both, the nodes first.
+    """
+
+    def build(dialect: Dialect) -> Any:
+        head = (_put_head_with_blobs(blobs)(dialect) if blobs else _put_head(dialect)).cte(
+            "head_put"
+        )
+        columns: list[Any] = []
+        ctes: list[Any] = []
+        if ledger is not None:
+            ctes.append(_put_usage_and_totals(*ledger)(dialect).cte("totals_put"))
+        if nodes:
+            put = _put_nodes(nodes)(dialect).cte("nodes_put")
+            ctes.append(put)
+            columns.append(select(func.array_agg(put.c.node_id)).scalar_subquery())
+        else:
+            columns.append(null())
+        columns.append(select(head.c.head_revision).scalar_subquery())
+        return select(*columns).add_cte(*ctes, head)
+
+    return build
+
+
+@functools.cache
+def _turn_statement(nodes: int, ledger: tuple[int, int] | None, blobs: int) -> Statement:
+    """The :func:`_put_turn` statement of one shape (Postgres), made at first use.
+
+    ``1 <= nodes <= _NODES_PER_INSERT`` or 0, ``ledger`` a key of
+    :data:`_PUT_USAGE_AND_TOTALS` or None, ``0 <= blobs <= _BLOBS_PER_HEAD``.
+    """
+    name = f"sessions.put_turn_{nodes}_nodes_{ledger or (0, 0)}_ledger_{blobs}_blobs"
+    return Statement(_put_turn(nodes, ledger, blobs), name=name)
+
+
 _DELETE_NODES: Final = Statement(
     delete(GraphNodeRow).where(GraphNodeRow.session_id == p("sid")), name="sessions.delete_nodes"
 )
@@ -1451,7 +1503,11 @@ class _NodesInserted:
         self.session_id, self.node_ids = session_id, node_ids
 
     def __call__(self, result: Any) -> None:
-        inserted = Counter(row[0] for row in result.fetchall())
+        self.inserted([row[0] for row in result.fetchall()])
+
+    def inserted(self, ids: Sequence[str]) -> None:
+        """Raise :class:`NodeAlreadyExists` unless ``ids`` (the ids inserted) has every node."""
+        inserted = Counter(ids)
         for node_id in self.node_ids:
             if inserted[node_id] == 0:
                 raise NodeAlreadyExists(self.session_id, node_id)
@@ -1468,6 +1524,30 @@ class _HeadWritten:
 
     def __call__(self, result: Any) -> None:
         if result.fetchone() is None:
+            raise ConcurrentModification(
+                f"session {self.session_id}: head changed under the write lock"
+            )
+
+
+class _TurnWritten:
+    """The checks of :func:`_put_turn`'s row: the nodes', then the head's.
+
+    The node check is :class:`_NodesInserted`'s (``nodes`` None: the
+    statement inserted none); a null revision is the head fence's miss,
+    :class:`~agentkeep.errors.ConcurrentModification`, as
+    :class:`_HeadWritten` reports it.
+    """
+
+    __slots__ = ("nodes", "session_id")
+
+    def __init__(self, session_id: str, nodes: _NodesInserted | None) -> None:
+        self.session_id, self.nodes = session_id, nodes
+
+    def __call__(self, result: Any) -> None:
+        ids, revision = result.fetchone()
+        if self.nodes is not None:
+            self.nodes.inserted(ids or ())
+        if revision is None:
             raise ConcurrentModification(
                 f"session {self.session_id}: head changed under the write lock"
             )
@@ -1611,6 +1691,13 @@ class SessionCommitRepository:
         if blobs:  # their size limits here, before the errors of steps 10-11
             _check_sizes(db, blobs, _BLOB_SIZED)
 
+        # Postgres, appending at most one insert's nodes: the writes of steps 10, 11
+        # and 13 go out as one statement (_put_turn), built at step 13 from `writes`.
+        nodes = prepared.nodes
+        merge = db.postgres and not prepared.replace and len(nodes) <= _NODES_PER_INSERT
+        writes: dict[str, Any] = {}
+        ledger: tuple[int, int] | None = None
+
         # 10. Usage deltas, in order, and the ledger totals they change. The rows
         # (their size limits) come before the totals (a UsageLedgerOverflow).
         if deltas := commit.usage_deltas:
@@ -1622,7 +1709,13 @@ class SessionCommitRepository:
             else:
                 self._put_deltas(commit)
             changed = self._changed_totals(commit, totals)
-            if fold and self._fold_usage(commit, changed):
+            if fold and changed:
+                folded = self._fold_usage(commit, changed)
+                if merge:
+                    ledger, _ = folded
+                    writes.update(folded[1])
+                else:
+                    db.defer(_PUT_USAGE_AND_TOTALS[folded[0]], folded[1])
                 changed = {}
             elif fold:  # no total changes (every delta is zero): no folded shape
                 self._put_deltas(commit)
@@ -1631,8 +1724,12 @@ class SessionCommitRepository:
         # 11. Graph delta.
         if prepared.replace:
             db.defer(_DELETE_NODES, {"sid": sid})
-        nodes = prepared.nodes
-        for start in range(0, len(nodes), _NODES_PER_INSERT):
+        nodes_check: _NodesInserted | None = None
+        if merge and nodes:
+            for i, (node_id, parent, text) in enumerate(nodes):
+                writes[f"nid{i}"], writes[f"parent{i}"], writes[f"json{i}"] = node_id, parent, text
+            nodes_check = _NodesInserted(sid, [node_id for node_id, _, _ in nodes])
+        for start in range(0, 0 if merge else len(nodes), _NODES_PER_INSERT):
             chunk = nodes[start : start + _NODES_PER_INSERT]
             params: dict[str, Any] = {"sid": sid}
             for i, (node_id, parent, text) in enumerate(chunk):
@@ -1658,13 +1755,17 @@ class SessionCommitRepository:
             "count": count,
             "actual": actual,
         }
-        put_head = _PUT_HEAD
         if blobs:
-            put_head = _PUT_HEAD_WITH_BLOBS[len(blobs)]
             for i, blob in enumerate(blobs):
                 for key, value in blob.items():
                     head[f"{key}{i}"] = value
-        db.defer(put_head, head, _HeadWritten(sid))
+        if merge:
+            writes.update(head)
+            stmt = _turn_statement(len(nodes), ledger, len(blobs) if blobs else 0)
+            db.defer(stmt, writes, _TurnWritten(sid, nodes_check))
+        else:
+            put_head = _PUT_HEAD_WITH_BLOBS[len(blobs)] if blobs else _PUT_HEAD
+            db.defer(put_head, head, _HeadWritten(sid))
 
         # 14.–15. Complete the claims.
         for qc in commit.completed_queue_claims:
@@ -1792,17 +1893,18 @@ class SessionCommitRepository:
                 },
             )
 
-    def _fold_usage(self, commit: RuntimeCommit, changed: dict[tuple[str, str], list[int]]) -> bool:
-        """Steps 10a and 10c in one statement (Postgres); False when the shape has none.
+    @staticmethod
+    def _fold_usage(
+        commit: RuntimeCommit, changed: dict[tuple[str, str], list[int]]
+    ) -> tuple[tuple[int, int], dict[str, Any]]:
+        """Steps 10a and 10c in one statement (Postgres): its shape and parameters.
 
-        The deltas and the changed totals go out as one
-        :data:`_PUT_USAGE_AND_TOTALS` statement when there are 1 to
-        ``_USAGE_PER_FOLD`` of each; otherwise nothing is deferred here.
+        The shape ``(deltas, changed totals)`` is a key of
+        :data:`_PUT_USAGE_AND_TOTALS` (1 to ``_USAGE_PER_FOLD`` deltas, so 1
+        to as many changed totals); the parameters are that statement's,
+        whether it goes out alone or inside :func:`_put_turn`.
         """
         deltas = commit.usage_deltas
-        statement = _PUT_USAGE_AND_TOTALS.get((len(deltas), len(changed)))
-        if statement is None:
-            return False
         params: dict[str, Any] = {"sid": commit.session_id}
         for i, delta in enumerate(deltas):
             params[f"dsource{i}"], params[f"dmodel{i}"] = delta.source, delta.model
@@ -1816,8 +1918,7 @@ class SessionCommitRepository:
             )
             for name, value in zip(_TOTAL_PARAMS, counts, strict=True):
                 params[f"{name}_t{j}"] = value
-        self._db.defer(statement, params)
-        return True
+        return (len(deltas), len(changed)), params
 
     def _put_totals(self, commit: RuntimeCommit, changed: dict[tuple[str, str], list[int]]) -> None:
         """Step 10c: write the changed totals (inserted or replaced, under the lock)."""
