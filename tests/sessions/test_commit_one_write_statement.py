@@ -200,4 +200,3 @@ def test_a_node_that_exists_comes_before_a_head_fence_that_misses(
         store.commits.commit_runtime_state(_blind(fence, nodes))
     assert err.value.node_id == "n0"
     assert snapshot(store) == before
-
