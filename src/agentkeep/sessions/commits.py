@@ -88,10 +88,15 @@ write locks, in their round trip. The writes of steps 9–13, 17 and 19–21 are
 deferred (:meth:`Driver.defer`) with their checks (a node id that exists, a
 head fence that misses) and go out together at the end of the commit, or
 before the next statement that reads; the checks then run in step order, so
-the error precedence is the one above. A small fenced commit on psycopg is
+the error precedence is the one above. On Postgres the writes of steps 10, 11
+and 13 of a commit that appends at most 16 nodes (the folded ledger, the node
+insert, the head with its checkpoint blobs) are one statement of
+data-modifying CTEs (:func:`_put_turn`). A small fenced commit on psycopg is
 three round trips: locks and reads, writes, ``COMMIT`` (alone, so a lost
 connection during it is still ``CommitOutcomeUnknown``). SQLite and asyncpg
-run the same code one statement at a time.
+run the same code one statement at a time: on asyncpg a small fenced commit
+is four round trips (``BEGIN`` with the locks, the reads, the writes,
+``COMMIT``).
 
 Reads (:meth:`~SessionCommitRepository.load_session`,
 :meth:`~SessionCommitRepository.load_node`,
