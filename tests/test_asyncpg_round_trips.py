@@ -85,12 +85,14 @@ _BEGIN_LOCK = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_loc
 
 
 def test_a_fenced_turn_commit_on_asyncpg_merges_begin_with_its_locks(pg_url: str) -> None:
-    """BEGIN + both locks in one simple query, no prepare, COMMIT of its own: 4 round trips.
+    """BEGIN + both locks in one simple query, no prepare, COMMIT of its own: 3 round trips.
 
-    (BEGIN + locks; lease, head and ledger totals in one read; the turn's
-    writes in one statement: the usage delta with its totals upsert, the node
-    and the head write carrying the checkpoint blob; COMMIT.) The last turn
-    also stamps and releases the lease (a round trip each).
+    The first turn (no head yet) is the full commit, 4 round trips: BEGIN +
+    locks; lease, head and ledger totals in one read; the turn's writes in
+    one statement (the usage delta with its totals upsert, the node and the
+    head write carrying the checkpoint blob); COMMIT. Every later turn is the
+    checking statement: BEGIN + locks; the checks with the writes (the last
+    turn's stamp and lease release too); COMMIT.
     """
     with asyncpg_calls(pg_url) as (call, tap):
         trips: list[list[str]] = []
@@ -103,10 +105,10 @@ def test_a_fenced_turn_commit_on_asyncpg_merges_begin_with_its_locks(pg_url: str
                 trips.append(list(out))
 
         counts = _turns(call, Keep(tap))
-    assert counts[1:-1] == [4] * (TURNS - 2), trips
-    for one in trips[1:-1]:
-        writes = one[2]
-        assert all(f"{cte} AS" in writes for cte in ("totals_put", "nodes_put", "head_put"))
+    assert counts == [4] + [3] * (TURNS - 1), trips
+    assert all(f"{cte} AS" in trips[0][2] for cte in ("totals_put", "nodes_put", "head_put"))
+    for one in trips[1:]:
+        assert "AS ok" in one[1] and "UPDATE session_head" in one[1]
     for one in trips:
         assert one[0].startswith(_BEGIN_LOCK) and "pg_advisory_xact_lock_shared(" in one[0]
         assert one[-1] == "COMMIT"

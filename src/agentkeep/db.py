@@ -1321,6 +1321,15 @@ class Driver:
             cur.close()
         return changed
 
+    def fits(self, stmt: Statement, params: Mapping[str, Any]) -> bool:
+        """True when :meth:`execute` would take ``params`` for ``stmt`` (the checks of
+        :meth:`_check`: the text rule, the size limits); nothing is sent."""
+        try:
+            self._check(stmt.compiled(self.target), params)
+        except InvalidInput:  # PayloadTooLarge included
+            return False
+        return True
+
     def _check(self, form: Compiled, params: Mapping[str, Any]) -> None:
         """The text rule on every string, the size limits on every written value.
 
@@ -1565,7 +1574,7 @@ class Driver:
         else:  # asyncpg: $1, $2 ... in the order of the tuple
             text = _DOLLAR_PARAM.sub(lambda m: str(int(bound[int(m[1]) - 1])), form.sql)
         sql = f"{pending}; {text}"
-        self._pending_begin = None
+        self._began, self._pending_begin = pending, None
         try:
             self._simple(sql)
         except self._error as exc:
@@ -1757,6 +1766,50 @@ class Driver:
             and not self._committed
             and not self._deferred
         )
+
+    @property
+    def checks_one_call(self) -> bool:
+        """True when :meth:`execute_checking` may end a failed check with :meth:`restart`.
+
+        A one-call (lean) unit on Postgres (psycopg or asyncpg) that has sent
+        nothing yet: its transaction is the operation's own, so rolling it
+        back and beginning again loses nothing else.
+        """
+        return (
+            self._merge_begin
+            and self._pending_begin is not None
+            and not self._committed
+            and not self._deferred
+        )
+
+    def execute_checking(self, stmt: Statement, params: Mapping[str, Any]) -> Any:
+        """Run a *checking* statement, with ``COMMIT`` in its round trip where it can go there.
+
+        A checking statement fails with SQLSTATE 22012
+        (:data:`CHECK_FAILED_SQLSTATE`, ``division_by_zero``) when a condition
+        it checks does not hold, so its writes (data-modifying CTEs) are kept
+        only when every check passed. For a one-call unit's last statement,
+        sent after its locks: on psycopg ``COMMIT`` goes in the same round
+        trip (:attr:`commits_with_write`) and the unit's commit then sends
+        nothing; elsewhere the unit commits as usual. Outcomes:
+
+        * it came back: its writes are made (committed, with ``COMMIT``);
+        * the check refused: :class:`PrefetchCheckFailed`, nothing written and
+          the transaction aborted: call :meth:`restart` and do the work the
+          long way, which judges the conditions itself;
+        * any other failure: its typed error, as :meth:`execute` and
+          :meth:`prefetching` with ``commit`` raise them (a connection lost
+          while ``COMMIT`` was in flight: ``CommitOutcomeUnknown``).
+        """
+        try:
+            if self.commits_with_write:
+                with self.prefetching((), commit=True):
+                    return self.execute(stmt, params)
+            return self.execute(stmt, params)
+        except Exception as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == CHECK_FAILED_SQLSTATE:
+                raise PrefetchCheckFailed(str(exc)) from exc
+            raise
 
     def closed_while_idle(self) -> bool:
         """True when the server closed (or wrote to) this Postgres connection while it sat idle.

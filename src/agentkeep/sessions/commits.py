@@ -91,12 +91,21 @@ before the next statement that reads; the checks then run in step order, so
 the error precedence is the one above. On Postgres the writes of steps 10, 11
 and 13 of a commit that appends at most 16 nodes (the folded ledger, the node
 insert, the head with its checkpoint blobs) are one statement of
-data-modifying CTEs (:func:`_put_turn`). A small fenced commit on psycopg is
+data-modifying CTEs (:func:`_put_turn`). This full commit on psycopg is
 three round trips: locks and reads, writes, ``COMMIT`` (alone, so a lost
 connection during it is still ``CommitOutcomeUnknown``). SQLite and asyncpg
-run the same code one statement at a time: on asyncpg a small fenced commit
-is four round trips (``BEGIN`` with the locks, the reads, the writes,
-``COMMIT``).
+run the same code one statement at a time: on asyncpg it is four round trips
+(``BEGIN`` with the locks, the reads, the writes, ``COMMIT``).
+
+The checking commit (Postgres, one-call units). A small fenced commit with an
+``expected_head_revision`` (:class:`_CheckedTurn` says which) needs no read
+before its writes: after the locks it is one statement
+(:func:`_checked_turn`) that fails with ``division_by_zero`` unless every check
+of steps 3–13 passes, with the writes as its data-modifying CTEs; on psycopg
+``COMMIT`` goes with it (two round trips in all), on asyncpg it follows (three).
+A refused check writes nothing: the unit rolls back and runs the full commit,
+which judges the same rows and raises the typed error of the order above (or
+commits: a new ledger pair, which the statement does not add).
 
 Reads (:meth:`~SessionCommitRepository.load_session`,
 :meth:`~SessionCommitRepository.load_node`,
@@ -193,6 +202,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
+    or_,
     select,
     true,
     union_all,
@@ -205,7 +215,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from agentkeep.base import BIGINT
 from agentkeep.clock import Clock
-from agentkeep.db import Driver, atomic
+from agentkeep.db import Driver, PrefetchCheckFailed, atomic
 from agentkeep.errors import (
     ConcurrentModification,
     HeadRevisionConflict,
@@ -241,7 +251,9 @@ from agentkeep.sessions.leases import (
     LEASE_COLUMNS,
     begin_session_write,
     check_fence_row,
+    holder_fence,
     release_locked,
+    release_update,
 )
 from agentkeep.sessions.models import (
     AttachmentManifestRow,
@@ -785,6 +797,217 @@ def _turn_statement(nodes: int, ledger: tuple[int, int] | None, blobs: int) -> S
     """
     name = f"sessions.put_turn_{nodes}_nodes_{ledger or (0, 0)}_ledger_{blobs}_blobs"
     return Statement(_put_turn(nodes, ledger, blobs), name=name)
+
+
+#: SQL constants of :func:`_checked_turn` (rendered, not bound).
+_ONE: Final[Any] = literal_column("1")
+_ZERO: Final[Any] = literal_column("0")
+
+
+def _checked_turn(
+    nodes: int, deltas: int, pairs: int, blobs: int, stamp: bool, release: bool
+) -> Any:
+    """A small fenced commit on Postgres as one *checking* statement (see ``_checked_commit``).
+
+    One ``SELECT`` that fails with ``division_by_zero``
+    (:data:`agentkeep.db.CHECK_FAILED_SQLSTATE`) unless every check of the
+    commit passes, with the commit's writes as its data-modifying CTEs: when
+    the check refuses, the statement fails and none of its writes is kept.
+    Sent after the write locks, in its own statement, so in READ COMMITTED its
+    snapshot sees every commit made before the locks were granted. It passes
+    only when:
+
+    * the lease row is the fence's (owner, incarnation: a NULL stored one
+      read as the owner id, token, generation) and expires after ``:now``
+      (FENCE_OK), ``now`` sampled after the locks;
+    * the head is at ``:actual`` (the commit's ``expected_head_revision``)
+      with a node count from 0 to ``:max_count``;
+    * no turn-commit record of ``(:sid, :tid)`` exists (``stamp``);
+    * no appended node id (``:nid<i>``) exists in the session;
+    * every ledger total of the session decodes (no negative value), and each
+      of the ``pairs`` totals the commit changes (``:tsource<j>``,
+      ``:tmodel<j>``) exists with every counter at most
+      ``:<counter>_max<j>`` (``2**63-1`` minus what the commit adds).
+
+    The writes: the ``deltas`` usage rows (``:dsource<i>``, ``:dmodel<i>``,
+    counters suffixed ``_d<i>``), the ``pairs`` totals each increased by
+    ``:<counter>_t<j>``, the ``nodes`` nodes (a plain insert), the ``blobs``
+    checkpoint blobs (``ON CONFLICT DO NOTHING``), the head moved from
+    ``:actual`` to ``:next`` with ``:added`` more live nodes, (``release``)
+    the fenced lease release of the same fence
+    (:func:`~agentkeep.sessions.leases.release_update`: the check read the
+    lease row before it, on the statement's snapshot), and (``stamp``) the
+    turn-commit record (``:tid``, ``:stamp_hash``, ``:result``). Every
+    value but the node count and the totals is the commit's own, so the
+    result is known before the statement runs. Anything the check refuses
+    (a new ledger pair, a replay, a head or fence that does not match, a
+    node id that exists, a total that would overflow, a corrupt row) is
+    judged by the full commit, which raises the typed error.
+    """
+
+    def build(dialect: Dialect) -> Any:
+        sid: Any = p("sid")
+        checks: list[Any] = [
+            select(_ONE)
+            .where(*holder_fence(), SessionLeaseRow.lease_expires_at_ms > p("now"))
+            .exists(),
+            select(_ONE)
+            .where(
+                SessionHeadRow.session_id == sid,
+                SessionHeadRow.head_revision == p("actual"),
+                SessionHeadRow.graph_node_count >= _ZERO,
+                SessionHeadRow.graph_node_count <= p("max_count"),
+            )
+            .exists(),
+            ~select(_ONE)
+            .where(
+                UsageTotalRow.session_id == sid,
+                or_(
+                    UsageTotalRow.ordinal < _ZERO,
+                    *(getattr(UsageTotalRow, name) < _ZERO for name in _USAGE_FIELDS),
+                ),
+            )
+            .exists(),
+        ]
+        for j in range(pairs):
+            checks.append(
+                select(_ONE)
+                .where(
+                    UsageTotalRow.session_id == sid,
+                    UsageTotalRow.source == p(f"tsource{j}"),
+                    UsageTotalRow.model == p(f"tmodel{j}"),
+                    *(
+                        getattr(UsageTotalRow, name) <= p(f"{b}_max{j}")
+                        for name, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)
+                    ),
+                )
+                .exists()
+            )
+        if nodes:
+            checks.append(
+                ~select(_ONE)
+                .where(
+                    GraphNodeRow.session_id == sid,
+                    GraphNodeRow.node_id.in_([p(f"nid{i}") for i in range(nodes)]),
+                )
+                .exists()
+            )
+        if stamp:
+            checks.append(
+                ~select(_ONE)
+                .where(
+                    RuntimeTurnCommitRow.session_id == sid,
+                    RuntimeTurnCommitRow.turn_id == p("tid"),
+                )
+                .exists()
+            )
+        check = select((_ONE / case((and_(*checks), _ONE), else_=_ZERO)).label("ok"))
+
+        writes: list[Any] = []
+        if deltas:
+            writes.append(
+                insert(UsageDeltaRow).values(
+                    [
+                        {
+                            "session_id": sid,
+                            "source": p(f"dsource{i}"),
+                            "model": p(f"dmodel{i}"),
+                            **{
+                                f: p(f"{b}_d{i}")
+                                for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)
+                            },
+                        }
+                        for i in range(deltas)
+                    ]
+                )
+            )
+        for j in range(pairs):
+            writes.append(
+                update(UsageTotalRow)
+                .where(
+                    UsageTotalRow.session_id == sid,
+                    UsageTotalRow.source == p(f"tsource{j}"),
+                    UsageTotalRow.model == p(f"tmodel{j}"),
+                )
+                .values(
+                    {
+                        getattr(UsageTotalRow, f): getattr(UsageTotalRow, f) + p(f"{b}_t{j}")
+                        for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)
+                    }
+                )
+            )
+        if nodes:
+            writes.append(
+                insert(GraphNodeRow).values(
+                    [
+                        {
+                            "session_id": sid,
+                            "node_id": p(f"nid{i}"),
+                            "parent_node_id": p(f"parent{i}"),
+                            "node_json": p(f"json{i}"),
+                            "tombstoned": _ZERO,
+                        }
+                        for i in range(nodes)
+                    ]
+                )
+            )
+        if blobs:
+            writes.append(
+                upsert(dialect, BlobRow)
+                .values(
+                    [
+                        {
+                            "hash": p(f"hash{i}"),
+                            "kind": p(f"kind{i}"),
+                            "compression": p(f"compression{i}"),
+                            "content": p(f"content{i}"),
+                        }
+                        for i in range(blobs)
+                    ]
+                )
+                .on_conflict_do_nothing(index_elements=[BlobRow.hash])
+            )
+        writes.append(
+            update(SessionHeadRow)
+            .where(SessionHeadRow.session_id == sid, SessionHeadRow.head_revision == p("actual"))
+            .values(
+                schema_version=p("schema"),
+                head_revision=p("next"),
+                leaf_node_id=p("leaf"),
+                checkpoint_ref=p("ref"),
+                config_json=p("config"),
+                agent_frames_json=p("frames"),
+                current_agent_frame_id=p("frame_id"),
+                graph_node_count=SessionHeadRow.graph_node_count + p("added"),
+            )
+        )
+        if release:
+            writes.append(release_update())
+        if stamp:
+            writes.append(
+                insert(RuntimeTurnCommitRow).values(
+                    session_id=sid,
+                    turn_id=p("tid"),
+                    turn_commit_hash=p("stamp_hash"),
+                    result_json=p("result"),
+                    checkpoint_ref=p("ref"),
+                    committed_at_ms=p("now"),
+                )
+            )
+        return check.add_cte(*(w.cte(f"w{i}") for i, w in enumerate(writes)))
+
+    return build
+
+
+@functools.cache
+def _checked_turn_statement(
+    nodes: int, deltas: int, pairs: int, blobs: int, stamp: bool, release: bool
+) -> Statement:
+    """The :func:`_checked_turn` statement of one shape, made at first use."""
+    name = (
+        f"sessions.checked_turn_{nodes}n_{deltas}d_{pairs}p_{blobs}b_{int(stamp)}s_{int(release)}r"
+    )
+    return Statement(_checked_turn(nodes, deltas, pairs, blobs, stamp, release), name=name)
 
 
 _DELETE_NODES: Final = Statement(
@@ -1558,6 +1781,138 @@ class _TurnWritten:
             )
 
 
+def _same_fence(release: LeaseFence | None, fence: LeaseFence) -> bool:
+    """True when ``release`` is None or binds what ``fence`` binds (:func:`holder_fence`)."""
+    return release is None or (
+        release.session_id == fence.session_id
+        and release.owner.owner_id == fence.owner.owner_id
+        and release.owner.incarnation_id == fence.owner.incarnation_id
+        and release.lease_token == fence.lease_token
+        and release.fencing_token == fence.fencing_token
+    )
+
+
+class _CheckedTurn:
+    """A commit that fits :func:`_checked_turn`: its statement, parameters and result.
+
+    :meth:`of` builds it before the locks, from the commit alone, or returns
+    None for a commit the statement does not cover; the caller adds ``now``
+    after the locks.
+    """
+
+    __slots__ = ("params", "result", "session_id", "statement")
+
+    def __init__(
+        self, session_id: str, statement: Statement, params: dict[str, Any], result: Any
+    ) -> None:
+        self.session_id, self.statement, self.params = session_id, statement, params
+        self.result: RuntimeCommitResult = result
+
+    @classmethod
+    def of(
+        cls, db: Driver, commit: RuntimeCommit, prepared: _Prepared, profile: BlobProfile
+    ) -> _CheckedTurn | None:
+        """The checked form of ``commit``, or None where the full commit must run.
+
+        Covered: a fenced commit with ``expected_head_revision`` of 1 or more
+        (the head exists), appending at most ``_NODES_PER_INSERT`` distinct
+        nodes (or none), with at most ``_USAGE_PER_FOLD`` usage deltas, with
+        or without a turn-commit stamp, and nothing else: no completed
+        claims, no enqueued work, no interrupted turn, no attachments, and
+        a lease release only of the commit's own fence. Its values must be
+        within the store's limits (else the full commit raises, in its order
+        of errors).
+        """
+        sid = commit.session_id
+        fence = commit.session_execution_lease
+        expected = commit.expected_head_revision
+        stamp = commit.turn_commit
+        nodes = prepared.nodes
+        deltas = commit.usage_deltas
+        if (
+            fence is None
+            or fence.session_id != sid
+            or expected is None
+            or not 1 <= expected < MAX_I64
+            or prepared.replace
+            or len(nodes) > _NODES_PER_INSERT
+            or len(deltas) > _USAGE_PER_FOLD
+            or (stamp is not None and stamp.session_id != sid)
+            or commit.completed_queue_claims
+            or commit.completed_turn_input_claims
+            or commit.enqueued_queue_batches
+            or commit.interrupted_turn_input_turn_id is not None
+            or commit.committed_attachment_ids
+            or not _same_fence(commit.release_session_execution_lease, fence)
+            or len({node_id for node_id, _, _ in nodes}) != len(nodes)
+        ):
+            return None
+        added: dict[tuple[str, str], list[int]] = {}
+        for delta in deltas:
+            if delta.usage.total():
+                row = added.setdefault((delta.source, delta.model), [0] * len(_USAGE_FIELDS))
+                for j, value in enumerate(_counters(delta.usage)):
+                    row[j] += value
+        if any(value > MAX_I64 for row in added.values() for value in row):
+            return None
+        owner = fence.owner
+        params: dict[str, Any] = {
+            "sid": sid,
+            "owner": owner.owner_id,
+            "inc": owner.incarnation_id,
+            "token": fence.lease_token,
+            "fencing": fence.fencing_token,
+            "actual": expected,
+            "next": expected + 1,
+            "max_count": MAX_I64 - len(nodes),
+            "added": len(nodes),
+            "schema": HEAD_SCHEMA_VERSION,
+            "leaf": prepared.leaf,
+            "config": prepared.config_json,
+            "frames": prepared.agent_frames_json,
+            "frame_id": commit.current_agent_frame_id,
+            "now": 0,  # sampled after the locks (_checked_commit)
+        }
+        blobs: list[dict[str, Any]] = []
+        ref, manifest = put_checkpoint(db, commit.checkpoint, profile, into=blobs)
+        if len(blobs) > _BLOBS_PER_HEAD:
+            return None
+        params["ref"] = ref
+        for i, blob in enumerate(blobs):
+            for key, value in blob.items():
+                params[f"{key}{i}"] = value
+        for i, delta in enumerate(deltas):
+            params[f"dsource{i}"], params[f"dmodel{i}"] = delta.source, delta.model
+            for name, value in zip(_TOTAL_PARAMS, _counters(delta.usage), strict=True):
+                params[f"{name}_d{i}"] = value
+        for j, ((source, model), counts) in enumerate(added.items()):
+            params[f"tsource{j}"], params[f"tmodel{j}"] = source, model
+            for name, value in zip(_TOTAL_PARAMS, counts, strict=True):
+                params[f"{name}_t{j}"], params[f"{name}_max{j}"] = value, MAX_I64 - value
+        for i, (node_id, parent, text) in enumerate(nodes):
+            params[f"nid{i}"], params[f"parent{i}"], params[f"json{i}"] = node_id, parent, text
+        result = _RESULT(
+            head_revision=expected + 1,
+            checkpoint_ref=ref,
+            manifest=manifest,
+            enqueued_queue_batches=(),
+        )
+        if stamp is not None:
+            params["tid"], params["stamp_hash"] = stamp.turn_id, stamp.turn_commit_hash
+            params["result"] = canonical_json(result.model_dump(mode="json"))
+        statement = _checked_turn_statement(
+            len(nodes),
+            len(deltas),
+            len(added),
+            len(blobs),
+            stamp is not None,
+            commit.release_session_execution_lease is not None,
+        )
+        if not db.fits(statement, params):
+            return None
+        return cls(sid, statement, params, result)
+
+
 # --------------------------------------------------------------------------
 # The repository
 
@@ -1629,12 +1984,37 @@ class SessionCommitRepository:
         prepared = _Prepared(commit)
         sid = commit.session_id
         db = self._db
+        if not self._nested and db.postgres and db.checks_one_call:
+            checked = _CheckedTurn.of(db, commit, prepared, blob_profile)
+            if checked is not None:
+                try:
+                    return self._checked_commit(checked)
+                except PrefetchCheckFailed:
+                    db.restart()  # a check refused: the full commit judges (below)
         # psycopg: the fence reads go out with the locks, in their round trip.
         with db.prefetching(_fence_reads(commit)):
             now = begin_session_write(db, self._clock, self._writable, sid, blobs=True)
             # A one-call unit: no SAVEPOINT, an error rolls its whole transaction back.
             with atomic(db, self._nested):
                 return self._commit(commit, prepared, blob_profile, now)
+
+    def _checked_commit(self, checked: _CheckedTurn) -> RuntimeCommitResult:
+        """A small fenced commit as one checking statement after the locks (Postgres).
+
+        The locks (step 1) as usual, ``now`` sampled after them, then
+        :func:`_checked_turn`: psycopg sends it with ``COMMIT`` (two round
+        trips in all), asyncpg before the unit's ``COMMIT`` (three).
+
+        Raises:
+            PrefetchCheckFailed: a check refused; nothing was written and the
+                unit must restart (``commit_runtime_state`` then runs the
+                full commit, which raises the typed error).
+        """
+        db = self._db
+        now = begin_session_write(db, self._clock, self._writable, checked.session_id, blobs=True)
+        checked.params["now"] = now
+        db.execute_checking(checked.statement, checked.params)
+        return checked.result
 
     def _commit(
         self, commit: RuntimeCommit, prepared: _Prepared, profile: BlobProfile, now: int

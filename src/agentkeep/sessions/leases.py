@@ -206,6 +206,22 @@ _RELEASE: Final = Statement(
 )
 
 
+def holder_fence() -> tuple[Any, ...]:
+    """The holder fence (FENCE_OK without the clock) as WHERE terms on the lease row.
+
+    They bind ``:sid``, ``:owner``, ``:inc`` (a NULL stored incarnation is
+    read as the owner id), ``:token`` and ``:fencing``: for a statement of
+    another module that checks or releases a lease in SQL (the turn commit's
+    checking statement, ``sessions.commits._checked_turn``).
+    """
+    return _HOLDER_FENCE
+
+
+def release_update() -> Any:
+    """The fenced release (:data:`_RELEASE`'s UPDATE, :func:`holder_fence`) as a construct."""
+    return update(_L).values(_RELEASED).where(*_HOLDER_FENCE)
+
+
 def _release_alone() -> Statement:
     """The release as one statement that takes ``session:<id>`` itself (Postgres, one-call units).
 
