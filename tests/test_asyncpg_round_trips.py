@@ -108,7 +108,7 @@ def test_a_fenced_turn_commit_on_asyncpg_merges_begin_with_its_locks(pg_url: str
     assert counts == [4] + [3] * (TURNS - 1), trips
     assert all(f"{cte} AS" in trips[0][2] for cte in ("totals_put", "nodes_put", "head_put"))
     for one in trips[1:]:
-        assert "AS ok" in one[1] and "UPDATE session_head" in one[1]
+        assert "AS ok" in one[1] and "head_put AS" in one[1]
     for one in trips:
         assert one[0].startswith(_BEGIN_LOCK) and "pg_advisory_xact_lock_shared(" in one[0]
         assert one[-1] == "COMMIT"

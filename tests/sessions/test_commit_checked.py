@@ -431,3 +431,66 @@ def test_a_fault_in_any_write_of_the_statement_leaves_nothing(
         store.commits.commit_runtime_state(commit)
     _expect(backend, paths, checked=True, restarted=False)
     assert snapshot(store) == before
+
+
+# --------------------------------------------------------------------------
+# The statement's cost does not grow with the session
+
+
+class _Captured(Exception):
+    """Raised in place of sending the checking statement (its text and parameters kept)."""
+
+
+def test_the_checking_statement_reads_no_growing_table_whatever_its_plan(
+    fresh_url: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Postgres keeps one generic plan for a prepared statement once it costs no more
+    than the custom ones, planned on the tables as they were then. A check that reads
+    the session's nodes (a node id as ``NOT EXISTS``) got such a plan while the
+    session was small: a scan of the ``(session_id, tombstoned, seq)`` index that
+    read every node of the session at every commit, so the commit grew with the
+    session. The statement's node and stamp checks are the row counts of inserts
+    through their unique indexes (``ON CONFLICT``), and the ledger checks those of
+    the totals upsert: its generic plan (``plan_cache_mode = force_generic_plan``)
+    scans none of the tables a session grows (nodes, usage rows, turn records,
+    blobs), whatever the planner would choose."""
+    if backend != "postgres":
+        pytest.skip("Postgres only: the checking statement and its cached plan")
+    import psycopg
+    from sqlalchemy.dialects.postgresql import asyncpg
+
+    from agentkeep.migrations import upgrade
+    from agentkeep.statements import CompileTarget
+
+    upgrade(fresh_url)
+    captured: dict[str, Any] = {}
+
+    def capture(driver: Driver, stmt: Any, params: Any) -> Any:
+        captured["stmt"], captured["params"] = stmt, dict(params)
+        raise _Captured
+
+    with Store.open(fresh_url, clock=SettableClock(T0)) as store:
+        fence = _seeded(store)
+        monkeypatch.setattr(Driver, "execute_checking", capture)
+        stamp = TurnCommitStamp(session_id=SID, turn_id="t2", turn_commit_hash="h")
+        with pytest.raises(_Captured):  # the unit rolls back: nothing of it is kept
+            store.commits.commit_runtime_state(
+                _turn(fence, 2, "n2", turn_commit=stamp, release_session_execution_lease=fence)
+            )
+        monkeypatch.undo()
+    # The statement with $n placeholders (the asyncpg form), prepared by name.
+    form = captured["stmt"].compiled(CompileTarget.of(asyncpg.dialect(paramstyle="numeric_dollar")))
+    values = form.bind(captured["params"])
+    plain = fresh_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(plain) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE checked_turn AS {form.sql}")
+        cur = psycopg.ClientCursor(conn)
+        marks = ", ".join(["%s"] * len(values))
+        cur.execute(f"EXPLAIN EXECUTE checked_turn({marks})", list(values))
+        plan = "\n".join(row[0] for row in cur.fetchall())
+        conn.rollback()
+    assert "Insert on graph_nodes" in plan and "uq_graph_nodes_session_id_node_id" in plan, plan
+    for table in ("graph_nodes", "usage_deltas", "runtime_turn_commits", "blobs"):
+        scans = [line for line in plan.splitlines() if "Scan" in line and f" on {table}" in line]
+        assert not scans, (table, plan)

@@ -802,6 +802,8 @@ def _turn_statement(nodes: int, ledger: tuple[int, int] | None, blobs: int) -> S
 #: SQL constants of :func:`_checked_turn` (rendered, not bound).
 _ONE: Final[Any] = literal_column("1")
 _ZERO: Final[Any] = literal_column("0")
+_MINUS_ONE: Final[Any] = literal_column("-1")
+_MAX_I64: Final[Any] = literal_column(str(2**63 - 1))
 
 
 def _checked_turn(
@@ -809,101 +811,87 @@ def _checked_turn(
 ) -> Any:
     """A small fenced commit on Postgres as one *checking* statement (see ``_checked_commit``).
 
-    One ``SELECT`` that fails with ``division_by_zero``
-    (:data:`agentkeep.db.CHECK_FAILED_SQLSTATE`) unless every check of the
-    commit passes, with the commit's writes as its data-modifying CTEs: when
-    the check refuses, the statement fails and none of its writes is kept.
-    Sent after the write locks, in its own statement, so in READ COMMITTED its
-    snapshot sees every commit made before the locks were granted. It passes
-    only when:
+    One ``SELECT`` over the commit's writes, its data-modifying CTEs, that
+    fails with ``division_by_zero`` (:data:`agentkeep.db.CHECK_FAILED_SQLSTATE`)
+    unless every check of the commit passes: when it refuses, the statement
+    fails and none of its writes is kept. Sent after the write locks, in its
+    own statement, so in READ COMMITTED its snapshot sees every commit made
+    before the locks were granted. Two checks are reads:
 
-    * the lease row is the fence's (owner, incarnation: a NULL stored one
-      read as the owner id, token, generation) and expires after ``:now``
+    * the lease row is the fence's (:func:`~agentkeep.sessions.leases.holder_fence`:
+      owner, incarnation, token, generation) and expires after ``:now``
       (FENCE_OK), ``now`` sampled after the locks;
-    * the head is at ``:actual`` (the commit's ``expected_head_revision``)
-      with a node count from 0 to ``:max_count``;
-    * no turn-commit record of ``(:sid, :tid)`` exists (``stamp``);
-    * no appended node id (``:nid<i>``) exists in the session;
-    * every ledger total of the session decodes (no negative value), and each
-      of the ``pairs`` totals the commit changes (``:tsource<j>``,
-      ``:tmodel<j>``) exists with every counter at most
-      ``:<counter>_max<j>`` (``2**63-1`` minus what the commit adds).
+    * every ledger total of the session decodes (no negative value);
 
-    The writes: the ``deltas`` usage rows (``:dsource<i>``, ``:dmodel<i>``,
-    counters suffixed ``_d<i>``), the ``pairs`` totals each increased by
-    ``:<counter>_t<j>``, the ``nodes`` nodes (a plain insert), the ``blobs``
-    checkpoint blobs (``ON CONFLICT DO NOTHING``), the head moved from
-    ``:actual`` to ``:next`` with ``:added`` more live nodes, (``release``)
-    the fenced lease release of the same fence
-    (:func:`~agentkeep.sessions.leases.release_update`: the check read the
-    lease row before it, on the statement's snapshot), and (``stamp``) the
-    turn-commit record (``:tid``, ``:stamp_hash``, ``:result``). Every
-    value but the node count and the totals is the commit's own, so the
-    result is known before the statement runs. Anything the check refuses
-    (a new ledger pair, a replay, a head or fence that does not match, a
-    node id that exists, a total that would overflow, a corrupt row) is
+    the others are the row counts the writes return, each write going
+    through a unique index (``ON CONFLICT``), so no check's cost depends on
+    how large a table has grown or which plan the server caches for it:
+
+    * the head upsert returns its row only when the stored head is at
+      ``:actual`` (the commit's ``expected_head_revision``) with a node count
+      from 0 to ``:max_count`` (it is then moved to ``:next``, ``:added``
+      more live nodes); a missing head is inserted with a node count of -1,
+      which the check refuses;
+    * the ``pairs`` changed totals (``:tsource<j>``, ``:tmodel<j>``) are each
+      increased by ``:<counter>_t<j>`` only when every counter has room for
+      it (at most ``2**63-1`` minus what is added); a new pair is inserted
+      with ordinal -1, which the check refuses;
+    * the ``nodes`` node inserts (``:nid<i>``, ``:parent<i>``, ``:json<i>``)
+      each return a row unless the id exists in the session;
+    * (``stamp``) the turn-commit record (``:tid``, ``:stamp_hash``,
+      ``:result``) returns a row unless the turn was recorded (a replay or a
+      conflict).
+
+    The other writes: the ``deltas`` usage rows (``:dsource<i>``,
+    ``:dmodel<i>``, counters suffixed ``_d<i>``), the ``blobs`` checkpoint
+    blobs (``ON CONFLICT DO NOTHING``) and (``release``) the fenced lease
+    release of the same fence (:func:`~agentkeep.sessions.leases.release_update`;
+    the lease check reads the row as it was before it, on the statement's
+    snapshot). Every value but the node count and the totals is the commit's
+    own, so the result is known before the statement runs. Whatever the check
+    refuses (a new ledger pair, a replay, a head or fence that does not match,
+    a node id that exists, a total that would overflow, a corrupt row) is
     judged by the full commit, which raises the typed error.
     """
 
     def build(dialect: Dialect) -> Any:
         sid: Any = p("sid")
-        checks: list[Any] = [
-            select(_ONE)
-            .where(*holder_fence(), SessionLeaseRow.lease_expires_at_ms > p("now"))
-            .exists(),
-            select(_ONE)
-            .where(
-                SessionHeadRow.session_id == sid,
+        counters = tuple(zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True))
+        writes: list[Any] = []  # CTEs whose rows nobody counts
+        counted: list[tuple[Any, Any]] = []  # (CTE, the rows it must return)
+
+        head = upsert(dialect, SessionHeadRow).values(
+            session_id=sid,
+            schema_version=p("schema"),
+            head_revision=p("next"),
+            leaf_node_id=p("leaf"),
+            checkpoint_ref=p("ref"),
+            config_json=p("config"),
+            agent_frames_json=p("frames"),
+            current_agent_frame_id=p("frame_id"),
+            graph_node_count=_MINUS_ONE,
+        )
+        new = head.excluded
+        moved = head.on_conflict_do_update(
+            index_elements=[SessionHeadRow.session_id],
+            set_={
+                SessionHeadRow.schema_version: new.schema_version,
+                SessionHeadRow.head_revision: new.head_revision,
+                SessionHeadRow.leaf_node_id: new.leaf_node_id,
+                SessionHeadRow.checkpoint_ref: new.checkpoint_ref,
+                SessionHeadRow.config_json: new.config_json,
+                SessionHeadRow.agent_frames_json: new.agent_frames_json,
+                SessionHeadRow.current_agent_frame_id: new.current_agent_frame_id,
+                SessionHeadRow.graph_node_count: SessionHeadRow.graph_node_count + p("added"),
+            },
+            where=and_(
                 SessionHeadRow.head_revision == p("actual"),
                 SessionHeadRow.graph_node_count >= _ZERO,
                 SessionHeadRow.graph_node_count <= p("max_count"),
-            )
-            .exists(),
-            ~select(_ONE)
-            .where(
-                UsageTotalRow.session_id == sid,
-                or_(
-                    UsageTotalRow.ordinal < _ZERO,
-                    *(getattr(UsageTotalRow, name) < _ZERO for name in _USAGE_FIELDS),
-                ),
-            )
-            .exists(),
-        ]
-        for j in range(pairs):
-            checks.append(
-                select(_ONE)
-                .where(
-                    UsageTotalRow.session_id == sid,
-                    UsageTotalRow.source == p(f"tsource{j}"),
-                    UsageTotalRow.model == p(f"tmodel{j}"),
-                    *(
-                        getattr(UsageTotalRow, name) <= p(f"{b}_max{j}")
-                        for name, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)
-                    ),
-                )
-                .exists()
-            )
-        if nodes:
-            checks.append(
-                ~select(_ONE)
-                .where(
-                    GraphNodeRow.session_id == sid,
-                    GraphNodeRow.node_id.in_([p(f"nid{i}") for i in range(nodes)]),
-                )
-                .exists()
-            )
-        if stamp:
-            checks.append(
-                ~select(_ONE)
-                .where(
-                    RuntimeTurnCommitRow.session_id == sid,
-                    RuntimeTurnCommitRow.turn_id == p("tid"),
-                )
-                .exists()
-            )
-        check = select((_ONE / case((and_(*checks), _ONE), else_=_ZERO)).label("ok"))
+            ),
+        ).returning(SessionHeadRow.graph_node_count.label("n"))
+        counted.append((moved.cte("head_put"), 1))
 
-        writes: list[Any] = []
         if deltas:
             writes.append(
                 insert(UsageDeltaRow).values(
@@ -912,33 +900,45 @@ def _checked_turn(
                             "session_id": sid,
                             "source": p(f"dsource{i}"),
                             "model": p(f"dmodel{i}"),
-                            **{
-                                f: p(f"{b}_d{i}")
-                                for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)
-                            },
+                            **{f: p(f"{b}_d{i}") for f, b in counters},
                         }
                         for i in range(deltas)
                     ]
                 )
             )
-        for j in range(pairs):
-            writes.append(
-                update(UsageTotalRow)
-                .where(
-                    UsageTotalRow.session_id == sid,
-                    UsageTotalRow.source == p(f"tsource{j}"),
-                    UsageTotalRow.model == p(f"tmodel{j}"),
-                )
-                .values(
+        if pairs:
+            totals = upsert(dialect, UsageTotalRow).values(
+                [
                     {
-                        getattr(UsageTotalRow, f): getattr(UsageTotalRow, f) + p(f"{b}_t{j}")
-                        for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)
+                        "session_id": sid,
+                        "source": p(f"tsource{j}"),
+                        "model": p(f"tmodel{j}"),
+                        "ordinal": _MINUS_ONE,
+                        **{f: p(f"{b}_t{j}") for f, b in counters},
                     }
-                )
+                    for j in range(pairs)
+                ]
             )
+            added = totals.excluded
+            # Room for what is added: total + added <= 2**63-1 (added >= 0).
+            room = [getattr(UsageTotalRow, f) <= _MAX_I64 - added[f] for f, _ in counters]
+            grown = totals.on_conflict_do_update(
+                index_elements=[
+                    UsageTotalRow.session_id,
+                    UsageTotalRow.source,
+                    UsageTotalRow.model,
+                ],
+                set_={
+                    getattr(UsageTotalRow, f): getattr(UsageTotalRow, f) + added[f]
+                    for f, _ in counters
+                },
+                where=and_(*room),
+            ).returning(UsageTotalRow.ordinal.label("n"))
+            counted.append((grown.cte("totals_put"), pairs))
         if nodes:
-            writes.append(
-                insert(GraphNodeRow).values(
+            put = (
+                upsert(dialect, GraphNodeRow)
+                .values(
                     [
                         {
                             "session_id": sid,
@@ -950,7 +950,12 @@ def _checked_turn(
                         for i in range(nodes)
                     ]
                 )
+                .on_conflict_do_nothing(
+                    index_elements=[GraphNodeRow.session_id, GraphNodeRow.node_id]
+                )
+                .returning(_ZERO.label("n"))
             )
+            counted.append((put.cte("nodes_put"), nodes))
         if blobs:
             writes.append(
                 upsert(dialect, BlobRow)
@@ -967,25 +972,12 @@ def _checked_turn(
                 )
                 .on_conflict_do_nothing(index_elements=[BlobRow.hash])
             )
-        writes.append(
-            update(SessionHeadRow)
-            .where(SessionHeadRow.session_id == sid, SessionHeadRow.head_revision == p("actual"))
-            .values(
-                schema_version=p("schema"),
-                head_revision=p("next"),
-                leaf_node_id=p("leaf"),
-                checkpoint_ref=p("ref"),
-                config_json=p("config"),
-                agent_frames_json=p("frames"),
-                current_agent_frame_id=p("frame_id"),
-                graph_node_count=SessionHeadRow.graph_node_count + p("added"),
-            )
-        )
         if release:
             writes.append(release_update())
         if stamp:
-            writes.append(
-                insert(RuntimeTurnCommitRow).values(
+            record = (
+                upsert(dialect, RuntimeTurnCommitRow)
+                .values(
                     session_id=sid,
                     turn_id=p("tid"),
                     turn_commit_hash=p("stamp_hash"),
@@ -993,8 +985,35 @@ def _checked_turn(
                     checkpoint_ref=p("ref"),
                     committed_at_ms=p("now"),
                 )
+                .on_conflict_do_nothing(
+                    index_elements=[RuntimeTurnCommitRow.session_id, RuntimeTurnCommitRow.turn_id]
+                )
+                .returning(_ZERO.label("n"))
             )
-        return check.add_cte(*(w.cte(f"w{i}") for i, w in enumerate(writes)))
+            counted.append((record.cte("stamp_put"), 1))
+
+        checks: list[Any] = [
+            select(_ONE)
+            .where(*holder_fence(), SessionLeaseRow.lease_expires_at_ms > p("now"))
+            .exists(),
+            ~select(_ONE)
+            .where(
+                UsageTotalRow.session_id == sid,
+                or_(
+                    UsageTotalRow.ordinal < _ZERO,
+                    *(getattr(UsageTotalRow, name) < _ZERO for name in _USAGE_FIELDS),
+                ),
+            )
+            .exists(),
+        ]
+        for cte, rows in counted:
+            # A row counts only with n >= 0: a head or total inserted (n = -1) does not.
+            got = select(func.count()).select_from(cte).where(cte.c.n >= _ZERO).scalar_subquery()
+            checks.append(got == literal_column(str(int(rows))))
+        check = select((_ONE / case((and_(*checks), _ONE), else_=_ZERO)).label("ok"))
+        return check.add_cte(
+            *(cte for cte, _ in counted), *(w.cte(f"w{i}") for i, w in enumerate(writes))
+        )
 
     return build
 
@@ -1888,7 +1907,7 @@ class _CheckedTurn:
         for j, ((source, model), counts) in enumerate(added.items()):
             params[f"tsource{j}"], params[f"tmodel{j}"] = source, model
             for name, value in zip(_TOTAL_PARAMS, counts, strict=True):
-                params[f"{name}_t{j}"], params[f"{name}_max{j}"] = value, MAX_I64 - value
+                params[f"{name}_t{j}"] = value
         for i, (node_id, parent, text) in enumerate(nodes):
             params[f"nid{i}"], params[f"parent{i}"], params[f"json{i}"] = node_id, parent, text
         result = _RESULT(
