@@ -55,7 +55,9 @@ class _TapTrace:
 
 
 @contextmanager
-def asyncpg_calls(pg_url: str) -> Iterator[tuple[Callable[[Callable[[Any], Any]], Any], Any]]:
+def asyncpg_calls(
+    pg_url: str, **options: Any
+) -> Iterator[tuple[Callable[[Callable[[Any], Any]], Any], Any]]:
     """An AsyncStore on asyncpg through a WireTap: ``(call, tap)`` (see psycopg_async_calls)."""
 
     async def awaited(value: Any) -> Any:
@@ -71,7 +73,7 @@ def asyncpg_calls(pg_url: str) -> Iterator[tuple[Callable[[Callable[[Any], Any]]
             port=tap.port,
             query={"ssl": "disable"},
         ).render_as_string(hide_password=False)
-        astore = loop.run_until_complete(AsyncStore.open(via_tap))
+        astore = loop.run_until_complete(AsyncStore.open(via_tap, **options))
         try:
             yield (lambda fn: loop.run_until_complete(awaited(fn(astore)))), tap
         finally:
@@ -175,3 +177,61 @@ def test_asyncpg_commit_of_a_failed_transaction_is_a_definite_error(pg_url: str)
         with pytest.raises(DatabaseError, match="COMMIT of a failed transaction"):
             call(lambda st: st.call_write(fn))
         assert call(lambda st: st.leases.get_session_execution_lease("nobody")) is None
+
+
+def test_a_saver_put_on_asyncpg_is_three_round_trips(pg_url: str) -> None:
+    """A put and a put_writes outside ``owning``: ``BEGIN`` + the locks, the write folded
+    into its checking lease read (the lease is free), ``COMMIT``. A lease held by
+    another owner fails that check: the unit rolls back and the guard refuses the put
+    (``SessionLeaseHeld``, nothing written); once the lease expired (not released) the
+    guard lets the put through on its usual path."""
+    pytest.importorskip("langgraph.graph")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from agentkeep.clock import SettableClock
+    from agentkeep.errors import SessionLeaseHeld
+    from agentkeep.integrations.langgraph import AgentkeepSaver
+    from agentkeep.sessions.domain import LeaseOwnerIdentity
+
+    def checkpoint(n: int) -> Any:
+        cp = empty_checkpoint()
+        cp["id"] = f"1ef0-{n:04}"
+        return cp
+
+    def config(thread: str, checkpoint_id: str | None = None) -> Any:
+        conf = {"thread_id": thread, "checkpoint_ns": ""}
+        if checkpoint_id is not None:
+            conf["checkpoint_id"] = checkpoint_id
+        return {"configurable": conf}
+
+    clock = SettableClock(1_000_000)
+    with asyncpg_calls(pg_url, clock=clock) as (call, tap):
+        saver: Any = call(lambda st: AgentkeepSaver(st))
+        call(lambda st: saver.aput(config("free"), checkpoint(0), {}, {}))  # warm
+        with tap.record() as trips:
+            saved = call(lambda st: saver.aput(config("free"), checkpoint(1), {}, {}))
+        put = list(trips)
+        with tap.record() as trips:
+            call(lambda st: saver.aput_writes(saved, [("a", 1)], "task"))
+        writes = list(trips)
+        assert (len(put), len(writes)) == (3, 3), (put, writes)
+        for one, table in ((put, "graph_nodes"), (writes, "session_pending_writes")):
+            assert one[0].startswith(_BEGIN_LOCK) and one[-1] == "COMMIT", one
+            assert one[1].startswith("WITH w0 AS (INSERT INTO") and table in one[1], one
+        got = call(lambda st: saver.aget_tuple(config("free")))
+        assert got is not None and got.pending_writes == [("task", "a", 1)]
+
+        sid = saver.session_id("held")
+        other = LeaseOwnerIdentity(owner_id="other", incarnation_id="i1")
+        call(lambda st: st.leases.try_claim_session_execution_lease(sid, other, 1000))
+        with pytest.raises(SessionLeaseHeld):
+            call(lambda st: saver.aput(config("held"), checkpoint(1), {}, {}))
+        with pytest.raises(SessionLeaseHeld):
+            call(lambda st: saver.aput_writes(config("held", "1ef0-0001"), [("a", 1)], "task"))
+        assert call(lambda st: saver.aget_tuple(config("held"))) is None
+        assert call(lambda st: st.checkpoint_nodes.list_pending_writes(sid, "1ef0-0001")) == []
+        clock.advance(1000)  # expired, not released: the check refuses, the guard lets it pass
+        call(lambda st: saver.aput(config("held"), checkpoint(1), {}, {}))
+        call(lambda st: saver.aput_writes(config("held", "1ef0-0001"), [("a", 1)], "task"))
+        got = call(lambda st: saver.aget_tuple(config("held")))
+        assert got is not None and got.pending_writes == [("task", "a", 1)]

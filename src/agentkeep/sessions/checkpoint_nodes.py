@@ -463,6 +463,34 @@ _FREE_LEASE_READ: Final = Statement(_free_lease_read, name="checkpoint_nodes.fre
 _FENCED_LEASE_READ: Final = Statement(_fenced_lease_read, name="checkpoint_nodes.fenced_lease_read")
 
 
+def _lease_check(
+    lease_sid: str, fence: LeaseFence | None, renew_ms: int | None, now: int | None
+) -> tuple[Statement | None, dict[str, Any]]:
+    """The checking lease read of a put and its parameters (``_guarded``).
+
+    Without a fence :data:`_FREE_LEASE_READ`; with one
+    :data:`_FENCED_LEASE_READ`, which passes the fence's lease when it
+    expires at or after ``now + max(1, renew_ms // 2)`` (live at ``now`` with
+    no renewal due). None for a fence that no lease row could pass (another
+    session's, or a bound past ``2**63-1``): the guard refuses it.
+    """
+    if fence is None:
+        return _FREE_LEASE_READ, {"lsid": lease_sid}
+    assert now is not None
+    floor = now + max(1, (renew_ms or 0) // 2)
+    params = {
+        "lsid": lease_sid,
+        "owner": fence.owner.owner_id,
+        "inc": fence.owner.incarnation_id,
+        "token": fence.lease_token,
+        "fencing": fence.fencing_token,
+        "min_expires": floor,
+    }
+    if fence.session_id != lease_sid or not 0 <= floor <= MAX_I64:
+        return None, params
+    return _FENCED_LEASE_READ, params
+
+
 def _put_blob(dialect: Any) -> Any:
     return (
         upsert(dialect, BlobRow)
@@ -817,25 +845,18 @@ class CheckpointNodeRepository:
         """
         db = self._db
         lease_sid = lease_session_id or session_id
+        if (
+            not self._nested
+            and len(writes) == 1
+            and db.postgres
+            and not db.pipelines
+            and db.checks_one_call
+            and self._checked_after_lock(session_id, lease_sid, fence, renew_ms, writes[0], blobs)
+        ):
+            return
         if not self._nested and writes and db.commits_ahead:
-            now = None
-            check: Statement | None = _FREE_LEASE_READ
-            if fence is None:
-                params: dict[str, Any] = {"lsid": lease_sid}
-            else:
-                now = self._clock.now_ms()
-                floor = now + max(1, (renew_ms or 0) // 2)
-                check = _FENCED_LEASE_READ
-                params = {
-                    "lsid": lease_sid,
-                    "owner": fence.owner.owner_id,
-                    "inc": fence.owner.incarnation_id,
-                    "token": fence.lease_token,
-                    "fencing": fence.fencing_token,
-                    "min_expires": floor,
-                }
-                if fence.session_id != lease_sid or not 0 <= floor <= MAX_I64:
-                    check = None  # the guard refuses it, or no lease could pass
+            now = None if fence is None else self._clock.now_ms()
+            check, params = _lease_check(lease_sid, fence, renew_ms, now)
             if check is not None:
                 run = writes
                 sent: list[Any]
@@ -856,6 +877,43 @@ class CheckpointNodeRepository:
         ahead = () if self._nested else writes
         with db.prefetching([lease_read(lease_sid), *ahead]):
             self._run_guarded(session_id, lease_sid, fence, renew_ms, writes, blobs)
+
+    def _checked_after_lock(
+        self,
+        session_id: str,
+        lease_sid: str,
+        fence: LeaseFence | None,
+        renew_ms: int | None,
+        write: tuple[Statement, Mapping[str, Any]],
+        blobs: bool,
+    ) -> bool:
+        """A one-call put of one statement on asyncpg: the locks, then the write folded
+        into its checking lease read (:data:`_FOLDED`), then the unit's ``COMMIT``.
+
+        Three round trips instead of four: the checking read (the lease free,
+        or the fence's live with no renewal due, judged at ``now`` sampled
+        after the locks) and the write are one statement. True when the put
+        is done: the check passed (what passes it passes LEASE_GUARD without
+        a write), or no check fits this put and the guard and the write ran
+        here, under the locks. False when the check refused: nothing was
+        written and the unit began again (:meth:`~agentkeep.db.Driver.restart`);
+        the caller's usual path then lets the guard judge the lease (renew
+        it, or raise its typed error).
+        """
+        db = self._db
+        now = begin_session_write(db, self._clock, self._writable, session_id, blobs=blobs)
+        check, params = _lease_check(lease_sid, fence, renew_ms, now)
+        folded = _FOLDED.get((check, write[0])) if check is not None else None
+        if folded is None:
+            guard_session_write(db, lease_sid, fence, now, renew_ms)
+            db.execute(*write)
+            return True
+        try:
+            db.execute_checking(folded, {**write[1], **params})
+        except PrefetchCheckFailed:
+            db.restart()
+            return False
+        return True
 
     def _run_guarded(
         self,
