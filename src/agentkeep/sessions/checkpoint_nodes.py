@@ -59,7 +59,11 @@ due) with the write folded in as its data-modifying CTEs (:data:`_FOLDED`;
 a put_writes of several statements sends them after the read). A lease the
 check refuses takes that round trip and two more: ``BEGIN``, the locks, the
 lease read and the writes (the guard judges the lease: it renews it, or
-raises), then ``COMMIT``.
+raises), then ``COMMIT``. On asyncpg, which does not pipeline, a one-call put
+of one statement is ``BEGIN`` with the locks, that same folded statement
+(``now`` sampled once the locks are held), then ``COMMIT``: three round trips
+(``CheckpointNodeRepository._checked_after_lock``); a refused check rolls the
+unit back and takes the usual four.
 
 Corrupt data fails loudly: a node whose blob is missing, stored with a
 compression other than ``none``, or whose bytes do not match its hash, is
@@ -824,7 +828,8 @@ class CheckpointNodeRepository:
         (``store.write()``, ``call_write``), whose caller may catch the
         refusal and commit, the writes are sent only after the guard passed.
         Elsewhere (SQLite, asyncpg) every statement runs when executed, in
-        the same order.
+        the same order; on asyncpg a one-call put of one statement first
+        tries :meth:`_checked_after_lock` (three round trips instead of four).
 
         One round trip (a one-call unit on psycopg): the lease read is sent as
         a *checking read* and ``COMMIT`` follows the writes in the same round
