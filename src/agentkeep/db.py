@@ -1148,6 +1148,7 @@ class Driver:
         "_prefetch",
         "_prefetched",
         "_text_bounds",
+        "_sync_psycopg",
         "limits",
         "_pg_read_committed",
         "postgres",
@@ -1195,6 +1196,8 @@ class Driver:
         self._pipeline = (
             self.postgres and target.dialect.driver in _MERGED_BEGIN_DRIVERS and _libpq_pipelines()
         )
+        # The raw cursor is ours to create on a sync psycopg connection only.
+        self._sync_psycopg = self.postgres and target.dialect.driver == "psycopg"
         self._deferred: list[_Deferred] = []
         self._prefetch: list[tuple[Statement, Mapping[str, Any], Statement, Mapping[str, Any]]] = []
         self._prefetched: list[tuple[Statement, Mapping[str, Any], _Fetched]] = []
@@ -1248,24 +1251,47 @@ class Driver:
             raise _after_commit(stmt)
         if self._deferred:
             self.flush()
-        # The common case (a named or pyformat driver, nothing fixed in the
-        # construct) binds the caller's dict as it is.
-        bound = params if form.plain else form.bind(params)
         if (
             self._prefetch
             or self._commit_ahead
             or (self._pending_begin is not None and self._pipeline)
         ):
             # psycopg: a pending BEGIN goes out with the statement, one round trip.
-            return self._execute_with_prefetch(form.sql, bound)
+            return self._execute_with_prefetch(*self._sent(form, params, pipelined=True))
+        sql, bound = self._sent(form, params, pipelined=False)
         try:
             if self._pending_begin is not None:
                 self._send_begin()
-            cur = self._cursor = self.raw.cursor()
-            cur.execute(form.sql, bound)
+            cur = self._cursor = self._new_cursor(bound)
+            cur.execute(sql, bound)
         except self._error as exc:
             raise self.translate(exc) from exc
         return cur
+
+    def _sent(
+        self, form: Compiled, params: Mapping[str, Any], *, pipelined: bool
+    ) -> tuple[str, Any]:
+        """The SQL and bound parameters that go to the driver for ``form``.
+
+        The named form with the caller's dict as it is in the common case (a
+        named or pyformat driver, nothing fixed in the construct). A statement
+        psycopg would parse again at every run (:attr:`Compiled.raw`) goes in
+        its ``$n`` form, its parameters a :class:`_RawParams` tuple that
+        :meth:`_new_cursor` and the pipelined round trips send through
+        psycopg's raw cursor: in a pipeline (sync or async psycopg), or
+        alone on a sync psycopg connection (the async adapter's cursor is
+        SQLAlchemy's).
+        """
+        raw = form.raw
+        if raw is not None and (pipelined or self._sync_psycopg):
+            return raw.sql, _RawParams(raw.bind(params))
+        return form.sql, params if form.plain else form.bind(params)
+
+    def _new_cursor(self, bound: Any) -> Any:
+        """A cursor for ``bound``: psycopg's raw cursor for :class:`_RawParams`."""
+        if type(bound) is _RawParams:
+            return _raw_cursor_class()(self.raw)
+        return self.raw.cursor()
 
     def executemany(
         self, stmt: Statement, params: Sequence[Mapping[str, Any]], *, count: bool = True
@@ -1619,7 +1645,7 @@ class Driver:
             return None
         form = stmt.compiled(self.target)
         self._check(form, params)
-        bound = params if form.plain else form.bind(params)
+        sql, bound = self._sent(form, params, pipelined=False)
         if writes and self.closed_while_idle():
             # A pooled connection the server closed: the locked path's first
             # statement fails as ConnectionLost (nothing sent, retried), where a
@@ -1628,8 +1654,8 @@ class Driver:
         if writes and (watch := _COMMIT_WATCH.get()) is not None:
             watch.committing = True
         try:
-            cur = self._cursor = self.raw.cursor()
-            cur.execute(form.sql, bound)
+            cur = self._cursor = self._new_cursor(bound)
+            cur.execute(sql, bound)
         except self._error as exc:
             raise (self.commit_failure(exc) if writes else self.translate(exc)) from exc
         return cur
@@ -1900,8 +1926,7 @@ class Driver:
         except BaseException:
             self.flush()
             raise
-        bound = params if form.plain else form.bind(params)
-        self._deferred.append(_Deferred(form.sql, bound, check))
+        self._deferred.append(_Deferred(*self._sent(form, params, pipelined=True), check))
 
     def flush(self) -> None:
         """Send the deferred writes (one round trip) and run their checks in order.
@@ -1962,8 +1987,7 @@ class Driver:
         reads, self._prefetch = self._prefetch, []
         items = [(sql, bound)]
         for _, _, sent, params in reads:
-            form = sent.compiled(self.target)
-            items.append((form.sql, params if form.plain else form.bind(params)))
+            items.append(self._sent(sent.compiled(self.target), params, pipelined=True))
         commit, self._commit_ahead = self._commit_ahead, False
         implicit, self._implicit = self._implicit, False
         if commit:
@@ -2025,7 +2049,7 @@ class Driver:
             try:
                 with raw.pipeline():
                     for sql, params in batch:
-                        cur = raw.cursor()
+                        cur = self._new_cursor(params)
                         curs.append(cur)
                         cur.execute(sql, params)
             finally:
@@ -2128,6 +2152,29 @@ def _libpq_pipelines() -> bool:
     return bool(psycopg.Pipeline.is_supported())
 
 
+class _RawParams(tuple[Any, ...]):
+    """The positional parameters of a statement's ``$n`` form (:attr:`Compiled.raw`),
+    marked for psycopg's raw cursor (``Driver._sent``)."""
+
+    __slots__ = ()
+
+
+@functools.cache
+def _raw_cursor_class() -> Any:
+    """psycopg's ``RawCursor`` (``$n`` placeholders, nothing converted per call)."""
+    import psycopg
+
+    return psycopg.RawCursor
+
+
+@functools.cache
+def _async_raw_cursor_class() -> Any:
+    """psycopg's ``AsyncRawCursor``."""
+    import psycopg
+
+    return psycopg.AsyncRawCursor
+
+
 class _Deferred(NamedTuple):
     """A write queued by :meth:`Driver.defer`: its SQL, bound parameters and check."""
 
@@ -2178,7 +2225,9 @@ async def _async_round_trip(
     try:
         async with conn.pipeline():
             for sql, params in batch:
-                cur = conn.cursor()
+                cur = (
+                    _async_raw_cursor_class()(conn) if type(params) is _RawParams else conn.cursor()
+                )
                 curs.append(cur)
                 await cur.execute(sql, params)
     finally:

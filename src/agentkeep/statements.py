@@ -153,9 +153,15 @@ class Compiled:
             the statement writes into a column (``INSERT`` / ``UPDATE`` values,
             ``ON CONFLICT DO UPDATE`` sets), for the size limits
             (:mod:`agentkeep.limits`).
+        raw: on psycopg, for a statement too long (or with too many
+            parameters) for psycopg's cache of converted queries, the same
+            statement with ``$1, $2 ...`` placeholders (a positional form),
+            which the driver sends through psycopg's raw cursor: psycopg then
+            converts nothing per call, where it would parse the named form
+            again at every run (``Driver`` chooses); else None.
     """
 
-    __slots__ = ("fixed", "names", "plain", "sql", "written")
+    __slots__ = ("fixed", "names", "plain", "raw", "sql", "written")
 
     def __init__(
         self,
@@ -163,11 +169,13 @@ class Compiled:
         names: tuple[str, ...] | None,
         fixed: dict[str, Any] | None,
         written: tuple[tuple[str, str, ColumnKind], ...] = (),
+        raw: Compiled | None = None,
     ):
         self.sql = sql
         self.names = names
         self.fixed = fixed
         self.written = written
+        self.raw = raw
         #: True when a call's parameter dict is bound as it is (named style, nothing fixed).
         self.plain = names is None and fixed is None
 
@@ -259,7 +267,32 @@ def _compile(construct: ClauseElement, target: CompileTarget, name: str) -> Comp
     names: tuple[str, ...] | None = None
     if target.positional:
         names = tuple(compiled.positiontup or ())
-    return Compiled(sql, names, fixed or None, _written(construct))
+    raw = None
+    if _psycopg_reparses(target, sql, len(set(compiled.bind_names.values()))):
+        raw = _compile(construct, _raw_target(target), name)
+    return Compiled(sql, names, fixed or None, _written(construct), raw)
+
+
+#: psycopg caches the conversion of a named query (``%(name)s`` to ``$n``) only
+#: for queries of at most this many bytes and parameters (``psycopg._queries``);
+#: a longer one is parsed again at every run.
+_PSYCOPG_CACHED_BYTES: Final = 4096
+_PSYCOPG_CACHED_PARAMS: Final = 50
+
+
+def _psycopg_reparses(target: CompileTarget, sql: str, params: int) -> bool:
+    """True for a named psycopg form psycopg would convert again at every run."""
+    return (
+        target.dialect.driver in ("psycopg", "psycopg_async")
+        and not target.positional
+        and (len(sql.encode()) > _PSYCOPG_CACHED_BYTES or params > _PSYCOPG_CACHED_PARAMS)
+    )
+
+
+def _raw_target(target: CompileTarget) -> CompileTarget:
+    """``target``'s dialect with ``$n`` placeholders (positional), the same schema map."""
+    dialect = cast(Any, type(target.dialect))(paramstyle="numeric_dollar")
+    return CompileTarget.of(dialect, target.schema_translate_map)
 
 
 def _written(construct: ClauseElement) -> tuple[tuple[str, str, ColumnKind], ...]:
