@@ -1196,8 +1196,11 @@ class Driver:
         self._pipeline = (
             self.postgres and target.dialect.driver in _MERGED_BEGIN_DRIVERS and _libpq_pipelines()
         )
-        # The raw cursor is ours to create on a sync psycopg connection only.
-        self._sync_psycopg = self.postgres and target.dialect.driver == "psycopg"
+        # The raw cursor is ours to create on a sync psycopg connection only (the
+        # async dialect's driver is "psycopg" too: SQLAlchemy's adapter holds its cursor).
+        self._sync_psycopg = (
+            self.postgres and target.dialect.driver == "psycopg" and not target.dialect.is_async
+        )
         self._deferred: list[_Deferred] = []
         self._prefetch: list[tuple[Statement, Mapping[str, Any], Statement, Mapping[str, Any]]] = []
         self._prefetched: list[tuple[Statement, Mapping[str, Any], _Fetched]] = []
