@@ -342,12 +342,13 @@ _GET_HEAD_REVISION: Final = Statement(
 )
 
 
-def _put_head(dialect: Dialect) -> Any:
-    """Step 13: the head upsert, fenced by the revision read under the lock.
-
-    A conflicting row whose ``head_revision`` is not ``:actual`` is left as it
-    is and no row is returned.
-    """
+def _head_upsert(dialect: Dialect, count: Any, grown: Any | None, *fence: Any) -> Any:
+    """The head upsert of the commit's values (``:sid``, ``:schema``, ``:next``,
+    ``:leaf``, ``:ref``, ``:config``, ``:frames``, ``:frame_id``): a new head is
+    inserted with ``count`` as its node count; a stored one is replaced (its node
+    count set to ``grown``, an expression of the stored row, or to ``count``
+    when None) only where every ``fence`` term holds, else left as it is (the
+    upsert then returns no row)."""
     insert = upsert(dialect, SessionHeadRow).values(
         session_id=p("sid"),
         schema_version=p("schema"),
@@ -357,22 +358,32 @@ def _put_head(dialect: Dialect) -> Any:
         config_json=p("config"),
         agent_frames_json=p("frames"),
         current_agent_frame_id=p("frame_id"),
-        graph_node_count=p("count"),
+        graph_node_count=count,
     )
     new = insert.excluded
+    set_ = {
+        SessionHeadRow.schema_version: new.schema_version,
+        SessionHeadRow.head_revision: new.head_revision,
+        SessionHeadRow.leaf_node_id: new.leaf_node_id,
+        SessionHeadRow.checkpoint_ref: new.checkpoint_ref,
+        SessionHeadRow.config_json: new.config_json,
+        SessionHeadRow.agent_frames_json: new.agent_frames_json,
+        SessionHeadRow.current_agent_frame_id: new.current_agent_frame_id,
+        SessionHeadRow.graph_node_count: new.graph_node_count if grown is None else grown,
+    }
     return insert.on_conflict_do_update(
-        index_elements=[SessionHeadRow.session_id],
-        set_={
-            SessionHeadRow.schema_version: new.schema_version,
-            SessionHeadRow.head_revision: new.head_revision,
-            SessionHeadRow.leaf_node_id: new.leaf_node_id,
-            SessionHeadRow.checkpoint_ref: new.checkpoint_ref,
-            SessionHeadRow.config_json: new.config_json,
-            SessionHeadRow.agent_frames_json: new.agent_frames_json,
-            SessionHeadRow.current_agent_frame_id: new.current_agent_frame_id,
-            SessionHeadRow.graph_node_count: new.graph_node_count,
-        },
-        where=SessionHeadRow.head_revision == p("actual"),
+        index_elements=[SessionHeadRow.session_id], set_=set_, where=and_(*fence)
+    )
+
+
+def _put_head(dialect: Dialect) -> Any:
+    """Step 13: the head upsert, fenced by the revision read under the lock.
+
+    A conflicting row whose ``head_revision`` is not ``:actual`` is left as it
+    is and no row is returned.
+    """
+    return _head_upsert(
+        dialect, p("count"), None, SessionHeadRow.head_revision == p("actual")
     ).returning(SessionHeadRow.head_revision)
 
 
@@ -394,25 +405,27 @@ def _put_head_with_blobs(blobs: int) -> Any:
     """
 
     def build(dialect: Dialect) -> Any:
-        put = (
-            upsert(dialect, BlobRow)
-            .values(
-                [
-                    {
-                        "hash": p(f"hash{i}"),
-                        "kind": p(f"kind{i}"),
-                        "compression": p(f"compression{i}"),
-                        "content": p(f"content{i}"),
-                    }
-                    for i in range(blobs)
-                ]
-            )
-            .on_conflict_do_nothing(index_elements=[BlobRow.hash])
-            .cte("blobs_put")
-        )
-        return _put_head(dialect).add_cte(put)
+        return _put_head(dialect).add_cte(_blobs_insert(dialect, blobs).cte("blobs_put"))
 
     return build
+
+
+def _blobs_insert(dialect: Dialect, blobs: int) -> Any:
+    """``blobs`` checkpoint blobs in one insert (row ``i``: ``:hash<i>``, ``:kind<i>``,
+    ``:compression<i>``, ``:content<i>``); a hash already stored, or repeated,
+    inserts nothing (``ON CONFLICT DO NOTHING``)."""
+    rows: list[dict[str, Any]] = [
+        {
+            "hash": p(f"hash{i}"),
+            "kind": p(f"kind{i}"),
+            "compression": p(f"compression{i}"),
+            "content": p(f"content{i}"),
+        }
+        for i in range(blobs)
+    ]
+    return (
+        upsert(dialect, BlobRow).values(rows).on_conflict_do_nothing(index_elements=[BlobRow.hash])
+    )
 
 
 #: ``_PUT_HEAD_WITH_BLOBS[k]`` (Postgres only): ``k`` blobs and the head in one statement.
@@ -662,24 +675,7 @@ def _put_usage_and_totals(deltas: int, totals: int) -> Any:
     """
 
     def build(dialect: Dialect) -> Any:
-        def counters(suffix: str) -> dict[str, Any]:
-            return {f: p(f"{b}{suffix}") for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)}
-
-        ledger = (
-            insert(UsageDeltaRow)
-            .values(
-                [
-                    {
-                        "session_id": p("sid"),
-                        "source": p(f"dsource{i}"),
-                        "model": p(f"dmodel{i}"),
-                        **counters(f"_d{i}"),
-                    }
-                    for i in range(deltas)
-                ]
-            )
-            .cte("ledger")
-        )
+        ledger = _deltas_insert(deltas).cte("ledger")
         put = upsert(dialect, UsageTotalRow).values(
             [
                 {
@@ -687,7 +683,7 @@ def _put_usage_and_totals(deltas: int, totals: int) -> Any:
                     "source": p(f"tsource{j}"),
                     "model": p(f"tmodel{j}"),
                     "ordinal": p(f"tordinal{j}"),
-                    **counters(f"_t{j}"),
+                    **_counter_binds(f"_t{j}"),
                 }
                 for j in range(totals)
             ]
@@ -699,6 +695,27 @@ def _put_usage_and_totals(deltas: int, totals: int) -> Any:
         ).add_cte(ledger)
 
     return build
+
+
+def _counter_binds(suffix: str) -> dict[str, Any]:
+    """The counter columns bound to their parameters suffixed ``suffix`` (``:input_d0``...)."""
+    return {f: p(f"{b}{suffix}") for f, b in zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True)}
+
+
+def _deltas_insert(deltas: int) -> Any:
+    """``deltas`` usage rows in one insert, in order (row ``i``: ``:dsource<i>``,
+    ``:dmodel<i>``, the counters suffixed ``_d<i>``; all of ``:sid``)."""
+    return insert(UsageDeltaRow).values(
+        [
+            {
+                "session_id": p("sid"),
+                "source": p(f"dsource{i}"),
+                "model": p(f"dmodel{i}"),
+                **_counter_binds(f"_d{i}"),
+            }
+            for i in range(deltas)
+        ]
+    )
 
 
 #: ``_PUT_USAGE_AND_TOTALS[m, n]`` (Postgres only): ``m`` deltas and ``n`` totals
@@ -856,56 +873,21 @@ def _checked_turn(
 
     def build(dialect: Dialect) -> Any:
         sid: Any = p("sid")
-        counters = tuple(zip(_USAGE_FIELDS, _TOTAL_PARAMS, strict=True))
         writes: list[Any] = []  # CTEs whose rows nobody counts
-        counted: list[tuple[Any, Any]] = []  # (CTE, the rows it must return)
+        # (CTE, the rows it must return, and whether a row counts only with n >= 0)
+        counted: list[tuple[Any, int, bool]] = []
 
-        head = upsert(dialect, SessionHeadRow).values(
-            session_id=sid,
-            schema_version=p("schema"),
-            head_revision=p("next"),
-            leaf_node_id=p("leaf"),
-            checkpoint_ref=p("ref"),
-            config_json=p("config"),
-            agent_frames_json=p("frames"),
-            current_agent_frame_id=p("frame_id"),
-            graph_node_count=_MINUS_ONE,
-        )
-        new = head.excluded
-        moved = head.on_conflict_do_update(
-            index_elements=[SessionHeadRow.session_id],
-            set_={
-                SessionHeadRow.schema_version: new.schema_version,
-                SessionHeadRow.head_revision: new.head_revision,
-                SessionHeadRow.leaf_node_id: new.leaf_node_id,
-                SessionHeadRow.checkpoint_ref: new.checkpoint_ref,
-                SessionHeadRow.config_json: new.config_json,
-                SessionHeadRow.agent_frames_json: new.agent_frames_json,
-                SessionHeadRow.current_agent_frame_id: new.current_agent_frame_id,
-                SessionHeadRow.graph_node_count: SessionHeadRow.graph_node_count + p("added"),
-            },
-            where=and_(
-                SessionHeadRow.head_revision == p("actual"),
-                SessionHeadRow.graph_node_count >= _ZERO,
-                SessionHeadRow.graph_node_count <= p("max_count"),
-            ),
+        moved = _head_upsert(
+            dialect,
+            _MINUS_ONE,
+            SessionHeadRow.graph_node_count + p("added"),
+            SessionHeadRow.head_revision == p("actual"),
+            SessionHeadRow.graph_node_count >= _ZERO,
+            SessionHeadRow.graph_node_count <= p("max_count"),
         ).returning(SessionHeadRow.graph_node_count.label("n"))
-        counted.append((moved.cte("head_put"), 1))
-
+        counted.append((moved.cte("head_put"), 1, True))
         if deltas:
-            writes.append(
-                insert(UsageDeltaRow).values(
-                    [
-                        {
-                            "session_id": sid,
-                            "source": p(f"dsource{i}"),
-                            "model": p(f"dmodel{i}"),
-                            **{f: p(f"{b}_d{i}") for f, b in counters},
-                        }
-                        for i in range(deltas)
-                    ]
-                )
-            )
+            writes.append(_deltas_insert(deltas))
         if pairs:
             totals = upsert(dialect, UsageTotalRow).values(
                 [
@@ -914,64 +896,28 @@ def _checked_turn(
                         "source": p(f"tsource{j}"),
                         "model": p(f"tmodel{j}"),
                         "ordinal": _MINUS_ONE,
-                        **{f: p(f"{b}_t{j}") for f, b in counters},
+                        **_counter_binds(f"_t{j}"),
                     }
                     for j in range(pairs)
                 ]
             )
             added = totals.excluded
-            # Room for what is added: total + added <= 2**63-1 (added >= 0).
-            room = [getattr(UsageTotalRow, f) <= _MAX_I64 - added[f] for f, _ in counters]
+            stored = {f: getattr(UsageTotalRow, f) for f in _USAGE_FIELDS}
             grown = totals.on_conflict_do_update(
                 index_elements=[
                     UsageTotalRow.session_id,
                     UsageTotalRow.source,
                     UsageTotalRow.model,
                 ],
-                set_={
-                    getattr(UsageTotalRow, f): getattr(UsageTotalRow, f) + added[f]
-                    for f, _ in counters
-                },
-                where=and_(*room),
+                set_={stored[f]: stored[f] + added[f] for f in _USAGE_FIELDS},
+                # Room for what is added: total + added <= 2**63-1 (added >= 0).
+                where=and_(*(stored[f] <= _MAX_I64 - added[f] for f in _USAGE_FIELDS)),
             ).returning(UsageTotalRow.ordinal.label("n"))
-            counted.append((grown.cte("totals_put"), pairs))
+            counted.append((grown.cte("totals_put"), pairs, True))
         if nodes:
-            put = (
-                upsert(dialect, GraphNodeRow)
-                .values(
-                    [
-                        {
-                            "session_id": sid,
-                            "node_id": p(f"nid{i}"),
-                            "parent_node_id": p(f"parent{i}"),
-                            "node_json": p(f"json{i}"),
-                            "tombstoned": _ZERO,
-                        }
-                        for i in range(nodes)
-                    ]
-                )
-                .on_conflict_do_nothing(
-                    index_elements=[GraphNodeRow.session_id, GraphNodeRow.node_id]
-                )
-                .returning(_ZERO.label("n"))
-            )
-            counted.append((put.cte("nodes_put"), nodes))
+            counted.append((_put_nodes(nodes)(dialect).cte("nodes_put"), nodes, False))
         if blobs:
-            writes.append(
-                upsert(dialect, BlobRow)
-                .values(
-                    [
-                        {
-                            "hash": p(f"hash{i}"),
-                            "kind": p(f"kind{i}"),
-                            "compression": p(f"compression{i}"),
-                            "content": p(f"content{i}"),
-                        }
-                        for i in range(blobs)
-                    ]
-                )
-                .on_conflict_do_nothing(index_elements=[BlobRow.hash])
-            )
+            writes.append(_blobs_insert(dialect, blobs))
         if release:
             writes.append(release_update())
         if stamp:
@@ -988,9 +934,9 @@ def _checked_turn(
                 .on_conflict_do_nothing(
                     index_elements=[RuntimeTurnCommitRow.session_id, RuntimeTurnCommitRow.turn_id]
                 )
-                .returning(_ZERO.label("n"))
+                .returning(RuntimeTurnCommitRow.turn_id)
             )
-            counted.append((record.cte("stamp_put"), 1))
+            counted.append((record.cte("stamp_put"), 1, False))
 
         checks: list[Any] = [
             select(_ONE)
@@ -1006,13 +952,15 @@ def _checked_turn(
             )
             .exists(),
         ]
-        for cte, rows in counted:
-            # A row counts only with n >= 0: a head or total inserted (n = -1) does not.
-            got = select(func.count()).select_from(cte).where(cte.c.n >= _ZERO).scalar_subquery()
-            checks.append(got == literal_column(str(int(rows))))
+        for cte, rows, signed in counted:
+            # A head or total inserted (n = -1) is not a row that counts.
+            got = select(func.count()).select_from(cte)
+            if signed:
+                got = got.where(cte.c.n >= _ZERO)
+            checks.append(got.scalar_subquery() == literal_column(str(int(rows))))
         check = select((_ONE / case((and_(*checks), _ONE), else_=_ZERO)).label("ok"))
         return check.add_cte(
-            *(cte for cte, _ in counted), *(w.cte(f"w{i}") for i, w in enumerate(writes))
+            *(cte for cte, _, _ in counted), *(w.cte(f"w{i}") for i, w in enumerate(writes))
         )
 
     return build
