@@ -24,11 +24,11 @@ on Postgres, where the test also asserts which path ran.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from agentkeep.clock import SettableClock
 from agentkeep.db import Driver
@@ -356,43 +356,6 @@ def test_after_a_takeover_one_of_the_holders_commits(store: Store, db_url: str) 
 # --------------------------------------------------------------------------
 # Faults injected into the statement's writes
 
-_PG_FAULT_FN = (
-    "CREATE OR REPLACE FUNCTION agentkeep_test_checked_fault() RETURNS trigger AS $$ "
-    "BEGIN RAISE EXCEPTION 'injected fault'; END $$ LANGUAGE plpgsql"
-)
-
-
-@pytest.fixture
-def fault_on(db_url: str, backend: str) -> Iterator[Callable[[str, str], None]]:
-    """``fault_on(table, event)``: an AFTER ``event`` trigger on ``table`` that raises."""
-    installed: list[tuple[str, str]] = []
-    engine = create_engine(db_url)
-
-    def ddl(*statements: str) -> None:
-        with engine.begin() as conn:
-            for sql in statements:
-                conn.execute(text(sql))
-
-    def install(table: str, event: str) -> None:
-        name = f"agentkeep_test_checked_fault_{len(installed)}"
-        if backend == "sqlite":
-            ddl(
-                f"CREATE TRIGGER {name} AFTER {event} ON {table} "
-                "BEGIN SELECT RAISE(ABORT, 'injected fault'); END"
-            )
-        else:
-            ddl(
-                _PG_FAULT_FN,
-                f"CREATE TRIGGER {name} AFTER {event} ON {table} FOR EACH ROW "
-                "EXECUTE FUNCTION agentkeep_test_checked_fault()",
-            )
-        installed.append((name, table))
-
-    yield install
-    for name, table in installed:
-        ddl(f"DROP TRIGGER IF EXISTS {name}" + ("" if backend == "sqlite" else f" ON {table}"))
-    engine.dispose()
-
 
 @pytest.mark.parametrize(
     ("table", "event"),
@@ -410,7 +373,7 @@ def test_a_fault_in_any_write_of_the_statement_leaves_nothing(
     store: Store,
     backend: str,
     paths: Paths,
-    fault_on: Callable[[str, str], None],
+    fault_on: Callable[..., None],
     table: str,
     event: str,
 ) -> None:

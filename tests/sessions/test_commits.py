@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from agentkeep.clock import SettableClock
 from agentkeep.errors import (
@@ -1603,48 +1603,7 @@ def test_a_commit_may_release_its_own_lease(store: Store) -> None:
 # --------------------------------------------------------------------------
 # Faults injected mid-commit (trigger on an INSERT → nothing of the commit persists)
 
-_PG_FAULT_FN = (
-    "CREATE OR REPLACE FUNCTION agentkeep_test_commit_fault() RETURNS trigger AS $$ "
-    "BEGIN RAISE EXCEPTION 'injected fault'; END $$ LANGUAGE plpgsql"
-)
-
-
-def _ddl(url: str, *statements: str) -> None:
-    eng = create_engine(url)
-    with eng.begin() as conn:
-        for sql in statements:
-            conn.execute(text(sql))
-    eng.dispose()
-
-
-@pytest.fixture
-def fault_on(db_url: str, backend: str) -> Iterator[Callable[[str], None]]:
-    """``fault_on(table)``: an AFTER INSERT trigger on ``table`` that raises; dropped afterwards."""
-    installed: list[tuple[str, str]] = []
-
-    def install(table: str) -> None:
-        name = f"agentkeep_test_commit_fault_{len(installed)}"
-        if backend == "sqlite":
-            _ddl(
-                db_url,
-                f"CREATE TRIGGER {name} AFTER INSERT ON {table} "
-                "BEGIN SELECT RAISE(ABORT, 'injected fault'); END",
-            )
-        else:
-            _ddl(
-                db_url,
-                _PG_FAULT_FN,
-                f"CREATE TRIGGER {name} AFTER INSERT ON {table} FOR EACH ROW "
-                "EXECUTE FUNCTION agentkeep_test_commit_fault()",
-            )
-        installed.append((name, table))
-
-    yield install
-    for name, table in installed:
-        _ddl(
-            db_url,
-            f"DROP TRIGGER IF EXISTS {name}" + ("" if backend == "sqlite" else f" ON {table}"),
-        )
+# (the ``fault_on`` fixture: tests/sessions/conftest.py)
 
 
 @pytest.mark.parametrize(
