@@ -135,9 +135,9 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         assert isinstance(out, Acquired), out
         return lambda: call(lambda st: st.leases.release_session_execution_lease(out.lease))
 
-    def prep_commit(first: bool) -> Callable[[], Any]:
-        """A one-node fenced turn: the session's first (no head yet: the full
-        commit) or a later one (the checking commit on Postgres)."""
+    def prep_commit(blind: bool) -> Callable[[], Any]:
+        """A one-node fenced turn, the session's second: with its expected head
+        revision (the checking commit on Postgres) or blind (the full commit)."""
         sid = s.fresh("S")
         out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 600_000))
         assert isinstance(out, Acquired), out
@@ -153,7 +153,7 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
             )
             rc = RuntimeCommit(
                 session_id=sid,
-                expected_head_revision=state["rev"],
+                expected_head_revision=None if blind else state["rev"],
                 session_execution_lease=out.lease,
                 graph=AppendNodes(nodes=(node,), leaf_node_id=node.node_id),
                 checkpoint=HydratedSessionCheckpoint(turn_state={"turn": i}),
@@ -168,8 +168,7 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
             result = call(lambda st: st.commits.commit_runtime_state(rc))
             state.update(rev=result.head_revision, leaf=node.node_id, turn=i + 1)
 
-        if not first:
-            commit()
+        commit()
         return commit
 
     def prep_load() -> Callable[[], Any]:
@@ -257,8 +256,8 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         ("lease cycle (claim, renew, release)", prep_lease_cycle),
         ("leases.renew", prep_lease_renew),
         ("leases.release", prep_lease_release),
-        ("small fenced commit, first turn", lambda: prep_commit(True)),
-        ("small fenced commit, later turn", lambda: prep_commit(False)),
+        ("small fenced commit", lambda: prep_commit(False)),
+        ("small fenced commit, blind (full form)", lambda: prep_commit(True)),
         ("load_session(ActivePathScope)", prep_load),
         ("runtime.atomic_apply", prep_apply),
         ("AgentkeepSaver.put", lambda: prep_saver_put(False)),

@@ -29,7 +29,7 @@ from agentkeep.db import _LOCK_SQL as _LOCK
 from agentkeep.errors import DatabaseError, HeadRevisionConflict
 from agentkeep.sessions.domain import Acquired
 from agentkeep.sessions.records import ActivePathScope
-from tests.sessions.test_round_trips import OWNER, TURNS, _commit, _turns
+from tests.sessions.test_round_trips import OWNER, SID, TURNS, _commit, _turns
 
 
 def _wiretap_class() -> Any:
@@ -89,12 +89,13 @@ _BEGIN_LOCK = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_loc
 def test_a_fenced_turn_commit_on_asyncpg_merges_begin_with_its_locks(pg_url: str) -> None:
     """BEGIN + both locks in one simple query, no prepare, COMMIT of its own: 3 round trips.
 
-    The first turn (no head yet) is the full commit, 4 round trips: BEGIN +
-    locks; lease, head and ledger totals in one read; the turn's writes in
-    one statement (the usage delta with its totals upsert, the node and the
-    head write carrying the checkpoint blob); COMMIT. Every later turn is the
-    checking statement: BEGIN + locks; the checks with the writes (the last
-    turn's stamp and lease release too); COMMIT.
+    Every turn is the checking statement: BEGIN + locks; the checks with the
+    writes (the first turn's inserting the head and the ledger total, the
+    last turn's stamp and lease release too); COMMIT. A blind commit (no
+    expected revision) is the full commit, 4 round trips: BEGIN + locks;
+    lease, head and ledger totals in one read; the turn's writes in one
+    statement (the usage delta with its totals upsert, the node and the head
+    write carrying the checkpoint blob); COMMIT.
     """
     with asyncpg_calls(pg_url) as (call, tap):
         trips: list[list[str]] = []
@@ -107,10 +108,19 @@ def test_a_fenced_turn_commit_on_asyncpg_merges_begin_with_its_locks(pg_url: str
                 trips.append(list(out))
 
         counts = _turns(call, Keep(tap))
-    assert counts == [4] + [3] * (TURNS - 1), trips
-    assert all(f"{cte} AS" in trips[0][2] for cte in ("totals_put", "nodes_put", "head_put"))
-    for one in trips[1:]:
+    assert counts == [3] * TURNS, trips
+    for one in trips:
         assert "AS ok" in one[1] and "head_put AS" in one[1]
+    with asyncpg_calls(pg_url) as (call, tap):
+        got = call(lambda st: st.leases.try_claim_session_execution_lease(SID, OWNER, 600_000))
+        blind = _commit(TURNS, got.lease, stamp=False, release=False).model_copy(
+            update={"expected_head_revision": None}
+        )
+        with tap.record() as recorded:
+            call(lambda st: st.commits.commit_runtime_state(blind))
+        full = list(recorded)
+    assert len(full) == 4, full
+    assert all(f"{cte} AS" in full[2] for cte in ("totals_put", "nodes_put", "head_put")), full
     for one in trips:
         assert one[0].startswith(_BEGIN_LOCK) and "pg_advisory_xact_lock_shared(" in one[0]
         assert one[-1] == "COMMIT"

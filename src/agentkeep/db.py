@@ -1196,10 +1196,13 @@ class Driver:
         self._pipeline = (
             self.postgres and target.dialect.driver in _MERGED_BEGIN_DRIVERS and _libpq_pipelines()
         )
-        # The raw cursor is ours to create on a sync psycopg connection only (the
-        # async dialect's driver is "psycopg" too: SQLAlchemy's adapter holds its cursor).
+        # The raw cursor is ours to create on a sync psycopg connection only: an async
+        # one is SQLAlchemy's adapter (which holds its cursor), told by the connection,
+        # not the target (sync and async psycopg engines share one CompileTarget).
         self._sync_psycopg = (
-            self.postgres and target.dialect.driver == "psycopg" and not target.dialect.is_async
+            self.postgres
+            and target.dialect.driver == "psycopg"
+            and getattr(raw, "_connection", None) is None
         )
         self._deferred: list[_Deferred] = []
         self._prefetch: list[tuple[Statement, Mapping[str, Any], Statement, Mapping[str, Any]]] = []

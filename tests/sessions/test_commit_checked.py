@@ -161,6 +161,31 @@ def test_a_small_fenced_commit_is_the_checking_statement(
     assert again == result
 
 
+def test_a_sessions_first_commit_is_the_checking_statement(
+    store: Store, backend: str, paths: Paths
+) -> None:
+    """Expected revision 0: the statement inserts the head and the ledger totals, their
+    ordinals in the order the deltas name the pairs (as the full commit numbers them)."""
+    fence = acquire_lease(store, SID, A, TTL)
+    paths.ran()
+    deltas = (_delta("m1"), _delta("zero", input_tokens=0), _delta("m0"), _delta("m1"))
+    result = store.commits.commit_runtime_state(_turn(fence, 0, "n0", usage_deltas=deltas))
+    _expect(backend, paths, checked=True, restarted=False)
+    assert result.head_revision == 1
+    loaded = store.commits.load_session(SID)
+    assert loaded is not None and loaded.head_revision == 1
+    assert [n.node_id for n in loaded.graph.nodes] == ["n0"]
+    assert [(e.model, e.usage.input_tokens) for e in loaded.token_ledger] == [("m1", 2), ("m0", 1)]
+    # The next commit grows both totals in place.
+    store.commits.commit_runtime_state(
+        _turn(fence, 1, "n1", usage_deltas=(_delta("m0"), _delta("m1")))
+    )
+    _expect(backend, paths, checked=True, restarted=False)
+    loaded = store.commits.load_session(SID)
+    assert loaded is not None
+    assert [(e.model, e.usage.input_tokens) for e in loaded.token_ledger] == [("m1", 3), ("m0", 2)]
+
+
 def _refusals(store: Store, fence: SessionExecutionLease, clock: SettableClock) -> dict[str, Any]:
     """name -> (prepare, commit, expected error type or None for success)."""
 
@@ -181,6 +206,7 @@ def _refusals(store: Store, fence: SessionExecutionLease, clock: SettableClock) 
     return {
         "expired": (lambda: clock.advance(TTL), _turn(fence, 2, "n"), SessionExecutionLeaseExpired),
         "stale_head": (nothing, _turn(fence, 1, "n"), HeadRevisionConflict),
+        "head_exists": (nothing, _turn(fence, 0, "n"), HeadRevisionConflict),
         "node_exists": (nothing, _turn(fence, 2, "r0"), NodeAlreadyExists),
         "new_pair": (nothing, _turn(fence, 2, "n", usage_deltas=(_delta("m1"),)), None),
         "overflow": (overflow, _turn(fence, 3, "n"), None),
@@ -211,6 +237,7 @@ def _refusals(store: Store, fence: SessionExecutionLease, clock: SettableClock) 
 REFUSALS = [
     "expired",
     "stale_head",
+    "head_exists",
     "node_exists",
     "new_pair",
     "overflow",

@@ -143,10 +143,10 @@ def _turns(call: Callable[[Callable[[Any], Any]], Any], trace: Trace) -> list[in
     return counts
 
 
-#: Round trips of the turns of ``_turns`` on psycopg: the first (no head yet) is the
-#: full commit (locks and reads; writes; COMMIT), every later one the checking
-#: statement (locks; the statement with COMMIT), the last with its stamp and release.
-PSYCOPG_TURNS = [3] + [2] * (TURNS - 1)
+#: Round trips of the turns of ``_turns`` on psycopg: each the checking statement
+#: (locks; the statement with COMMIT), the first inserting the head, the last with
+#: its stamp and release.
+PSYCOPG_TURNS = [2] * TURNS
 
 
 def test_a_fenced_turn_commit_takes_two_round_trips_on_psycopg(pg_url: str) -> None:

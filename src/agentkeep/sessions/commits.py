@@ -342,14 +342,10 @@ _GET_HEAD_REVISION: Final = Statement(
 )
 
 
-def _head_upsert(dialect: Dialect, count: Any, grown: Any | None, *fence: Any) -> Any:
-    """The head upsert of the commit's values (``:sid``, ``:schema``, ``:next``,
-    ``:leaf``, ``:ref``, ``:config``, ``:frames``, ``:frame_id``): a new head is
-    inserted with ``count`` as its node count; a stored one is replaced (its node
-    count set to ``grown``, an expression of the stored row, or to ``count``
-    when None) only where every ``fence`` term holds, else left as it is (the
-    upsert then returns no row)."""
-    insert = upsert(dialect, SessionHeadRow).values(
+def _head_insert(dialect: Dialect, count: Any) -> Any:
+    """The insert of a head of the commit's values (``:sid``, ``:schema``, ``:next``,
+    ``:leaf``, ``:ref``, ``:config``, ``:frames``, ``:frame_id``), ``count`` live nodes."""
+    return upsert(dialect, SessionHeadRow).values(
         session_id=p("sid"),
         schema_version=p("schema"),
         head_revision=p("next"),
@@ -360,6 +356,16 @@ def _head_upsert(dialect: Dialect, count: Any, grown: Any | None, *fence: Any) -
         current_agent_frame_id=p("frame_id"),
         graph_node_count=count,
     )
+
+
+def _head_upsert(dialect: Dialect, count: Any, grown: Any | None, *fence: Any) -> Any:
+    """The head upsert of the commit's values (``:sid``, ``:schema``, ``:next``,
+    ``:leaf``, ``:ref``, ``:config``, ``:frames``, ``:frame_id``): a new head is
+    inserted with ``count`` as its node count; a stored one is replaced (its node
+    count set to ``grown``, an expression of the stored row, or to ``count``
+    when None) only where every ``fence`` term holds, else left as it is (the
+    upsert then returns no row)."""
+    insert = _head_insert(dialect, count)
     new = insert.excluded
     set_ = {
         SessionHeadRow.schema_version: new.schema_version,
@@ -824,7 +830,7 @@ _MAX_I64: Final[Any] = literal_column(str(2**63 - 1))
 
 
 def _checked_turn(
-    nodes: int, deltas: int, pairs: int, blobs: int, stamp: bool, release: bool
+    nodes: int, deltas: int, pairs: int, blobs: int, stamp: bool, release: bool, new_head: bool
 ) -> Any:
     """A small fenced commit on Postgres as one *checking* statement (see ``_checked_commit``).
 
@@ -848,11 +854,15 @@ def _checked_turn(
       ``:actual`` (the commit's ``expected_head_revision``) with a node count
       from 0 to ``:max_count`` (it is then moved to ``:next``, ``:added``
       more live nodes); a missing head is inserted with a node count of -1,
-      which the check refuses;
+      which the check refuses. With ``new_head`` (``expected_head_revision``
+      0) the head is inserted (``:next``, ``:added`` nodes) and returns its
+      row only when the session had none;
     * the ``pairs`` changed totals (``:tsource<j>``, ``:tmodel<j>``) are each
       increased by ``:<counter>_t<j>`` only when every counter has room for
       it (at most ``2**63-1`` minus what is added); a new pair is inserted
-      with ordinal -1, which the check refuses;
+      with ordinal -1, which the check refuses. With ``new_head`` they are
+      inserted with the ordinals 0, 1, ... (the order of the deltas), and the
+      session must have no total yet;
     * the ``nodes`` node inserts (``:nid<i>``, ``:parent<i>``, ``:json<i>``)
       each return a row unless the id exists in the session;
     * (``stamp``) the turn-commit record (``:tid``, ``:stamp_hash``,
@@ -877,14 +887,21 @@ def _checked_turn(
         # (CTE, the rows it must return, and whether a row counts only with n >= 0)
         counted: list[tuple[Any, int, bool]] = []
 
-        moved = _head_upsert(
-            dialect,
-            _MINUS_ONE,
-            SessionHeadRow.graph_node_count + p("added"),
-            SessionHeadRow.head_revision == p("actual"),
-            SessionHeadRow.graph_node_count >= _ZERO,
-            SessionHeadRow.graph_node_count <= p("max_count"),
-        ).returning(SessionHeadRow.graph_node_count.label("n"))
+        if new_head:  # inserted, or (a head exists) refused
+            moved = (
+                _head_insert(dialect, p("added"))
+                .on_conflict_do_nothing(index_elements=[SessionHeadRow.session_id])
+                .returning(SessionHeadRow.graph_node_count.label("n"))
+            )
+        else:
+            moved = _head_upsert(
+                dialect,
+                _MINUS_ONE,
+                SessionHeadRow.graph_node_count + p("added"),
+                SessionHeadRow.head_revision == p("actual"),
+                SessionHeadRow.graph_node_count >= _ZERO,
+                SessionHeadRow.graph_node_count <= p("max_count"),
+            ).returning(SessionHeadRow.graph_node_count.label("n"))
         counted.append((moved.cte("head_put"), 1, True))
         if deltas:
             writes.append(_deltas_insert(deltas))
@@ -895,12 +912,20 @@ def _checked_turn(
                         "session_id": sid,
                         "source": p(f"tsource{j}"),
                         "model": p(f"tmodel{j}"),
-                        "ordinal": _MINUS_ONE,
+                        # A new session's totals take the ordinals 0, 1, ...; a later
+                        # commit's new pair is inserted with -1, which the check refuses.
+                        "ordinal": literal_column(str(j)) if new_head else _MINUS_ONE,
                         **_counter_binds(f"_t{j}"),
                     }
                     for j in range(pairs)
                 ]
             )
+        if pairs and new_head:
+            put_totals = totals.on_conflict_do_nothing(
+                index_elements=[UsageTotalRow.session_id, UsageTotalRow.source, UsageTotalRow.model]
+            ).returning(UsageTotalRow.ordinal.label("n"))
+            counted.append((put_totals.cte("totals_put"), pairs, True))
+        elif pairs:
             added = totals.excluded
             stored = {f: getattr(UsageTotalRow, f) for f in _USAGE_FIELDS}
             grown = totals.on_conflict_do_update(
@@ -938,18 +963,17 @@ def _checked_turn(
             )
             counted.append((record.cte("stamp_put"), 1, False))
 
+        corrupt = or_(
+            UsageTotalRow.ordinal < _ZERO,
+            *(getattr(UsageTotalRow, name) < _ZERO for name in _USAGE_FIELDS),
+        )
         checks: list[Any] = [
             select(_ONE)
             .where(*holder_fence(), SessionLeaseRow.lease_expires_at_ms > p("now"))
             .exists(),
+            # A new session has no totals yet; a stored one none that does not decode.
             ~select(_ONE)
-            .where(
-                UsageTotalRow.session_id == sid,
-                or_(
-                    UsageTotalRow.ordinal < _ZERO,
-                    *(getattr(UsageTotalRow, name) < _ZERO for name in _USAGE_FIELDS),
-                ),
-            )
+            .where(UsageTotalRow.session_id == sid, *(() if new_head else (corrupt,)))
             .exists(),
         ]
         for cte, rows, signed in counted:
@@ -968,13 +992,16 @@ def _checked_turn(
 
 @functools.cache
 def _checked_turn_statement(
-    nodes: int, deltas: int, pairs: int, blobs: int, stamp: bool, release: bool
+    nodes: int, deltas: int, pairs: int, blobs: int, stamp: bool, release: bool, new_head: bool
 ) -> Statement:
     """The :func:`_checked_turn` statement of one shape, made at first use."""
     name = (
-        f"sessions.checked_turn_{nodes}n_{deltas}d_{pairs}p_{blobs}b_{int(stamp)}s_{int(release)}r"
+        f"sessions.checked_turn_{nodes}n_{deltas}d_{pairs}p_{blobs}b"
+        f"_{int(stamp)}s_{int(release)}r_{int(new_head)}h"
     )
-    return Statement(_checked_turn(nodes, deltas, pairs, blobs, stamp, release), name=name)
+    return Statement(
+        _checked_turn(nodes, deltas, pairs, blobs, stamp, release, new_head), name=name
+    )
 
 
 _DELETE_NODES: Final = Statement(
@@ -1781,8 +1808,9 @@ class _CheckedTurn:
     ) -> _CheckedTurn | None:
         """The checked form of ``commit``, or None where the full commit must run.
 
-        Covered: a fenced commit with ``expected_head_revision`` of 1 or more
-        (the head exists), appending at most ``_NODES_PER_INSERT`` distinct
+        Covered: a fenced commit with an ``expected_head_revision`` (0: the
+        session's first, which inserts the head and the ledger totals),
+        appending at most ``_NODES_PER_INSERT`` distinct
         nodes (or none), with at most ``_USAGE_PER_FOLD`` usage deltas, with
         or without a turn-commit stamp, and nothing else: no completed
         claims, no enqueued work, no interrupted turn, no attachments, and
@@ -1800,7 +1828,7 @@ class _CheckedTurn:
             fence is None
             or fence.session_id != sid
             or expected is None
-            or not 1 <= expected < MAX_I64
+            or not 0 <= expected < MAX_I64
             or prepared.replace
             or len(nodes) > _NODES_PER_INSERT
             or len(deltas) > _USAGE_PER_FOLD
@@ -1874,6 +1902,7 @@ class _CheckedTurn:
             len(blobs),
             stamp is not None,
             commit.release_session_execution_lease is not None,
+            expected == 0,
         )
         if not db.fits(statement, params):
             return None
