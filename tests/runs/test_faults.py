@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from agentkeep.errors import DatabaseError
 from agentkeep.runs.domain import RunStatus, StepEntry
 from agentkeep.store import Store
 from tests.racing import READY_TIMEOUT_S
+from tests.support import raw_exec
 
 from .support import SLOT_A, mk, run_rows
 
@@ -34,14 +35,6 @@ BEGIN
     RAISE EXCEPTION 'injected fault';
 END $$ LANGUAGE plpgsql
 """
-
-
-def _ddl(url: str, *statements: str) -> None:
-    eng = create_engine(url)
-    with eng.begin() as conn:
-        for sql in statements:
-            conn.execute(text(sql))
-    eng.dispose()
 
 
 @pytest.fixture
@@ -60,7 +53,7 @@ def fault_on(db_url: str, backend: str) -> Iterator[Any]:
                 "insert": "AFTER INSERT ON runs",
                 "failed-status": "AFTER UPDATE OF status ON runs WHEN NEW.status = '\"failed\"'",
             }[event]
-            _ddl(
+            raw_exec(
                 db_url,
                 f"CREATE TRIGGER agentkeep_test_fault_{len(installed)} {when} "
                 "BEGIN SELECT RAISE(ABORT, 'injected fault'); END",
@@ -71,7 +64,7 @@ def fault_on(db_url: str, backend: str) -> Iterator[Any]:
                 "failed-status": "AFTER UPDATE OF status ON runs FOR EACH ROW "
                 "WHEN (NEW.status = '\"failed\"')",
             }[event]
-            _ddl(
+            raw_exec(
                 db_url,
                 _PG_FAULT_FN,
                 f"CREATE TRIGGER agentkeep_test_fault_{len(installed)} {when} "
@@ -81,7 +74,9 @@ def fault_on(db_url: str, backend: str) -> Iterator[Any]:
 
     yield install
     for name in installed:
-        _ddl(db_url, f"DROP TRIGGER IF EXISTS {name}" + ("" if backend == "sqlite" else " ON runs"))
+        raw_exec(
+            db_url, f"DROP TRIGGER IF EXISTS {name}" + ("" if backend == "sqlite" else " ON runs")
+        )
 
 
 def _seq_counter(store: Store) -> Any:

@@ -5,20 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import create_engine, text
+
+from tests.support import raw_exec
 
 _PG_FAULT_FN = (
     "CREATE OR REPLACE FUNCTION agentkeep_test_commit_fault() RETURNS trigger AS $$ "
     "BEGIN RAISE EXCEPTION 'injected fault'; END $$ LANGUAGE plpgsql"
 )
-
-
-def _ddl(url: str, *statements: str) -> None:
-    eng = create_engine(url)
-    with eng.begin() as conn:
-        for sql in statements:
-            conn.execute(text(sql))
-    eng.dispose()
 
 
 @pytest.fixture
@@ -30,13 +23,13 @@ def fault_on(db_url: str, backend: str) -> Iterator[Callable[..., None]]:
     def install(table: str, event: str = "INSERT") -> None:
         name = f"agentkeep_test_commit_fault_{len(installed)}"
         if backend == "sqlite":
-            _ddl(
+            raw_exec(
                 db_url,
                 f"CREATE TRIGGER {name} AFTER {event} ON {table} "
                 "BEGIN SELECT RAISE(ABORT, 'injected fault'); END",
             )
         else:
-            _ddl(
+            raw_exec(
                 db_url,
                 _PG_FAULT_FN,
                 f"CREATE TRIGGER {name} AFTER {event} ON {table} FOR EACH ROW "
@@ -46,7 +39,7 @@ def fault_on(db_url: str, backend: str) -> Iterator[Callable[..., None]]:
 
     yield install
     for name, table in installed:
-        _ddl(
+        raw_exec(
             db_url,
             f"DROP TRIGGER IF EXISTS {name}" + ("" if backend == "sqlite" else f" ON {table}"),
         )

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from agentkeep.clock import SettableClock
 from agentkeep.errors import (
@@ -50,7 +50,7 @@ from agentkeep.sessions.domain import (
 )
 from agentkeep.sessions.ids import rust_debug
 from agentkeep.store import Store
-from tests.support import execute_sql, explain, query
+from tests.support import execute_sql, explain, query, raw_exec
 
 from .support import LeaseTaker, enqueue
 
@@ -210,14 +210,6 @@ END $$ LANGUAGE plpgsql
 """
 
 
-def _ddl(url: str, *statements: str) -> None:
-    eng = create_engine(url)
-    with eng.begin() as conn:
-        for sql in statements:
-            conn.execute(text(sql))
-    eng.dispose()
-
-
 @pytest.fixture
 def trigger(db_url: str, backend: str) -> Iterator[Any]:
     """``trigger(kind, table, when)`` installs a test trigger; all are dropped afterwards.
@@ -234,13 +226,13 @@ def trigger(db_url: str, backend: str) -> Iterator[Any]:
         event = "AFTER INSERT" if kind == "fault" else "BEFORE UPDATE"
         if backend == "sqlite":
             action = "RAISE(ABORT, 'injected fault')" if kind == "fault" else "RAISE(IGNORE)"
-            _ddl(
+            raw_exec(
                 db_url,
                 f"CREATE TRIGGER {name} {event} ON {table} WHEN {when} BEGIN SELECT {action}; END",
             )
         else:
             fn = "agentkeep_test_queue_fault" if kind == "fault" else "agentkeep_test_queue_skip"
-            _ddl(
+            raw_exec(
                 db_url,
                 _PG_FAULT_FN if kind == "fault" else _PG_SKIP_FN,
                 f"CREATE TRIGGER {name} {event} ON {table} FOR EACH ROW WHEN ({when}) "
@@ -250,7 +242,7 @@ def trigger(db_url: str, backend: str) -> Iterator[Any]:
 
     yield install
     for name, table in installed:
-        _ddl(
+        raw_exec(
             db_url,
             f"DROP TRIGGER IF EXISTS {name}" + ("" if backend == "sqlite" else f" ON {table}"),
         )

@@ -76,7 +76,7 @@ from agentkeep.sessions.turn_inputs import (
     rust_debug,
 )
 from agentkeep.store import Store
-from tests.support import execute_sql, explain
+from tests.support import execute_sql, explain, raw_exec
 
 from .support import LeaseTaker, enqueue, turn_input_rows
 
@@ -1395,14 +1395,6 @@ _PG_FAULT_FNS = {
 _PG_FN_NAMES = {"raise": "agentkeep_test_ti_fault", "skip": "agentkeep_test_ti_skip"}
 
 
-def _ddl(url: str, *statements: str) -> None:
-    eng = create_engine(url)
-    with eng.begin() as conn:
-        for sql in statements:
-            conn.execute(text(sql))
-    eng.dispose()
-
-
 @pytest.fixture
 def claim_trigger(db_url: str, backend: str) -> Iterator[Callable[[str, str], None]]:
     """``install(kind, input_id)``: a BEFORE UPDATE trigger on that row's claim stamp.
@@ -1418,13 +1410,13 @@ def claim_trigger(db_url: str, backend: str) -> Iterator[Callable[[str, str], No
         cond = f"OLD.input_id = '{input_id}' AND NEW.claim_token IS NOT NULL"
         if backend == "sqlite":
             action = "RAISE(ABORT, 'injected fault')" if kind == "raise" else "RAISE(IGNORE)"
-            _ddl(
+            raw_exec(
                 db_url,
                 f"CREATE TRIGGER {name} BEFORE UPDATE ON pending_turn_inputs "
                 f"WHEN {cond} BEGIN SELECT {action}; END",
             )
         else:
-            _ddl(
+            raw_exec(
                 db_url,
                 _PG_FAULT_FNS[kind],
                 f"CREATE TRIGGER {name} BEFORE UPDATE ON pending_turn_inputs FOR EACH ROW "
@@ -1435,11 +1427,11 @@ def claim_trigger(db_url: str, backend: str) -> Iterator[Callable[[str, str], No
     yield install
     for name in installed:
         if backend == "sqlite":
-            _ddl(db_url, f"DROP TRIGGER IF EXISTS {name}")
+            raw_exec(db_url, f"DROP TRIGGER IF EXISTS {name}")
         else:
-            _ddl(db_url, f"DROP TRIGGER IF EXISTS {name} ON pending_turn_inputs")
+            raw_exec(db_url, f"DROP TRIGGER IF EXISTS {name} ON pending_turn_inputs")
     if backend == "postgres" and installed:
-        _ddl(db_url, *(f"DROP FUNCTION IF EXISTS {fn}()" for fn in _PG_FN_NAMES.values()))
+        raw_exec(db_url, *(f"DROP FUNCTION IF EXISTS {fn}()" for fn in _PG_FN_NAMES.values()))
 
 
 def test_a_fault_on_the_second_row_leaves_no_claim(
