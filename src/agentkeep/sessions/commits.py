@@ -246,6 +246,7 @@ from agentkeep.sessions.domain import (
     TurnInputIngress,
     check_id,
     check_json,
+    same_incarnation,
 )
 from agentkeep.sessions.leases import (
     LEASE_COLUMNS,
@@ -1736,6 +1737,11 @@ class _NodesInserted:
             inserted[node_id] -= 1
 
 
+def _head_moved(session_id: str) -> ConcurrentModification:
+    """Step 13's fence missed: the head was not at the revision read under the lock."""
+    return ConcurrentModification(f"session {session_id}: head changed under the write lock")
+
+
 class _HeadWritten:
     """Step 13's check of the fenced head upsert: no row is :class:`ConcurrentModification`."""
 
@@ -1746,9 +1752,7 @@ class _HeadWritten:
 
     def __call__(self, result: Any) -> None:
         if result.fetchone() is None:
-            raise ConcurrentModification(
-                f"session {self.session_id}: head changed under the write lock"
-            )
+            raise _head_moved(self.session_id)
 
 
 class _TurnWritten:
@@ -1770,17 +1774,14 @@ class _TurnWritten:
         if self.nodes is not None:
             self.nodes.inserted(ids or ())
         if revision is None:
-            raise ConcurrentModification(
-                f"session {self.session_id}: head changed under the write lock"
-            )
+            raise _head_moved(self.session_id)
 
 
 def _same_fence(release: LeaseFence | None, fence: LeaseFence) -> bool:
     """True when ``release`` is None or binds what ``fence`` binds (:func:`holder_fence`)."""
     return release is None or (
         release.session_id == fence.session_id
-        and release.owner.owner_id == fence.owner.owner_id
-        and release.owner.incarnation_id == fence.owner.incarnation_id
+        and same_incarnation(release.owner, fence.owner)
         and release.lease_token == fence.lease_token
         and release.fencing_token == fence.fencing_token
     )
