@@ -355,3 +355,92 @@ def test_text_is_not_a_statement_source() -> None:
     for stmt in STATEMENTS:
         construct = stmt.construct(_sqlite_dialect("named"))
         assert not isinstance(construct, type(text("x"))), stmt.name
+
+
+# --------------------------------------------------------------------------
+# Writes merged into one statement (asyncpg's boundary writes)
+
+
+def _merge_parts() -> tuple[Statement, Statement]:
+    from sqlalchemy import Column, MetaData, Table, Text
+
+    t = Table("ak_test_merged", MetaData(), Column("id", Text), Column("state", Text))
+    insert = Statement(
+        t.insert().values(id=bindparam("id"), state=bindparam("state")), name="test.merge_insert"
+    )
+    fixed = Statement(
+        t.update().values(state=literal("done")).where(t.c.id == bindparam("id")),
+        name="test.merge_fixed",
+    )
+    return insert, fixed
+
+
+def test_merged_writes_take_two_to_sixteen_parts_and_are_made_once() -> None:
+    from agentkeep.statements import MERGED_WRITES_MAX, merged_writes
+
+    insert, fixed = _merge_parts()
+    with pytest.raises(ValueError, match="2 to 16 parts, not 1"):
+        merged_writes([insert])
+    with pytest.raises(ValueError, match="not 17"):
+        merged_writes([insert] * (MERGED_WRITES_MAX + 1))
+    assert merged_writes([insert, fixed]) is merged_writes((insert, fixed))
+    assert merged_writes([insert, fixed]).name == "test.merge_insert+test.merge_fixed"
+
+
+def test_merged_writes_give_each_part_its_own_parameters() -> None:
+    """Parts sharing names keep their values; fixed literals stay bound; limits see every part."""
+    from agentkeep.statements import merged_params, merged_writes
+
+    insert, fixed = _merge_parts()
+    stmt = merged_writes([insert, insert, fixed])
+    form = stmt.compiled(CompileTarget.of(_pg_dialect("numeric_dollar")))
+    assert form.sql.startswith("WITH w0 AS")
+    assert form.names is not None
+    assert [n for n in form.names if not n.startswith("param")] == [
+        "w0_id", "w0_state", "w1_id", "w1_state", "w2_id",
+    ]  # fmt: skip
+    assert [(p, c) for p, c, _ in form.written] == [
+        ("w0_id", "id"), ("w0_state", "state"), ("w1_id", "id"), ("w1_state", "state"),
+    ]  # fmt: skip
+    params = merged_params([{"id": "a", "state": "x"}, {"id": "b", "state": "y"}, {"id": "a"}])
+    assert params == {
+        "w0_id": "a", "w0_state": "x", "w1_id": "b", "w1_state": "y", "w2_id": "a",
+    }  # fmt: skip
+    bound = form.bind(params)
+    assert "done" in bound and bound.count("a") == 2
+
+
+def test_merged_writes_run_every_part_or_none(backend: str, db_url: str) -> None:
+    """On Postgres: both inserts and the update run, each with its own values; a failing
+    part (a NOT NULL) keeps none of them."""
+    if backend != "postgres":
+        pytest.skip("Postgres only: data-modifying CTEs")
+    from agentkeep.statements import merged_params, merged_writes
+
+    insert, fixed = _merge_parts()
+    stmt = merged_writes([insert, insert])
+    eng = create_engine(db_url)
+    try:
+        with eng.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE IF EXISTS ak_test_merged")
+            conn.exec_driver_sql("CREATE TABLE ak_test_merged (id TEXT PRIMARY KEY, state TEXT)")
+        form = stmt.compiled(CompileTarget.of(eng.dialect))
+        with eng.begin() as conn:
+            params = merged_params([{"id": "a", "state": "x"}, {"id": "b", "state": "y"}])
+            conn.exec_driver_sql(form.sql, form.bind(params))
+            done = merged_writes([fixed, insert]).compiled(CompileTarget.of(eng.dialect))
+            params = merged_params([{"id": "a"}, {"id": "c", "state": "z"}])
+            conn.exec_driver_sql(done.sql, done.bind(params))
+        with eng.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT id, state FROM ak_test_merged ORDER BY id").all()
+        assert [tuple(r) for r in rows] == [("a", "done"), ("b", "y"), ("c", "z")]
+        with pytest.raises(Exception, match="duplicate key"), eng.begin() as conn:
+            params = merged_params([{"id": "d", "state": "w"}, {"id": "b", "state": "again"}])
+            conn.exec_driver_sql(form.sql, form.bind(params))
+        with eng.connect() as conn:
+            after = conn.exec_driver_sql("SELECT id, state FROM ak_test_merged ORDER BY id").all()
+        assert [tuple(r) for r in after] == [("a", "done"), ("b", "y"), ("c", "z")]
+    finally:
+        with eng.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE IF EXISTS ak_test_merged")
+        eng.dispose()

@@ -32,14 +32,16 @@ See docs/architecture.md#statements and docs/architecture.md#the-lean-path.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, cast
 
-from sqlalchemy import Column, Table
+from sqlalchemy import Column, Table, bindparam, literal_column, select
 from sqlalchemy.dialects import postgresql as _pg
 from sqlalchemy.dialects import sqlite as _sqlite
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import visitors
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.elements import BindParameter, ClauseElement
@@ -52,6 +54,8 @@ __all__ = [
     "Compiled",
     "Statement",
     "UncompilableStatement",
+    "merged_params",
+    "merged_writes",
     "upsert",
 ]
 
@@ -346,3 +350,78 @@ def upsert(dialect: Dialect, table: Table | type[Any]) -> Any:
     """
     module = _pg if dialect.name == "postgresql" else _sqlite
     return module.insert(table)
+
+
+#: The most writes :func:`merged_writes` puts in one statement.
+MERGED_WRITES_MAX: Final = 16
+
+
+def merged_writes(parts: Sequence[Statement]) -> Statement:
+    """Several writes as one Postgres statement: each a data-modifying CTE of a ``SELECT 1``.
+
+    ``WITH w0 AS (<part 0>), w1 AS (<part 1>) ... SELECT 1``: Postgres runs
+    every part exactly once, to completion, as one statement (one round trip,
+    one snapshot, all or nothing: an error in any part fails the statement
+    and none of its writes is kept). Each part's named parameters are renamed
+    ``w<i>_<name>`` (:func:`merged_params` renames the values alike), so
+    parts that share a name (``rt``, ``data``) keep their own values; the
+    size limits still apply to every written value (:attr:`Compiled.written`
+    reads the CTEs).
+
+    Only for writes whose results are not needed and that are independent of
+    each other: the parts all see the snapshot taken when the statement
+    starts, not each other's writes, and run in no set order. So no two parts
+    may write the same row (an upsert of a row another part inserts fails
+    with a cardinality error), and no part may depend on another's effect.
+
+    The statement of one sequence of parts is made once (``functools.cache``:
+    the sequences a caller sends are few shapes). At most
+    :data:`MERGED_WRITES_MAX` parts.
+
+    Raises:
+        ValueError: fewer than two parts, or more than the maximum.
+    """
+    key = tuple(parts)
+    if not 2 <= len(key) <= MERGED_WRITES_MAX:
+        raise ValueError(f"merged_writes takes 2 to {MERGED_WRITES_MAX} parts, not {len(key)}")
+    return _merged(key)
+
+
+def merged_params(params: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The parameters of :func:`merged_writes`' statement (part ``i``'s ``x`` as ``w<i>_x``)."""
+    return {f"w{i}_{name}": value for i, one in enumerate(params) for name, value in one.items()}
+
+
+@functools.cache
+def _merged(parts: tuple[Statement, ...]) -> Statement:
+    def build(dialect: Dialect) -> ClauseElement:
+        ctes = [
+            _renamed(part.construct(dialect), f"w{i}_").cte(f"w{i}") for i, part in enumerate(parts)
+        ]
+        return select(literal_column("1")).add_cte(*ctes)
+
+    return Statement(build, name="+".join(part.name for part in parts))
+
+
+def _renamed(construct: ClauseElement, prefix: str) -> Any:
+    """``construct`` with every named parameter ``name`` renamed ``prefix + name`` (a copy).
+
+    Anonymous parameters (literals SQLAlchemy names itself) keep their
+    names, which are unique in any statement already.
+    """
+
+    def rename(element: Any) -> Any:
+        if not isinstance(element, BindParameter) or element.unique:
+            return None
+        return bindparam(
+            prefix + element.key,
+            value=element.value,
+            type_=element.type,
+            required=element.required,
+            callable_=element.callable,
+            expanding=element.expanding,
+            literal_execute=element.literal_execute,
+        )
+
+    traverse: Any = visitors.replacement_traverse
+    return traverse(construct, {}, rename)

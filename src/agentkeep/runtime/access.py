@@ -31,11 +31,15 @@ owns the things no part hand-rolls:
   lock: a bug signal, never retried). It is raised as itself — not mapped to
   ``WriteFailed`` — by ``uow.runtime`` and by the one-call facade.
 * **Pipelined writes** (:meth:`RuntimeAccess.pipelined`, :meth:`RuntimeAccess.write`):
-  inside the block, writes whose result is not needed are deferred
-  (:meth:`agentkeep.db.Driver.defer`): on psycopg they go out together, in one
-  round trip, at the block's end or before the next statement; a failing one
-  is still ``WriteFailed`` naming what it wrote, and the ones after it do
-  not run. Elsewhere (SQLite, asyncpg, outside the block) each runs at once.
+  inside the block, writes whose result is not needed are deferred and go
+  out together, in one round trip, at the block's end or before the next
+  statement. On psycopg they are pipelined (:meth:`agentkeep.db.Driver.defer`):
+  a failing one is ``WriteFailed`` naming what it wrote, and the ones after
+  it do not run. On asyncpg, which does not pipeline, they are merged into
+  one statement (:func:`agentkeep.statements.merged_writes`): a failing one
+  fails the statement, ``WriteFailed`` naming what the statement wrote, and
+  none of its writes is kept. Elsewhere (SQLite, outside the block) each
+  runs at once.
 * **All or nothing** (:meth:`RuntimeAccess.atomic`): an operation that can
   fail after it has written (a duplicate receipt after the snapshot upsert, a
   trigger abort in the middle of a batch) runs inside a SAVEPOINT when it is
@@ -70,7 +74,13 @@ from agentkeep.errors import (
 )
 from agentkeep.runtime.domain import ReferenceDomain, RuntimeDomain
 from agentkeep.runtime.errors import ReadFailed, WriteFailed
-from agentkeep.statements import Statement, upsert
+from agentkeep.statements import (
+    MERGED_WRITES_MAX,
+    Statement,
+    merged_params,
+    merged_writes,
+    upsert,
+)
 
 __all__ = [
     "OAUTH_SINGLETON_ID",
@@ -168,7 +178,7 @@ class RuntimeAccess:
             (None: stored as given; :mod:`~agentkeep.runtime.oauth`).
     """
 
-    __slots__ = ("_queue", "db", "domain", "nested", "oauth_codec", "writable")
+    __slots__ = ("_merge", "_queue", "db", "domain", "nested", "oauth_codec", "writable")
 
     def __init__(
         self,
@@ -184,8 +194,10 @@ class RuntimeAccess:
         self.writable = writable
         self.nested = nested
         self.oauth_codec = oauth_codec
-        # Inside pipelined(): what each deferred write not yet answered wrote, in order.
+        # Inside pipelined() on psycopg: what each deferred write not yet answered wrote, in order.
         self._queue: list[str] | None = None
+        # Inside pipelined() on asyncpg: the writes not yet sent (statement, parameters, what).
+        self._merge: list[tuple[Statement, Mapping[str, Any], str]] | None = None
 
     # -- the write lock ----------------------------------------------------
 
@@ -220,20 +232,32 @@ class RuntimeAccess:
     def pipelined(self) -> AbstractContextManager[None]:
         """Defer the block's :meth:`write` / :meth:`write_many` writes; send them at its end.
 
-        On psycopg the writes go out in one round trip: at the end of the
+        On Postgres the writes go out in one round trip: at the end of the
         block, before the block's next statement (:meth:`select`, :meth:`dml`,
         ...), or before an error the block raises (so a failing write comes
-        first, as if the writes had run one by one). Elsewhere nothing
+        first, as if the writes had run one by one). psycopg pipelines them;
+        asyncpg sends them as one statement of data-modifying CTEs
+        (:func:`~agentkeep.statements.merged_writes`, at most
+        :data:`~agentkeep.statements.MERGED_WRITES_MAX` writes a statement),
+        so the block's writes must be independent: no two of them write the
+        same row, none depends on another's effect. On SQLite nothing
         changes: each write runs when it is made. Use it inside
         :meth:`atomic` (a failing write rolls the operation back).
 
         Raises:
-            WriteFailed: a deferred write failed (naming what it wrote).
+            WriteFailed: a deferred write failed (naming what it wrote; on
+                asyncpg, what its statement wrote).
             StoreBusy: a busy / lock-timeout error (retryable).
+            InvalidInput, PayloadTooLarge: a written value breaks the text
+                rule or its limit (on asyncpg when the writes are sent).
         """
-        if self._queue is not None or not self.db.pipelines:  # nested, or nothing to defer
+        if self._queue is not None or self._merge is not None:  # nested
             return _NOTHING
-        return self._pipelined()
+        if self.db.pipelines:
+            return self._pipelined()
+        if self.db.postgres:
+            return self._merging()
+        return _NOTHING
 
     @contextmanager
     def _pipelined(self) -> Iterator[None]:
@@ -248,14 +272,34 @@ class RuntimeAccess:
         finally:
             self._queue = None
 
+    @contextmanager
+    def _merging(self) -> Iterator[None]:
+        self._merge = []
+        try:
+            try:
+                yield
+            except Exception:
+                self.flush()
+                raise
+            self.flush()
+        finally:
+            self._merge = None
+
     def flush(self) -> None:
         """Send the writes deferred in :meth:`pipelined` (nothing queued: nothing sent).
 
         Raises:
             WriteFailed: one of them failed (naming the first that did not
-                succeed); the ones after it did not run.
+                succeed; the ones after it did not run), or, on asyncpg, the
+                statement they were merged into failed (naming what it
+                wrote; none of it was kept).
             StoreBusy: a busy / lock-timeout error (retryable).
+            InvalidInput, PayloadTooLarge: as :meth:`Driver.execute`, before
+                anything is sent (asyncpg).
         """
+        if self._merge:
+            self._send_merged()
+            return
         queue = self._queue
         if not queue:
             return
@@ -271,6 +315,25 @@ class RuntimeAccess:
         finally:
             queue.clear()
 
+    def _send_merged(self) -> None:
+        """Send the asyncpg queue: one write as it is, several as one merged statement."""
+        merge = self._merge
+        assert merge
+        batch = list(merge)
+        merge.clear()
+        if len(batch) == 1:
+            stmt, params, what = batch[0]
+        else:
+            stmt = merged_writes([one[0] for one in batch])
+            params = merged_params([one[1] for one in batch])
+            what = ", ".join(dict.fromkeys(one[2] for one in batch))
+        try:
+            self.db.execute(stmt, params)
+        except StoreBusy:
+            raise
+        except DatabaseError as exc:
+            raise WriteFailed(f"failed to write {what}: {exc}") from exc
+
     def write(self, stmt: Statement, params: Mapping[str, Any], what: str) -> None:
         """Run an INSERT / UPDATE / DELETE whose result is not needed (no row count, no rows).
 
@@ -281,6 +344,12 @@ class RuntimeAccess:
             WriteFailed: the statement (or an earlier deferred one) failed.
             StoreBusy: a busy / lock-timeout error (retryable).
         """
+        merge = self._merge
+        if merge is not None:  # asyncpg: sent with the others, merged
+            if len(merge) == MERGED_WRITES_MAX:
+                self._send_merged()
+            merge.append((stmt, params, what))
+            return
         queue = self._queue
         if queue is None or not self.db.pipelines:  # nothing is deferred: run it now
             self.dml(stmt, params, what)
@@ -306,7 +375,7 @@ class RuntimeAccess:
             WriteFailed: a row failed.
             StoreBusy: a busy / lock-timeout error (retryable).
         """
-        if self._queue is None or not self.db.pipelines:
+        if self._merge is None and (self._queue is None or not self.db.pipelines):
             self.dml_many(stmt, params, what, count=False)
             return
         for one in params:
@@ -372,7 +441,7 @@ class RuntimeAccess:
             WriteFailed: a row failed (``what`` says what was written).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
-        if self._queue:
+        if self._queue or self._merge:
             self.flush()
         try:
             return self.db.executemany(stmt, params, count=count)
@@ -388,7 +457,7 @@ class RuntimeAccess:
         error: type[ReadFailed] | type[WriteFailed],
         context: str,
     ) -> Any:
-        if self._queue:
+        if self._queue or self._merge:
             self.flush()
         try:
             return self.db.execute(stmt, params)

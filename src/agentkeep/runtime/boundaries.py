@@ -33,12 +33,15 @@ b. else, if the reverse guard accepts (the stored head is a valid successor
    inputs (I2), so receipt and input order never split from the session;
 c. else the guard's ``WriteFailed`` (also when nothing is stored).
 
-Round trips (psycopg, sync or asyncio): the stored head is read with
-``BEGIN`` and the lock, in their round trip (:meth:`Driver.prefetching`); the
-writes (snapshot, quarantine marker, lifecycle, receipt, inputs) are deferred
-(:meth:`RuntimeAccess.pipelined`) and go out together, then ``COMMIT``: three
-round trips for a boundary without outbox intents. SQLite and asyncpg run the
-same code one statement at a time.
+Round trips (Postgres): the writes (snapshot, quarantine marker, lifecycle,
+receipt, inputs) are deferred (:meth:`RuntimeAccess.pipelined`) and go out
+together, in one round trip, then ``COMMIT``. On psycopg (sync or asyncio)
+the stored head is read with ``BEGIN`` and the lock, in their round trip
+(:meth:`Driver.prefetching`): three round trips for a boundary without
+outbox intents. asyncpg, which does not pipeline, sends the writes as one
+statement (:func:`~agentkeep.statements.merged_writes`) after ``BEGIN`` with
+the lock and the read: four. SQLite runs the same code one statement at a
+time.
 
 Order of checks (so the first failing one decides): decode the snapshot
 (``WriteFailed``) → validate its intents (``WriteFailed``) → session-store

@@ -145,7 +145,10 @@ def upsert_input_states(
     """Upsert encoded states in order, inside the caller's locked transaction.
 
     Rows are only ever upserted, so the last writer wins
-    (docs/runtime.md#input-states).
+    (docs/runtime.md#input-states); an input named twice is written once,
+    with its last state, which is what upserting them in order leaves (and
+    lets the writes go out as one statement on asyncpg, where two upserts of
+    one row could not: :meth:`RuntimeAccess.pipelined`).
 
     Takes no lock and opens no savepoint: the caller holds the runtime's
     write lock and makes its whole operation atomic. Encode first with
@@ -154,7 +157,8 @@ def upsert_input_states(
     Raises:
         WriteFailed: an upsert failed.
     """
-    rows = [{"rt": runtime_id, "iid": input_id, "data": data} for input_id, data in encoded]
+    last = dict(encoded)  # an input named twice: its last state
+    rows = [{"rt": runtime_id, "iid": input_id, "data": data} for input_id, data in last.items()]
     access.write_many(_UPSERT, rows, f"{_TABLE}[{runtime_id}] ({len(rows)} rows)")
 
 
