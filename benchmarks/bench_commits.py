@@ -5,13 +5,13 @@
 * commit: a small append (one node, one usage delta, a small checkpoint), one
   call of ``store.commits.commit_runtime_state`` against raw ``sqlite3``
   running the repository's own statements in the same transaction shape
-  (``BEGIN IMMEDIATE``, SAVEPOINT, FENCE_OK read, head read, manifest blob,
-  usage row, ledger-total read and upsert, node, fenced head upsert,
-  ``COMMIT``) with the same canonical JSON and sha256 work.
+  (``BEGIN IMMEDIATE``, one read of the lease, the head's counters and the
+  ledger totals, manifest blob, usage row, ledger-total upsert, node, fenced
+  head upsert, ``COMMIT``) with the same canonical JSON and sha256 work.
 * load: ``load_session(ActivePathScope())`` with an active path of depth 10
-  and 1000, against raw ``sqlite3`` running the same four reads (head, path,
-  manifest, ledger totals) in one
-  deferred transaction and decoding the node JSON.
+  and 1000, against raw ``sqlite3`` running the same two reads (the head
+  with its manifest and the ledger totals, then the path) in one deferred
+  transaction and decoding the node JSON.
 
 The raw side's SQL is the repositories' own statements as the store compiles
 them for sqlite3 (``_common.sqlite_form``), bound as the store binds them
@@ -67,11 +67,9 @@ def _form(stmt: Statement) -> Compiled:
 
 #: The repository statements of one commit, in the store's order (raw_commit runs them).
 COMMIT_STATEMENTS: tuple[Statement, ...] = (
-    L._GET,
-    K._GET_HEAD_COUNTERS,
+    K._GET_FENCE_AND_HEAD[True],
     C._PUT,
     K._PUT_USAGE,
-    K._GET_TOTALS,
     K._PUT_TOTAL,
     K._PUT_NODES[1],
     K._PUT_HEAD,
@@ -162,9 +160,10 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
         ),
     ).fetchone()
     conn.commit()
-    get_lease, head_counters, put_blob, put_usage, get_totals, put_total, put_node, put_head = map(
+    fence_head_totals, put_blob, put_usage, put_total, put_node, put_head = map(
         _form, COMMIT_STATEMENTS
     )
+    totals_at, lease_at = K._TOTALS_AT, K._LEASE_AT
     counter = itertools.count()
     state: dict[str, object] = {"leaf": None}
 
@@ -174,11 +173,15 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
         node_id = f"n{i}"
         c = conn
         c.execute("BEGIN IMMEDIATE")
-        c.execute("SAVEPOINT ak_raw")
-        row = c.execute(get_lease.sql, get_lease.bind({"sid": "s"})).fetchone()
-        assert row[3] == token and row[4] == 1 and row[6] > now
-        head = c.execute(head_counters.sql, head_counters.bind({"sid": "s"})).fetchone()
-        actual, count = (0, 0) if head is None else head
+        # The lease, the head's counters and the ledger totals: one read (kind 0, 1, 2).
+        rows = c.execute(fence_head_totals.sql, fence_head_totals.bind({"sid": "s"})).fetchall()
+        by_kind: dict[int, list[Any]] = {0: [], 1: [], 2: []}
+        for r in rows:
+            by_kind[r[0]].append(r)
+        lease = by_kind[2][0][lease_at]
+        assert lease[3] == token and lease[4] == 1 and lease[6] > now
+        actual, count = (0, 0) if not by_kind[0] else by_kind[0][0][1:3]
+        total = by_kind[1][0][totals_at] if by_kind[1] else None
         manifest = {
             "execution_state_ref": None,
             "plugin_snapshot_ref": None,
@@ -210,7 +213,6 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
                 }
             ),
         )
-        total = c.execute(get_totals.sql, get_totals.bind({"sid": "s"})).fetchone()
         c.execute(
             put_total.sql,
             put_total.bind(
@@ -264,7 +266,6 @@ def raw_commit(conn: sqlite3.Connection) -> Callable[[], None]:
             ).fetchone()
             is not None
         )
-        c.execute("RELEASE SAVEPOINT ak_raw")
         c.commit()
         state["leaf"] = node_id
 

@@ -131,7 +131,7 @@ def main() -> None:
                 best = results.setdefault(variant, got)
                 for op, us in got.items():
                     best[op] = min(best[op], us)
-    wrapper = _wrapper_cost()
+    wrapper = _wrapper_cost(max(1_000, args.n * 100))  # 200,000 calls at the default --n
     ops = list(results["absent"])
     print(
         f"backend: {'postgres' if args.url else 'sqlite'}; n={args.n}, "

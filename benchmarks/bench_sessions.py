@@ -152,7 +152,7 @@ class RawSession:
         L._ACQUIRE, "sid", "owner", "inc", "liveness", "token", "fencing", "now", "expires",
         "previous",
     )  # fmt: skip
-    RENEW = _form(L._RENEW, "sid", "owner", "inc", "token", "fencing", "expires")
+    RENEW = _form(L._RENEW, "sid", "owner", "inc", "token", "fencing", "now", "expires")
     RELEASE = _form(L._RELEASE, "sid", "owner", "inc", "token", "fencing")
     INSERT_BATCH = _form(
         Q._INSERT_BATCH, "bid", "sid", "key", "delivery", "slot", "merge_key", "available_at",
@@ -217,7 +217,6 @@ class RawSession:
         c.commit()
         now = _now()
         c.execute("BEGIN IMMEDIATE")
-        self._fence_ok(fencing, token, now)
         fence = {
             "sid": sid,
             "owner": OWNER.owner_id,
@@ -225,7 +224,9 @@ class RawSession:
             "token": token,
             "fencing": fencing,
         }
-        _run(c, self.RENEW, {**fence, "expires": now + TTL})
+        # FENCE_OK is the renew's WHERE; the lease is read only to explain a refusal.
+        if _run(c, self.RENEW, {**fence, "now": now, "expires": now + TTL}).fetchone() is None:
+            raise RuntimeError("fence")
         c.commit()
         c.execute("BEGIN IMMEDIATE")
         _run(c, self.RELEASE, fence)
@@ -298,7 +299,6 @@ class RawSession:
             seed = f"{sid}:None:{now}:{next(self.nonce)}:{secrets.token_hex(8)}"
             bid = "qwb:" + hashlib.sha256(seed.encode()).hexdigest()
             c.execute("BEGIN IMMEDIATE")
-            c.execute("SAVEPOINT ak_raw")
             _run(
                 c,
                 self.INSERT_BATCH,
@@ -318,7 +318,6 @@ class RawSession:
                 self.INSERT_ITEM,
                 {"bid": bid, "idx": 0, "item_id": f"{bid}:item:0", "payload": payload},
             )
-            c.execute("RELEASE SAVEPOINT ak_raw")
             c.commit()
             cid, ctoken, _ = self._claim_queue(fencing, token)
             c.execute("BEGIN IMMEDIATE")
@@ -371,7 +370,6 @@ class RawSession:
             json.loads(head[7])
             cid = f"tic:{head[0]}:{head[14] + 1}"
             ctoken = hashlib.sha256(f"{sid}:raw:raw:{cid}:{now}".encode()).hexdigest()
-            c.execute("SAVEPOINT ak_raw")
             _run(
                 c,
                 self.INPUT_STAMP,
@@ -387,7 +385,6 @@ class RawSession:
                     "iid": head[1],
                 },
             ).fetchone()
-            c.execute("RELEASE SAVEPOINT ak_raw")
             c.commit()
             now = _now()
             c.execute("BEGIN IMMEDIATE")

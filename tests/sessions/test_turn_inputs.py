@@ -76,6 +76,7 @@ from agentkeep.sessions.turn_inputs import (
     rust_debug,
 )
 from agentkeep.store import Store
+from tests.sessions.test_head_read import _sqlite_log
 from tests.support import execute_sql, explain, raw_exec
 
 from .support import LeaseTaker, enqueue, turn_input_rows
@@ -1483,6 +1484,46 @@ def test_a_lost_race_on_the_second_row_returns_none_and_rolls_back(
     assert claim_active(store, fence) is None  # nothing pending_active: no write attempted
 
     assert turn_input_rows(store) == before
+
+
+@pytest.mark.parametrize("kind", ["skip", "raise"])
+def test_a_one_call_claim_of_one_input_sends_no_savepoint_and_keeps_its_outcomes(
+    store: Store, backend: str, claim_trigger: Callable[[str, str], None], kind: str
+) -> None:
+    """A one-call claim of one input is one UPDATE, no SAVEPOINT: a lost race (the row's
+    UPDATE matches nothing) is None, a fault the typed error, and nothing is written
+    either way; a claim of two inputs keeps its savepoint."""
+
+    def one_call_next(store: Store, fence: LeaseFence, n: int) -> TurnInputClaim | None:
+        return store.turn_inputs.claim_next_turn_inputs(fence.session_id, fence, fence.owner, n)
+
+    row = enqueue(store, draft(None))
+    fence = hold(store)
+    log = _sqlite_log(store) if backend == "sqlite" else []
+    claim = one_call_next(store, fence, 1)
+    assert claim is not None and ids(claim.inputs) == [row.input_id]
+    if backend == "sqlite":
+        assert not [sql for sql in log if "SAVEPOINT" in sql], log
+    store.turn_inputs.abandon_turn_input_claim(claim)
+    claim_trigger(kind, row.input_id)
+    before = turn_input_rows(store)
+    if kind == "skip":
+        assert one_call_next(store, fence, 1) is None
+    else:
+        with pytest.raises(DatabaseError, match="injected fault"):
+            one_call_next(store, fence, 1)
+    assert turn_input_rows(store) == before
+    if backend == "sqlite":  # two inputs: the savepoint undoes the first stamp
+        enqueue(store, draft(None))
+        before = turn_input_rows(store)
+        log.clear()
+        if kind == "skip":
+            assert one_call_next(store, fence, 2) is None
+        else:
+            with pytest.raises(DatabaseError, match="injected fault"):
+                one_call_next(store, fence, 2)
+        assert [sql for sql in log if sql.startswith("SAVEPOINT")], log
+        assert turn_input_rows(store) == before
 
 
 # --------------------------------------------------------------------------

@@ -43,7 +43,8 @@ which then fails FENCE_OK instead of passing it:
 docs/decisions.md#now-is-sampled-once-after-the-lock). Operations that write
 several rows run inside :meth:`Driver.savepoint`, so an error, or a claim
 that loses a race (``None``), leaves nothing of the operation behind even
-inside a larger unit of work
+inside a larger unit of work (a one-call claim of one input needs none: its
+one UPDATE stamps the row or writes nothing, and an error rolls the unit back)
 (docs/decisions.md#a-typed-error-means-nothing-was-written).
 
 Choices where the original store was open (docs/decisions.md#session-store):
@@ -919,15 +920,23 @@ class TurnInputRepository:
             "gen": gen,
         }
         claimed: list[PendingTurnInput] = []
-        try:
-            with self._db.savepoint():
-                for item in selected:
-                    row = self._db.execute(_STAMP, {**stamp, "iid": item.input_id}).fetchone()
-                    if row is None:
-                        raise _LostRace
-                    claimed.append(input_from_row(row))
-        except _LostRace:
-            return None
+        if len(selected) == 1 and not self._nested:
+            # A one-call unit's claim of one input: its one UPDATE stamps the row
+            # or writes nothing, and any error rolls the whole unit back.
+            row = self._db.execute(_STAMP, {**stamp, "iid": head.input_id}).fetchone()
+            if row is None:
+                return None
+            claimed.append(input_from_row(row))
+        else:
+            try:
+                with self._db.savepoint():
+                    for item in selected:
+                        row = self._db.execute(_STAMP, {**stamp, "iid": item.input_id}).fetchone()
+                        if row is None:
+                            raise _LostRace
+                        claimed.append(input_from_row(row))
+            except _LostRace:
+                return None
         return TurnInputClaim.model_construct(
             session_id=session_id,
             claim_id=claim_id,
