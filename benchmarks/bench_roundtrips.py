@@ -41,6 +41,7 @@ from agentkeep import RunRecord, RunStatus, Store
 from agentkeep import migrations as migrate
 from agentkeep.aio import AsyncStore
 from agentkeep.integrations.langgraph import AgentkeepSaver
+from agentkeep.runtime import MachineLifecycleCommit
 from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity
 from agentkeep.sessions.records import (
     ActivePathScope,
@@ -204,6 +205,23 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
 
         return apply
 
+    def prep_snapshot() -> Callable[[], Any]:
+        rt = s.fresh("rt")
+        call(lambda st: st.runtime.commit_session_snapshot(rt, chain[0]))
+        return lambda: call(lambda st: st.runtime.commit_session_snapshot(rt, chain[1]))
+
+    def prep_lifecycle() -> Callable[[], Any]:
+        rt = s.fresh("rt")
+        records = calls_inputs()
+        return lambda: call(
+            lambda st: st.runtime.commit_machine_lifecycle(
+                rt, MachineLifecycleCommit(runtime_state="idle"), records
+            )
+        )
+
+    def calls_inputs() -> tuple[Any, ...]:
+        return boundaries(chain[:2], str(uuid.uuid4()))[0].records
+
     def saver_config(fenced: bool) -> tuple[dict[str, Any], Callable[[], Any]]:
         thread = s.fresh("T")
         holder: dict[str, Any] = {}
@@ -260,6 +278,8 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         ("small fenced commit, blind (full form)", lambda: prep_commit(True)),
         ("load_session(ActivePathScope)", prep_load),
         ("runtime.atomic_apply", prep_apply),
+        ("runtime.commit_session_snapshot", prep_snapshot),
+        ("runtime.commit_machine_lifecycle (4 inputs)", prep_lifecycle),
         ("AgentkeepSaver.put", lambda: prep_saver_put(False)),
         ("AgentkeepSaver.put_writes", lambda: prep_saver_writes(False)),
         ("AgentkeepSaver.put (owning)", lambda: prep_saver_put(True)),

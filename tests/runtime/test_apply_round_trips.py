@@ -32,7 +32,14 @@ from tests.conftest import as_async_url
 from tests.sessions.test_round_trips import Trace, psycopg_async_calls
 from tests.test_asyncpg_round_trips import _TapTrace, asyncpg_calls
 
-from .builders import accepted_input, encode, input_record, receipt, user_session
+from .builders import (
+    accepted_input,
+    encode,
+    idle_lifecycle,
+    input_record,
+    receipt,
+    user_session,
+)
 from .support import abort_trigger
 
 _INPUTS = "runtime_input_states"
@@ -256,3 +263,80 @@ def test_a_boundary_naming_an_input_twice_keeps_its_last_state_on_asyncpg(pg_url
         state.input_id: 5,
         other.input_id: 0,
     }
+
+
+# --------------------------------------------------------------------------
+# commit_session_snapshot and commit_machine_lifecycle: the stored head read
+# with BEGIN and the lock (psycopg), the writes in one round trip
+
+
+def _snapshot_and_lifecycle(call: Callable[[Callable[[Any], Any]], Any], trace: Any) -> list[int]:
+    """Round trips of growing snapshot commits, then of lifecycle commits with 4 inputs."""
+    rt = f"rt-snap-{uuid.uuid4().hex[:8]}"
+    session = user_session("one")
+    call(lambda st: st.runtime.commit_session_snapshot(rt, encode(session)))
+    counts = []
+    contents = ["one"]
+    for i in range(BOUNDARIES):
+        contents.append(f"message {i}")
+        data = encode(user_session(*contents, session_id=session.id))
+        with trace.round_trips() as trips:
+            call(lambda st, d=data: st.runtime.commit_session_snapshot(rt, d))
+        counts.append(len(trips))
+        assert call(lambda st: st.runtime.load_session_snapshot(rt)) == data
+    for _ in range(BOUNDARIES):
+        inputs = [input_record() for _ in range(4)]
+        with trace.round_trips() as trips:
+            call(lambda st, n=inputs: st.runtime.commit_machine_lifecycle(rt, idle_lifecycle(), n))
+        counts.append(len(trips))
+    assert len(call(lambda st: st.runtime.load_input_states(rt))) == 4 * BOUNDARIES
+    return counts
+
+
+def test_snapshot_and_lifecycle_commits_take_three_round_trips_on_psycopg(pg_url: str) -> None:
+    with Store.open(pg_url) as store:
+        counts = _snapshot_and_lifecycle(lambda fn: fn(store), Trace(store.engine, store))
+    assert counts == [3] * (2 * BOUNDARIES)
+
+
+def test_snapshot_and_lifecycle_commits_take_three_round_trips_on_psycopg_async(
+    pg_url: str,
+) -> None:
+    with psycopg_async_calls(pg_url) as (call, trace):
+        assert _snapshot_and_lifecycle(call, trace) == [3] * (2 * BOUNDARIES)
+
+
+def test_snapshot_and_lifecycle_commits_on_asyncpg(pg_url: str) -> None:
+    """A snapshot commit: BEGIN + lock, the stored head, both writes merged, COMMIT (4);
+    a lifecycle commit: BEGIN + lock, the lifecycle and inputs merged, COMMIT (3)."""
+    with asyncpg_calls(pg_url) as (call, tap):
+        counts = _snapshot_and_lifecycle(call, _TapTrace(tap))
+    assert counts == [4] * BOUNDARIES + [3] * BOUNDARIES
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+def test_a_fault_in_a_snapshot_commits_second_write_leaves_nothing(
+    pg_url: str, driver: str
+) -> None:
+    """The quarantine DELETE aborts after the snapshot upsert was sent with it: WriteFailed,
+    the snapshot and the marker as they were."""
+    rt = f"rt-snap-fault-{driver}"
+    session = user_session("one")
+    grown = encode(user_session("one", "two", session_id=session.id))
+    before: dict[str, list[tuple[Any, ...]]] = {}
+
+    def run(call: Callable[[Callable[[Any], Any]], Any]) -> None:
+        call(lambda st: st.runtime.commit_session_snapshot(rt, encode(session)))
+        _sql(pg_url, "INSERT INTO runtime_projection_quarantine (runtime_id) VALUES (:rt)", rt)
+        before.update(_runtime_rows(pg_url, rt))
+        with abort_trigger(pg_url, "postgres", "runtime_projection_quarantine", "DELETE"):
+            with pytest.raises(WriteFailed, match="runtime_projection_quarantine"):
+                call(lambda st: st.runtime.commit_session_snapshot(rt, grown))
+
+    if driver == "asyncpg":
+        with asyncpg_calls(pg_url) as (call, _tap):
+            run(call)
+    else:
+        with Store.open(pg_url) as store:
+            run(lambda fn: fn(store))
+    assert _runtime_rows(pg_url, rt) == before

@@ -250,7 +250,7 @@ class LifecycleOps:
         """:meth:`commit_machine_lifecycle` after the encodes."""
         access = self._access
         access.begin_write(LockNamespace.RUNTIME, runtime_id)
-        with access.atomic():
+        with access.atomic(), access.pipelined():  # Postgres: the writes in one round trip
             upsert_lifecycle(access, runtime_id, data)
             upsert_input_states(access, runtime_id, inputs)
 

@@ -24,7 +24,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam as p
 from sqlalchemy import delete, exists, select
 
-from agentkeep.runtime.access import RuntimeAccess, stored_form, upsert_replacing
+from agentkeep.runtime.access import RuntimeAccess, as_bytes, stored_form, upsert_replacing
 from agentkeep.runtime.models import ProjectionQuarantineRow, SessionSnapshotRow
 from agentkeep.statements import Statement, upsert
 
@@ -36,6 +36,7 @@ __all__ = [
     "set_quarantine",
     "snapshot_bytes",
     "snapshot_read",
+    "stored_session",
     "stored_snapshot",
     "upsert_snapshot",
 ]
@@ -105,6 +106,21 @@ def snapshot_bytes(access: RuntimeAccess, runtime_id: str) -> bytes | None:
     return access.one_bytes(
         _GET, {"rt": runtime_id}, table=_T, key=runtime_id, column="session_snapshot"
     )
+
+
+def stored_session(access: RuntimeAccess, runtime_id: str, stored: Any) -> Any:
+    """The session a stored value (as :func:`stored_snapshot` returns it) decodes to, or None.
+
+    A TEXT-degraded row decodes from its UTF-8 bytes, as :func:`previous_session` reads it.
+
+    Raises:
+        ReadFailed: the value is neither bytes nor text, or does not decode
+            (legacy, unversioned, corrupt): fail-closed, never read as absent.
+    """
+    if stored is None:
+        return None
+    data = as_bytes(stored, table=_T, key=runtime_id, column="session_snapshot")
+    return access.domain.decode_persisted_session(data)
 
 
 def previous_session(access: RuntimeAccess, runtime_id: str) -> tuple[bytes | None, Any]:

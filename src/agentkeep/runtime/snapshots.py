@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, update
 
 from agentkeep.arguments import check_methods
 from agentkeep.db import LockNamespace
@@ -59,6 +59,8 @@ from agentkeep.runtime.snapshot_rows import (
     previous_session,
     set_quarantine,
     snapshot_bytes,
+    snapshot_read,
+    stored_session,
     stored_snapshot,
     upsert_snapshot,
 )
@@ -72,15 +74,6 @@ __all__ = [
 ]
 
 _T: Final = SessionSnapshotRow.__tablename__
-
-#: The identical-bytes fast path (an SQL comparison: a TEXT row never matches).
-_SAME_BYTES: Final = Statement(
-    select(SessionSnapshotRow.runtime_id).where(
-        SessionSnapshotRow.runtime_id == p("rt"), SessionSnapshotRow.session_snapshot == p("data")
-    ),
-    name="runtime.snapshot.same_bytes",
-)
-
 
 _STORED = (
     SessionSnapshotRow.runtime_id == p("rt"),
@@ -167,19 +160,21 @@ class SnapshotOps:
     def apply_session_snapshot(self, runtime_id: str, data: bytes, incoming: Any) -> None:
         """:meth:`commit_session_snapshot` after the decode (``incoming`` decodes ``data``)."""
         access = self._access
-        access.begin_write(LockNamespace.RUNTIME, runtime_id)
-        ensure_intents_already_outboxed(access, runtime_id, incoming)
-        same = access.select(_SAME_BYTES, {"rt": runtime_id, "data": data}, _T).fetchone()
-        if same is not None:
-            # Identical bytes: continuity is proven; only head coherence is
-            # left. No UPDATE of the row (a BEFORE UPDATE trigger never fires).
+        # psycopg: the stored head is read with BEGIN and the lock, in their round trip.
+        with access.prefetching([snapshot_read(runtime_id)]):
+            access.begin_write(LockNamespace.RUNTIME, runtime_id)
+            ensure_intents_already_outboxed(access, runtime_id, incoming)
+            stored = stored_snapshot(access, runtime_id)
+        if type(stored) is bytes and stored == data:
+            # Identical bytes (a BLOB equal to them, as SQL compares: a TEXT row
+            # never is): continuity is proven; only head coherence is left. No
+            # UPDATE of the row (a BEFORE UPDATE trigger never fires).
             access.domain.head_coherence_guard(incoming)
             with access.atomic():
                 clear_quarantine(access, runtime_id)
             return
-        _, previous = previous_session(access, runtime_id)
-        access.domain.boundary_save_guard(incoming, previous)
-        with access.atomic():
+        access.domain.boundary_save_guard(incoming, stored_session(access, runtime_id, stored))
+        with access.atomic(), access.pipelined():  # Postgres: both writes in one round trip
             upsert_snapshot(access, runtime_id, data)
 
     def commit_session_transcript_rewrite_snapshot(
@@ -210,11 +205,13 @@ class SnapshotOps:
     ) -> None:
         """:meth:`commit_session_transcript_rewrite_snapshot` after the decode."""
         access = self._access
-        access.begin_write(LockNamespace.RUNTIME, runtime_id)
-        ensure_intents_already_outboxed(access, runtime_id, incoming)
-        _, previous = previous_session(access, runtime_id)
+        # psycopg: the stored head is read with BEGIN and the lock, in their round trip.
+        with access.prefetching([snapshot_read(runtime_id)]):
+            access.begin_write(LockNamespace.RUNTIME, runtime_id)
+            ensure_intents_already_outboxed(access, runtime_id, incoming)
+            _, previous = previous_session(access, runtime_id)
         access.domain.rewrite_save_guard(incoming, previous, commit)
-        with access.atomic():
+        with access.atomic(), access.pipelined():  # Postgres: both writes in one round trip
             upsert_snapshot(access, runtime_id, data)
 
     # -- reads and clears ----------------------------------------------------
