@@ -42,7 +42,14 @@ from agentkeep import migrations as migrate
 from agentkeep.aio import AsyncStore
 from agentkeep.integrations.langgraph import AgentkeepSaver
 from agentkeep.runtime import MachineLifecycleCommit
-from agentkeep.sessions.domain import Acquired, LeaseOwnerIdentity
+from agentkeep.sessions.domain import (
+    Acquired,
+    LeaseOwnerIdentity,
+    NextTurnIngress,
+    PendingTurnInputDraft,
+    QueuedWorkDraft,
+    QueuedWorkPayload,
+)
 from agentkeep.sessions.records import (
     ActivePathScope,
     AppendNodes,
@@ -192,6 +199,20 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
             leaf = node.node_id
         return lambda: call(lambda st: st.commits.load_session(sid, ActivePathScope()))
 
+    def prep_list_queue() -> Callable[[], Any]:
+        sid = s.fresh("S")
+        draft = QueuedWorkDraft(
+            session_id=sid, payloads=(QueuedWorkPayload(kind="user_message", body={"t": "hi"}),)
+        )
+        call(lambda st: st.queue.enqueue_queued_work(draft))
+        return lambda: call(lambda st: st.queue.list_queued_work(sid))
+
+    def prep_list_inputs() -> Callable[[], Any]:
+        sid = s.fresh("S")
+        draft = PendingTurnInputDraft(session_id=sid, ingress=NextTurnIngress(), input={"t": "hi"})
+        call(lambda st: st.turn_inputs.enqueue_pending_turn_input(draft))
+        return lambda: call(lambda st: st.turn_inputs.list_pending_turn_inputs(sid))
+
     def prep_apply() -> Callable[[], Any]:
         rt, run_id = s.fresh("rt"), str(uuid.uuid4())
         calls = boundaries(chain, run_id)
@@ -277,6 +298,8 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         ("small fenced commit", lambda: prep_commit(False)),
         ("small fenced commit, blind (full form)", lambda: prep_commit(True)),
         ("load_session(ActivePathScope)", prep_load),
+        ("queue.list_queued_work", prep_list_queue),
+        ("turn_inputs.list_pending_turn_inputs", prep_list_inputs),
         ("runtime.atomic_apply", prep_apply),
         ("runtime.commit_session_snapshot", prep_snapshot),
         ("runtime.commit_machine_lifecycle (4 inputs)", prep_lifecycle),

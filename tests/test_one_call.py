@@ -132,6 +132,12 @@ _SINGLE_READS: dict[str, Any] = {
     "leases.ensure_session_execution_lease": lambda s, lease: (
         s.leases.ensure_session_execution_lease(lease)
     ),
+    "queue.list_queued_work": lambda s, lease: s.queue.list_queued_work("S-1"),
+    "queue.list_pending_queued_work": lambda s, lease: s.queue.list_pending_queued_work("S-1"),
+    "turn_inputs.list_pending_turn_inputs": lambda s, lease: s.turn_inputs.list_pending_turn_inputs(
+        "S-1"
+    ),
+    "turn_inputs.list_turn_inputs": lambda s, lease: s.turn_inputs.list_turn_inputs("S-1"),
     "commits.load_node": lambda s, lease: s.commits.load_node("S-1", "n-0"),
     "commits.get_head_revision": lambda s, lease: s.commits.get_head_revision("S-1"),
     "commits.load_session_meta": lambda s, lease: s.commits.load_session_meta("S-1"),

@@ -118,8 +118,8 @@ class QueueCalls(OneCalls):
     abandon_queued_work_claim = write(_QUEUE.abandon_queued_work_claim)
     complete_queued_work_claim = write(_QUEUE.complete_queued_work_claim)
     cancel_queued_work_batch = write(_QUEUE.cancel_queued_work_batch)
-    list_queued_work = read(_QUEUE.list_queued_work)
-    list_pending_queued_work = read(_QUEUE.list_pending_queued_work)
+    list_queued_work = read(_QUEUE.list_queued_work, single_statement=True)
+    list_pending_queued_work = read(_QUEUE.list_pending_queued_work, single_statement=True)
 
 
 class TurnInputCalls(OneCalls):
@@ -130,8 +130,8 @@ class TurnInputCalls(OneCalls):
     enqueue_pending_turn_input = write(
         _TURN_INPUTS.enqueue_pending_turn_input, resolve=_rerun_if_source_keyed
     )
-    list_pending_turn_inputs = read(_TURN_INPUTS.list_pending_turn_inputs)
-    list_turn_inputs = read(_TURN_INPUTS.list_turn_inputs)
+    list_pending_turn_inputs = read(_TURN_INPUTS.list_pending_turn_inputs, single_statement=True)
+    list_turn_inputs = read(_TURN_INPUTS.list_turn_inputs, single_statement=True)
     cancel_pending_turn_inputs = write(_TURN_INPUTS.cancel_pending_turn_inputs)
     cancel_pending_turn_input_suffix = write(_TURN_INPUTS.cancel_pending_turn_input_suffix)
     claim_active_turn_inputs = write(_TURN_INPUTS.claim_active_turn_inputs)
