@@ -179,7 +179,8 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         commit()
         return commit
 
-    def prep_load() -> Callable[[], Any]:
+    def committed_session() -> str:
+        """A session of three committed turns (nodes, checkpoints) under a lease."""
         sid = s.fresh("S")
         out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 600_000))
         assert isinstance(out, Acquired), out
@@ -197,6 +198,10 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
             )
             rev = call(lambda st, rc=rc: st.commits.commit_runtime_state(rc)).head_revision
             leaf = node.node_id
+        return sid
+
+    def prep_load() -> Callable[[], Any]:
+        sid = committed_session()
         return lambda: call(lambda st: st.commits.load_session(sid, ActivePathScope()))
 
     def prep_list_queue() -> Callable[[], Any]:
@@ -212,6 +217,10 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         draft = PendingTurnInputDraft(session_id=sid, ingress=NextTurnIngress(), input={"t": "hi"})
         call(lambda st: st.turn_inputs.enqueue_pending_turn_input(draft))
         return lambda: call(lambda st: st.turn_inputs.list_pending_turn_inputs(sid))
+
+    def prep_delete_session() -> Callable[[], Any]:
+        sid = committed_session()
+        return lambda: call(lambda st: st.catalog.delete_session(sid))
 
     def prep_apply() -> Callable[[], Any]:
         rt, run_id = s.fresh("rt"), str(uuid.uuid4())
@@ -300,6 +309,7 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         ("load_session(ActivePathScope)", prep_load),
         ("queue.list_queued_work", prep_list_queue),
         ("turn_inputs.list_pending_turn_inputs", prep_list_inputs),
+        ("catalog.delete_session", prep_delete_session),
         ("runtime.atomic_apply", prep_apply),
         ("runtime.commit_session_snapshot", prep_snapshot),
         ("runtime.commit_machine_lifecycle (4 inputs)", prep_lifecycle),

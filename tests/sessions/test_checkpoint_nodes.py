@@ -301,6 +301,48 @@ def test_delete_session_empties_every_table_and_gc_collects(store: Store) -> Non
     assert store.catalog.delete_session(SID) == 0
 
 
+def _full_session(store: Store) -> None:
+    """SID with rows in the pending-write, node, lease and metadata tables."""
+    from agentkeep.sessions.records import SessionMeta
+
+    nodes = store.checkpoint_nodes
+    nodes.put_checkpoint_node(SID, "c1", b"one")
+    nodes.put_pending_writes(SID, "c1", "t", [PendingWrite(0, "a", "j", b"v")])
+    acquire_lease(store, SID, A, 1_000)
+    store.commits.save_session_meta(
+        SessionMeta(session_id=SID, session_name="n", created_at="2026-01-01T00:00:00Z", model="m")
+    )
+
+
+def test_a_fault_in_a_late_delete_leaves_the_session_whole(
+    store: Store, db_url: str, backend: str
+) -> None:
+    """The DELETEs are one transaction (pipelined on psycopg): a trigger aborting the
+    lease-row DELETE, the last of them, fails the call and every earlier table keeps its rows."""
+    from tests.runtime.support import abort_trigger
+
+    _full_session(store)
+    before = _counts(store, SID)
+    assert before["session_execution_leases"] == 1 and before["graph_nodes"] == 1
+    with abort_trigger(db_url, backend, "session_execution_leases", "DELETE"):
+        with pytest.raises(DatabaseError):
+            store.catalog.delete_session(SID)
+    assert _counts(store, SID) == before
+    assert store.catalog.delete_session(SID) == 4  # a node, a write, the lease, the metadata
+
+
+def test_delete_session_takes_three_round_trips_on_psycopg(store: Store, pg_url: str) -> None:
+    """BEGIN + the session lock, the ten DELETEs in one pipelined round trip, COMMIT."""
+    from tests.sessions.test_round_trips import Trace
+
+    _full_session(store)
+    trace = Trace(store.engine, store)
+    with trace.round_trips() as trips:
+        assert store.catalog.delete_session(SID) == 4
+    assert len(trips) == 3, trips
+    assert set(_counts(store, SID).values()) == {0}
+
+
 def test_prune_copy_and_delete_for_runs(store: Store) -> None:
     nodes = store.checkpoint_nodes
     for i, run in enumerate(["r1", "r1", "r2"]):

@@ -147,7 +147,11 @@ class SessionCatalogRepository:
         lease fails its next fenced write with
         :class:`~agentkeep.errors.SessionExecutionLeaseExpired`. Blobs are
         not deleted: the ones only this session named are collected by the
-        next blob GC. An unknown session deletes nothing.
+        next blob GC. An unknown session deletes nothing. On psycopg the
+        DELETEs go out together in one pipelined round trip (a one-call
+        delete is three: ``BEGIN`` with the lock, the DELETEs, ``COMMIT``); a
+        DELETE the server refuses fails the call and the transaction keeps
+        nothing of it.
 
         Returns:
             The number of rows deleted (queued work items not counted).
@@ -157,7 +161,19 @@ class SessionCatalogRepository:
             ReadOnlyUnitOfWork: inside ``store.read()``.
         """
         check_text_id(session_id, "session_id")
-        begin_session_write(self._db, self._clock, self._writable, session_id)
+        db = self._db
+        begin_session_write(db, self._clock, self._writable, session_id)
         params = {"sid": session_id}
-        with atomic(self._db, self._nested):
-            return sum(int(self._db.execute(stmt, params).rowcount) for stmt in _DELETE)
+        counts: list[int] = []
+
+        def count(result: Any) -> None:
+            counts.append(int(result.rowcount))
+
+        # The DELETEs are independent: on psycopg they go out in one pipelined
+        # round trip (Driver.defer), elsewhere one at a time; in both cases in
+        # this order and inside the unit's transaction.
+        with atomic(db, self._nested):
+            for stmt in _DELETE:
+                db.defer(stmt, params, count)
+            db.flush()
+        return sum(counts)
