@@ -44,6 +44,7 @@ from agentkeep.integrations.langgraph import AgentkeepSaver
 from agentkeep.runtime import MachineLifecycleCommit
 from agentkeep.sessions.domain import (
     Acquired,
+    ClaimBoundary,
     LeaseOwnerIdentity,
     NextTurnIngress,
     PendingTurnInputDraft,
@@ -204,6 +205,59 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         sid = committed_session()
         return lambda: call(lambda st: st.commits.load_session(sid, ActivePathScope()))
 
+    def leased(prefix: str) -> tuple[str, Any]:
+        sid = s.fresh(prefix)
+        out = call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 600_000))
+        assert isinstance(out, Acquired), out
+        return sid, out.lease
+
+    def queue_draft(sid: str, items: int) -> QueuedWorkDraft:
+        body = QueuedWorkPayload(kind="user_message", body={"t": "hi"})
+        return QueuedWorkDraft(session_id=sid, payloads=(body,) * items)
+
+    def input_draft(sid: str) -> PendingTurnInputDraft:
+        return PendingTurnInputDraft(session_id=sid, ingress=NextTurnIngress(), input={"t": "hi"})
+
+    def prep_enqueue(items: int) -> Callable[[], Any]:
+        sid = s.fresh("S")
+        return lambda: call(lambda st: st.queue.enqueue_queued_work(queue_draft(sid, items)))
+
+    def queue_claim(sid: str, lease: Any) -> Any:
+        return call(
+            lambda st: st.queue.claim_ready_queued_work(sid, lease, OWNER, ClaimBoundary.IDLE, 1)
+        )
+
+    def prep_queue_claim() -> Callable[[], Any]:
+        sid, lease = leased("S")
+        call(lambda st: st.queue.enqueue_queued_work(queue_draft(sid, 1)))
+        return lambda: queue_claim(sid, lease)
+
+    def prep_queue_complete() -> Callable[[], Any]:
+        sid, lease = leased("S")
+        call(lambda st: st.queue.enqueue_queued_work(queue_draft(sid, 1)))
+        claim = queue_claim(sid, lease)
+        return lambda: call(
+            lambda st: st.queue.complete_queued_work_claim(lease, claim.completion())
+        )
+
+    def prep_input_enqueue() -> Callable[[], Any]:
+        sid = s.fresh("S")
+        return lambda: call(lambda st: st.turn_inputs.enqueue_pending_turn_input(input_draft(sid)))
+
+    def prep_input_claim(inputs: int) -> Callable[[], Any]:
+        sid, lease = leased("S")
+        for _ in range(inputs):
+            call(lambda st: st.turn_inputs.enqueue_pending_turn_input(input_draft(sid)))
+        return lambda: call(lambda st: st.turn_inputs.claim_next_turn_inputs(sid, lease, OWNER, 8))
+
+    def prep_input_complete() -> Callable[[], Any]:
+        sid, lease = leased("S")
+        call(lambda st: st.turn_inputs.enqueue_pending_turn_input(input_draft(sid)))
+        claim = call(lambda st: st.turn_inputs.claim_next_turn_inputs(sid, lease, OWNER, 1))
+        return lambda: call(
+            lambda st: st.turn_inputs.complete_turn_input_claim(lease, claim.completion())
+        )
+
     def prep_list_queue() -> Callable[[], Any]:
         sid = s.fresh("S")
         draft = QueuedWorkDraft(
@@ -307,6 +361,14 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         ("small fenced commit", lambda: prep_commit(False)),
         ("small fenced commit, blind (full form)", lambda: prep_commit(True)),
         ("load_session(ActivePathScope)", prep_load),
+        ("queue.enqueue_queued_work (1 item)", lambda: prep_enqueue(1)),
+        ("queue.enqueue_queued_work (3 items)", lambda: prep_enqueue(3)),
+        ("queue.claim_ready_queued_work", prep_queue_claim),
+        ("queue.complete_queued_work_claim", prep_queue_complete),
+        ("turn_inputs.enqueue_pending_turn_input", prep_input_enqueue),
+        ("turn_inputs.claim_next_turn_inputs (1 input)", lambda: prep_input_claim(1)),
+        ("turn_inputs.claim_next_turn_inputs (2 inputs)", lambda: prep_input_claim(2)),
+        ("turn_inputs.complete_turn_input_claim", prep_input_complete),
         ("queue.list_queued_work", prep_list_queue),
         ("turn_inputs.list_pending_turn_inputs", prep_list_inputs),
         ("catalog.delete_session", prep_delete_session),

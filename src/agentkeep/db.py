@@ -56,7 +56,7 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -1676,14 +1676,13 @@ class Driver:
         """
         return self._pipeline
 
-    @contextmanager
     def prefetching(
         self,
         reads: Sequence[tuple[Statement, Mapping[str, Any]] | Answered],
         *,
         commit: bool = False,
         implicit: bool = False,
-    ) -> Iterator[None]:
+    ) -> AbstractContextManager[None]:
         """Send ``reads`` with the next statement sent in the block, in its round trip (psycopg).
 
         For a repository that knows the reads it will make right after its
@@ -1742,8 +1741,17 @@ class Driver:
             InvalidInput, PayloadTooLarge: as :meth:`execute`, for a read's parameters.
         """
         if not self._pipeline:
-            yield
-            return
+            return _NOTHING_SENT_EARLY  # SQLite, asyncpg: no generator frame per unit
+        return self._prefetching(reads, commit, implicit)
+
+    @contextmanager
+    def _prefetching(
+        self,
+        reads: Sequence[tuple[Statement, Mapping[str, Any]] | Answered],
+        commit: bool,
+        implicit: bool,
+    ) -> Iterator[None]:
+        """:meth:`prefetching` on a pipelining connection."""
         prefetch = []
         for read in reads:
             if isinstance(read, Answered):
@@ -2187,6 +2195,10 @@ class _Deferred(NamedTuple):
     sql: str
     params: Any
     check: Callable[[Any], None] | None
+
+
+#: :meth:`Driver.prefetching` where nothing is sent early (a reusable no-op block).
+_NOTHING_SENT_EARLY: Final = nullcontext()
 
 
 class _Fetched:

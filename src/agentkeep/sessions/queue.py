@@ -141,7 +141,11 @@ from agentkeep.sessions.domain import (
     select_turn_work_claim_prefix,
 )
 from agentkeep.sessions.ids import rust_debug
-from agentkeep.sessions.leases import begin_session_write, ensure_session_execution_lease
+from agentkeep.sessions.leases import (
+    begin_session_write,
+    ensure_session_execution_lease,
+    lease_read,
+)
 from agentkeep.sessions.models import QueuedWorkBatchRow, QueuedWorkItemRow, SessionLeaseRow
 from agentkeep.statements import Statement
 
@@ -472,8 +476,18 @@ def enqueue_queued_work_conn(
         (i, f"{batch_id}:item:{i}", encode_payload(payload))
         for i, payload in enumerate(draft.payloads)
     ]
+    inserted: list[Any] = []
+
+    def batch_inserted(result: Any) -> None:
+        row = result.fetchone()
+        if row is None:
+            raise ConcurrentModification(f"queued work insert disappeared: {batch_id}")
+        inserted.append(row)
+
+    # The batch row and its items go out together (one pipelined round trip on
+    # psycopg, Driver.defer); a refused insert fails the savepoint or the unit.
     with atomic(db, nested):
-        row = db.execute(
+        db.defer(
             _INSERT_BATCH,
             {
                 "bid": batch_id,
@@ -485,15 +499,15 @@ def enqueue_queued_work_conn(
                 "available_at": draft.available_at_ms,
                 "now": now,
             },
-        ).fetchone()
-        if row is None:
-            raise ConcurrentModification(f"queued work insert disappeared: {batch_id}")
+            batch_inserted,
+        )
         for index, item_id, payload_json in items:
-            db.execute(
+            db.defer(
                 _INSERT_ITEM,
                 {"bid": batch_id, "idx": index, "item_id": item_id, "payload": payload_json},
             )
-    return _check_counters(batch_from_row(row, items))
+        db.flush()
+    return _check_counters(batch_from_row(inserted[0], items))
 
 
 def ensure_queued_work_completion(db: Driver, completion: QueuedWorkCompletion) -> None:
@@ -512,18 +526,21 @@ def ensure_queued_work_completion(db: Driver, completion: QueuedWorkCompletion) 
         InvalidInput: not a completion, blank ids, no batch ids.
     """
     _check_completion(completion)
-    rows = db.execute(
-        _OWNED_BY_CLAIM,
-        {
-            "sid": completion.session_id,
-            "cid": completion.claim_id,
-            "token": completion.lease_token,
-        },
-    ).fetchall()
+    rows = db.execute(*owned_rows_read(completion)).fetchall()
     owned = {r[0] for r in rows}
     ids = completion.batch_ids
     if len(set(ids)) != len(ids) or set(ids) != owned:
         raise QueuedWorkClaimSuperseded(completion.session_id, completion.claim_id)
+
+
+def owned_rows_read(completion: QueuedWorkCompletion) -> tuple[Statement, dict[str, Any]]:
+    """The read :func:`ensure_queued_work_completion` makes (the batch ids the claim owns),
+    for :meth:`~agentkeep.db.Driver.prefetching`."""
+    return _OWNED_BY_CLAIM, {
+        "sid": completion.session_id,
+        "cid": completion.claim_id,
+        "token": completion.lease_token,
+    }
 
 
 def delete_completed_queued_work(db: Driver, completion: QueuedWorkCompletion) -> None:
@@ -769,8 +786,11 @@ class QueuedWorkRepository:
 
         The shared claim pipeline (docs/sessions.md#claiming-queued-work).
         """
-        now = begin_session_write(self._db, self._clock, self._writable, session_id)
-        ensure_session_execution_lease(self._db, session_id, fence, now)
+        # psycopg: the lease read goes out with BEGIN and the lock (the scan needs
+        # ``now``, sampled once the lock is held, so it cannot go with them).
+        with self._db.prefetching([lease_read(session_id)]):
+            now = begin_session_write(self._db, self._clock, self._writable, session_id)
+            ensure_session_execution_lease(self._db, session_id, fence, now)
         generation = fence.fencing_token
         rows = self._db.execute(
             _SCAN, {"sid": session_id, "now": now, "generation": generation, "limit": limit}
@@ -902,11 +922,17 @@ class QueuedWorkRepository:
         _check_fence(fence)
         _check_completion(completion)
         sid = fence.session_id
-        now = begin_session_write(self._db, self._clock, self._writable, sid)
-        ensure_session_execution_lease(self._db, sid, fence, now)
-        if completion.session_id != sid:
-            raise QueuedWorkClaimSuperseded(completion.session_id, completion.claim_id)
-        delete_completed_queued_work(self._db, completion)
+        # psycopg: the lease read and the owned-rows read go out with BEGIN and
+        # the lock, in one round trip; the DELETE is the next.
+        reads = [lease_read(sid)]
+        if completion.session_id == sid:
+            reads.append(owned_rows_read(completion))
+        with self._db.prefetching(reads):
+            now = begin_session_write(self._db, self._clock, self._writable, sid)
+            ensure_session_execution_lease(self._db, sid, fence, now)
+            if completion.session_id != sid:
+                raise QueuedWorkClaimSuperseded(completion.session_id, completion.claim_id)
+            delete_completed_queued_work(self._db, completion)
 
     # ------------------------------------------------------------------ cancel
 

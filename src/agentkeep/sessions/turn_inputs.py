@@ -158,7 +158,11 @@ from agentkeep.sessions.domain import (
     saturating_add,
 )
 from agentkeep.sessions.ids import rust_debug
-from agentkeep.sessions.leases import begin_session_write, ensure_session_execution_lease
+from agentkeep.sessions.leases import (
+    begin_session_write,
+    ensure_session_execution_lease,
+    lease_read,
+)
 from agentkeep.sessions.models import PendingTurnInputRow, SessionLeaseRow
 from agentkeep.statements import Statement, upsert
 from agentkeep.strict_json import canonical_json
@@ -425,6 +429,16 @@ def _check_completion(value: object) -> TurnInputCompletion:
 # Completion (used by complete_turn_input_claim and by the session commit)
 
 
+def owned_rows_read(completion: TurnInputCompletion) -> tuple[Statement, dict[str, Any]]:
+    """The read :func:`ensure_turn_input_completion` makes (the input ids the claim owns),
+    for :meth:`~agentkeep.db.Driver.prefetching`."""
+    return _OWNED, {
+        "sid": completion.session_id,
+        "cid": completion.claim_id,
+        "token": completion.lease_token,
+    }
+
+
 def ensure_turn_input_completion(db: Driver, completion: TurnInputCompletion) -> None:
     """Check that ``completion`` names exactly the inputs its claim owns (strict).
 
@@ -447,10 +461,7 @@ def ensure_turn_input_completion(db: Driver, completion: TurnInputCompletion) ->
     """
     _check_completion(completion)
     ids = list(completion.input_ids)
-    rows = db.execute(
-        _OWNED,
-        {"sid": completion.session_id, "cid": completion.claim_id, "token": completion.lease_token},
-    ).fetchall()
+    rows = db.execute(*owned_rows_read(completion)).fetchall()
     owned = [r[0] for r in rows]
     if len(set(ids)) != len(ids) or len(owned) != len(ids) or set(owned) != set(ids):
         raise TurnInputClaimSuperseded(completion.session_id, completion.claim_id)
@@ -873,8 +884,6 @@ class TurnInputRepository:
         _check_max(max_inputs)
         if max_inputs == 0:
             return None
-        now = begin_session_write(self._db, self._clock, self._writable, session_id)
-        ensure_session_execution_lease(self._db, session_id, fence, now)
         gen = fence.fencing_token
         active = isinstance(mode, ActiveTurnMode)
         wanted = TurnInputState.PENDING_ACTIVE if active else TurnInputState.DEFERRED_NEXT_TURN
@@ -884,8 +893,14 @@ class TurnInputRepository:
             "gen": gen,
             "limit": saturating_add(min(max_inputs, MAX_I64 - SCAN_SLACK), SCAN_SLACK),
         }
+        # psycopg: the lease read and the scan (which needs no ``now``) go out
+        # with BEGIN and the lock, in one round trip.
+        with self._db.prefetching([lease_read(session_id), (CLAIM_SCAN, scan)]):
+            now = begin_session_write(self._db, self._clock, self._writable, session_id)
+            ensure_session_execution_lease(self._db, session_id, fence, now)
+            scanned = self._db.execute(CLAIM_SCAN, scan).fetchall()
         selected: list[PendingTurnInput] = []
-        for row in self._db.execute(CLAIM_SCAN, scan).fetchall():
+        for row in scanned:
             item = input_from_row(row)
             if item.claim_token is not None and item.claim_session_lease_generation == gen:
                 continue  # not CLAIMABLE (the scan already filtered it)
@@ -1025,12 +1040,18 @@ class TurnInputRepository:
         _check_fence(fence, "fence")
         _check_completion(completion)
         sid = fence.session_id
-        now = begin_session_write(self._db, self._clock, self._writable, sid)
-        ensure_session_execution_lease(self._db, sid, fence, now)
-        if completion.session_id != sid:
-            raise TurnInputClaimSuperseded(completion.session_id, completion.claim_id)
-        ensure_turn_input_completion(self._db, completion)
-        complete_turn_input_rows(self._db, completion)
+        # psycopg: the lease read and the owned-rows read go out with BEGIN and
+        # the lock, in one round trip; the UPDATE is the next.
+        reads = [lease_read(sid)]
+        if completion.session_id == sid:
+            reads.append(owned_rows_read(completion))
+        with self._db.prefetching(reads):
+            now = begin_session_write(self._db, self._clock, self._writable, sid)
+            ensure_session_execution_lease(self._db, sid, fence, now)
+            if completion.session_id != sid:
+                raise TurnInputClaimSuperseded(completion.session_id, completion.claim_id)
+            ensure_turn_input_completion(self._db, completion)
+            complete_turn_input_rows(self._db, completion)
 
     def recover_stale_turn_input_claims(
         self, session_id: str, fence: LeaseFence
