@@ -119,3 +119,68 @@ def test_read_records_equal_validated_ones(store: Store) -> None:
         assert read.checkpoint is not None and read.checkpoint.tool_state == [1, 2]
         assert read.token_ledger[0].usage == usage
         assert read.current_agent_frame_id == "f1" and read.config == {"c": [1, 2]}
+
+
+def _same_as_validated(record: Any) -> None:
+    """``record`` equals its validated rebuild (type, fields, repr), nested too; a record
+    the store builds without validation has every field set, as validation leaves it."""
+    from agentkeep.sessions import domain
+
+    validated = type(record).model_validate(record.model_dump())
+    assert record == validated
+    assert repr(record) == repr(validated)
+    built = (
+        domain.LeaseOwnerIdentity,
+        domain.SessionExecutionLease,
+        domain.QueuedWorkPayload,
+        domain.QueuedWorkItem,
+        domain.QueuedWorkBatch,
+        domain.PendingTurnInput,
+        domain.QueuedWorkClaim,
+        domain.TurnInputClaim,
+    )
+    if isinstance(record, built):
+        assert record.model_fields_set == set(type(record).model_fields)
+    for name in type(record).model_fields:
+        value = getattr(record, name)
+        for inner in value if isinstance(value, tuple) else (value,):
+            if hasattr(inner, "model_fields_set"):
+                _same_as_validated(inner)
+
+
+def test_lease_queue_and_input_records_equal_validated_ones(store: Store) -> None:
+    """Leases, batches, turn inputs and claims are built from checked values without
+    validation (``domain.checked_builder``); each equals what validation builds."""
+    from agentkeep.sessions.domain import (
+        Acquired,
+        ClaimBoundary,
+        NextTurnIngress,
+        PendingTurnInputDraft,
+        QueuedWorkDraft,
+        QueuedWorkPayload,
+    )
+
+    owner = A.model_validate(A.model_dump())  # every field set, as a decoded owner has
+    claimed = store.leases.try_claim_session_execution_lease("s1", owner, 60_000)
+    assert isinstance(claimed, Acquired)
+    lease = store.leases.renew_session_execution_lease(claimed.lease, 60_000)
+    held = store.leases.get_session_execution_lease("s1")
+    payloads = (QueuedWorkPayload(kind="user_message", body={"t": ["é", 1]}),) * 2
+    batch = store.queue.enqueue_queued_work(QueuedWorkDraft(session_id="s1", payloads=payloads))
+    claim = store.queue.claim_ready_queued_work("s1", lease, owner, ClaimBoundary.IDLE, 1)
+    draft = PendingTurnInputDraft(session_id="s1", ingress=NextTurnIngress(), input={"x": [1]})
+    pending = store.turn_inputs.enqueue_pending_turn_input(draft)
+    taken = store.turn_inputs.claim_next_turn_inputs("s1", lease, owner, 1)
+    assert claim is not None and taken is not None and held is not None
+    for record in (
+        claimed.lease,
+        lease,
+        held,
+        batch,
+        claim,
+        pending,
+        taken,
+        *store.queue.list_queued_work("s1"),
+        *store.turn_inputs.list_turn_inputs("s1"),
+    ):
+        _same_as_validated(record)

@@ -43,11 +43,15 @@ from agentkeep.sessions.domain import (
     OwnerLiveness,
     PendingTurnInput,
     QueuedWorkBatch,
-    QueuedWorkItem,
     QueuedWorkPayload,
     SlotPolicy,
     TurnInputIngress,
     TurnInputState,
+    checked_batch,
+    checked_input,
+    checked_item,
+    checked_owner,
+    checked_payload,
 )
 from agentkeep.sessions.models import PendingTurnInputRow, QueuedWorkBatchRow, QueuedWorkItemRow
 from agentkeep.strict_json import canonical_json, loads
@@ -188,7 +192,7 @@ def decode_owner(
     if owner_id is None:
         return None
     owner = str(owner_id)
-    return LeaseOwnerIdentity.model_construct(
+    return checked_owner(
         owner_id=owner,
         incarnation_id=owner if incarnation_id is None else str(incarnation_id),
         liveness=_decode_liveness(liveness),
@@ -222,7 +226,7 @@ def _decode_payload(text: str) -> QueuedWorkPayload:
     value = loads(text)
     if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
         raise ValueError("expected an object with a string kind")
-    return QueuedWorkPayload.model_construct(kind=value["kind"], body=value.get("body"))
+    return checked_payload(kind=value["kind"], body=value.get("body"))
 
 
 class _Decoding:
@@ -256,13 +260,13 @@ def batch_from_row(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> Qu
     for index, item_id, payload in item_rows:
         d_item = _Decoding("queued_work_items", f"{row[1]}:{index}")
         items.append(
-            QueuedWorkItem.model_construct(
+            checked_item(
                 item_index=index,
                 item_id=item_id,
                 payload=d_item("payload_json", lambda t: _decode_payload(_text(t)), payload),
             )
         )
-    return QueuedWorkBatch.model_construct(
+    return checked_batch(
         enqueue_seq=row[0],
         batch_id=row[1],
         session_id=row[2],
@@ -301,7 +305,7 @@ def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
         SessionCorrupt: the ingress, state or input does not decode.
     """
     d = _Decoding("pending_turn_inputs", str(row[1]))
-    return PendingTurnInput.model_construct(
+    return checked_input(
         enqueue_seq=row[0],
         input_id=row[1],
         session_id=row[2],

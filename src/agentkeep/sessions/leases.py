@@ -94,6 +94,7 @@ from agentkeep.sessions.domain import (
     check_id,
     check_ms,
     check_owner,
+    checked_lease,
     same_incarnation,
     saturating_add,
 )
@@ -311,7 +312,7 @@ class _Row:
                 "lease_owner_id",
                 f"live lease missing {what}",
             )
-        return SessionExecutionLease.model_construct(
+        return checked_lease(
             session_id=session_id,
             owner=self.owner,
             lease_token=self.token,
@@ -575,7 +576,7 @@ class SessionLeaseRepository:
             raise ConcurrentModification(
                 f"session {session_id}: lease changed under the write lock"
             )
-        return SessionExecutionLease.model_construct(
+        return checked_lease(
             session_id=session_id,
             owner=owner,
             lease_token=token,
@@ -702,7 +703,7 @@ class SessionLeaseRepository:
             "reclaimed", session_id, holder.owner.owner_id, owner.owner_id, fencing
         )
         return Acquired(
-            lease=SessionExecutionLease.model_construct(
+            lease=checked_lease(
                 session_id=session_id,
                 owner=owner,
                 lease_token=token,
@@ -750,7 +751,7 @@ class SessionLeaseRepository:
             if renewed is None:  # the row as FENCE_OK judges it: why it was refused
                 _fenced_row(db, sid, fence, now)
                 raise ConcurrentModification(f"session {sid}: lease changed under the lock")
-        return SessionExecutionLease.model_construct(
+        return checked_lease(
             session_id=sid,
             owner=fence.owner,
             lease_token=fence.lease_token,

@@ -135,6 +135,7 @@ from agentkeep.sessions.domain import (
     check_json,
     check_ms,
     check_owner,
+    checked_queue_claim,
     claim_lease_token,
     saturating_add,
     select_leading_session_command,
@@ -842,7 +843,7 @@ class QueuedWorkRepository:
                             raise _LostRace
             except _LostRace:
                 return None
-        return QueuedWorkClaim.model_construct(
+        return checked_queue_claim(
             session_id=session_id,
             claim_id=claim_id,
             owner=owner,

@@ -15,8 +15,7 @@ stored as canonical JSON. Counters and times are ``U63`` (``0..2**63-1``,
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeAlias, TypeVar
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
@@ -27,6 +26,7 @@ from agentkeep.sessions.domain import (
     QueuedWorkCompletion,
     QueuedWorkDraft,
     TurnInputCompletion,
+    checked_builder,
 )
 
 __all__ = [
@@ -340,45 +340,3 @@ class SessionMeta(BaseModel):
     model: Text
     cwd: Text | None = None
     relation: Any = None
-
-
-# --------------------------------------------------------------------------
-# Building records from checked values
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def checked_builder(cls: type[_M], probe: dict[str, Any]) -> Callable[..., _M]:
-    """A constructor of ``cls`` for values already checked, without pydantic validation.
-
-    The constructor takes **every** field of ``cls`` by keyword, in declared
-    order, each a value validation would keep as it is (the store checked
-    it: a decoded row, a validated record's field); it builds what ``cls(**fields)``
-    builds (the same ``__dict__``, every field set, no extra or private
-    state) without the validator's call. ``probe`` (every field) is built
-    both ways once, here: when this pydantic builds anything else, the
-    constructor is ``cls`` itself (validation).
-    """
-    names = frozenset(cls.model_fields)
-    new, put = object.__new__, object.__setattr__
-
-    def fill(**fields: Any) -> _M:
-        record = new(cls)
-        put(record, "__dict__", fields)
-        put(record, "__pydantic_fields_set__", set(names))
-        put(record, "__pydantic_extra__", None)
-        put(record, "__pydantic_private__", None)
-        return record
-
-    fast, slow = fill(**probe), cls(**probe)
-    same = (
-        list(probe) == list(cls.model_fields)
-        and fast == slow
-        and list(fast.__dict__) == list(slow.__dict__)
-        and fast.model_fields_set == slow.model_fields_set
-        and fast.__pydantic_extra__ == slow.__pydantic_extra__
-        and fast.__pydantic_private__ == slow.__pydantic_private__
-        and fast.model_dump() == slow.model_dump()
-        and repr(fast) == repr(slow)
-    )
-    return fill if same else cls

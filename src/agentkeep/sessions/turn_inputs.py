@@ -154,6 +154,7 @@ from agentkeep.sessions.domain import (
     check_id,
     check_json,
     check_owner,
+    checked_input_claim,
     claim_lease_token,
     saturating_add,
 )
@@ -952,7 +953,7 @@ class TurnInputRepository:
                         claimed.append(input_from_row(row))
             except _LostRace:
                 return None
-        return TurnInputClaim.model_construct(
+        return checked_input_claim(
             session_id=session_id,
             claim_id=claim_id,
             owner=owner,
