@@ -208,7 +208,10 @@ def encode_merge_key(key: MergeKey) -> str:
     return canonical_json(key.wire())
 
 
+@functools.lru_cache(maxsize=1024)
 def _decode_merge_key(text: str) -> MergeKey:
+    """The merge key a column's text holds, decoded once per distinct text (a frozen
+    value shared by the batches that hold it; an undecodable text raises every time)."""
     value = loads(text)
     if value in ("never", "payload_default"):
         return MergeKey(kind=value)
@@ -252,9 +255,41 @@ def _text(raw: object) -> str:
 def batch_from_row(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> QueuedWorkBatch:
     """A batch from a :data:`BATCH_COLUMNS` row and its :data:`ITEM_COLUMNS` rows.
 
+    Decoded straight through; a column that does not decode sends the row
+    down :func:`_batch_naming_column`, which decodes it again column by
+    column to name the one that fails.
+
     Raises:
         SessionCorrupt: a policy, merge key or payload does not decode.
     """
+    try:
+        items = tuple(
+            checked_item(item_index=index, item_id=item_id, payload=_decode_payload(_text(payload)))
+            for index, item_id, payload in item_rows
+        )
+        return checked_batch(
+            enqueue_seq=row[0],
+            batch_id=row[1],
+            session_id=row[2],
+            source_key=row[3],
+            delivery_policy=DeliveryPolicy(row[4]),
+            slot_policy=SlotPolicy(row[5]),
+            merge_key=_decode_merge_key(_text(row[6])),
+            available_at_ms=row[7],
+            enqueued_at_ms=row[8],
+            claim_id=row[9],
+            claim_owner=decode_owner(row[10], row[11], row[12]),
+            claim_token=row[13],
+            claim_fencing_token=row[14],
+            claim_session_lease_generation=row[15],
+            items=items,
+        )
+    except (ValueError, TypeError, ValidationError):
+        return _batch_naming_column(row, item_rows)
+
+
+def _batch_naming_column(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> QueuedWorkBatch:
+    """:func:`batch_from_row` one column at a time: a failure is SessionCorrupt naming it."""
     d = _Decoding("queued_work_batches", str(row[1]))
     items = []
     for index, item_id, payload in item_rows:
@@ -295,15 +330,49 @@ def encode_ingress(ingress: Any) -> str:
 
 
 def _decode_ingress(raw: object) -> Any:
-    return _INGRESS.validate_python(loads(_text(raw)))
+    return _decode_ingress_text(_text(raw))
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_ingress_text(text: str) -> Any:
+    """The ingress a column's text holds, decoded once per distinct text (a frozen
+    value shared by the inputs that hold it; an undecodable text raises every time)."""
+    return _INGRESS.validate_python(loads(text))
 
 
 def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
     """A turn input from a row of :data:`INPUT_COLUMNS`.
 
+    Decoded straight through; a column that does not decode sends the row
+    down :func:`_input_naming_column`, which decodes it again column by
+    column to name the one that fails.
+
     Raises:
         SessionCorrupt: the ingress, state or input does not decode.
     """
+    try:
+        return checked_input(
+            enqueue_seq=row[0],
+            input_id=row[1],
+            session_id=row[2],
+            source_key=row[3],
+            ingress=_decode_ingress(row[4]),
+            submitted_ingress=_decode_ingress(row[5]),
+            state=TurnInputState(row[6]),
+            input=loads(_text(row[7])),
+            enqueued_at_ms=row[8],
+            claim_id=row[9],
+            claim_owner=decode_owner(row[10], row[11], row[12]),
+            claim_token=row[13],
+            claim_fencing_token=row[14],
+            claim_session_lease_generation=row[15],
+        )
+    except (ValueError, TypeError, ValidationError):
+        return _input_naming_column(row)
+
+
+def _input_naming_column(row: Sequence[Any]) -> PendingTurnInput:
+    """:func:`input_from_row` one column at a time: a failure is SessionCorrupt naming it."""
     d = _Decoding("pending_turn_inputs", str(row[1]))
     return checked_input(
         enqueue_seq=row[0],
