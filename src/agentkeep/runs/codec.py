@@ -60,9 +60,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from pydantic import BaseModel
-
 from agentkeep.bounds import I64_MAX, I64_MIN, U32_MAX, U64_MAX, check_u63
+from agentkeep.checked_records import (
+    fill,
+    new_record,
+    set_dict,
+    set_extra,
+    set_fields_set,
+    set_private,
+)
 from agentkeep.errors import InvalidInput
 from agentkeep.runs.domain import (
     UNSET,
@@ -237,23 +243,7 @@ _USAGE_FIELDS: Final = frozenset(Usage.model_fields)
 _str_new = str.__new__
 
 
-# The instance slots of a pydantic model, set through their descriptors (one C
-# call each, cheaper than object.__setattr__ with a name).
-_SLOT = BaseModel.__dict__
-_set_dict = _SLOT["__dict__"].__set__
-_set_fields_set = _SLOT["__pydantic_fields_set__"].__set__
-_set_extra = _SLOT["__pydantic_extra__"].__set__
-_set_private = _SLOT["__pydantic_private__"].__set__
-_new = object.__new__
-
-
-def _direct(cls: type[_M], values: dict[str, Any]) -> _M:
-    obj = _new(cls)
-    _set_dict(obj, values)
-    _set_fields_set(obj, set(values))
-    _set_extra(obj, None)
-    _set_private(obj, None)
-    return obj
+_direct = fill  # agentkeep.checked_records: the instance slots set directly
 
 
 def _via_construct(cls: type[_M], values: dict[str, Any]) -> _M:
@@ -673,11 +663,11 @@ def _plain_step_entries(text: str, build: bool) -> tuple[StepEntry, ...] | None:
             fields["status"] = None if status == "null" else status[1:-1]
             fields["at"] = at
             if fast:  # _direct, inlined, with the field set copied rather than built
-                obj = _new(StepEntry)
-                _set_dict(obj, fields)
-                _set_fields_set(obj, set(_STEP_FIELDS_SET))
-                _set_extra(obj, None)
-                _set_private(obj, None)
+                obj = new_record(StepEntry)
+                set_dict(obj, fields)
+                set_fields_set(obj, set(_STEP_FIELDS_SET))
+                set_extra(obj, None)
+                set_private(obj, None)
                 out.append(obj)
             else:
                 out.append(_build(StepEntry, fields))

@@ -255,9 +255,9 @@ def _text(raw: object) -> str:
 def batch_from_row(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> QueuedWorkBatch:
     """A batch from a :data:`BATCH_COLUMNS` row and its :data:`ITEM_COLUMNS` rows.
 
-    Decoded straight through; a column that does not decode sends the row
-    down :func:`_batch_naming_column`, which decodes it again column by
-    column to name the one that fails.
+    Decoded straight through; when a column does not decode,
+    :func:`_name_failing_batch_column` decodes them again one by one to name
+    the one that fails.
 
     Raises:
         SessionCorrupt: a policy, merge key or payload does not decode.
@@ -285,39 +285,20 @@ def batch_from_row(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> Qu
             items=items,
         )
     except (ValueError, TypeError, ValidationError):
-        return _batch_naming_column(row, item_rows)
+        _name_failing_batch_column(row, item_rows)
+        raise  # no column fails on its own: the error as it came
 
 
-def _batch_naming_column(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> QueuedWorkBatch:
-    """:func:`batch_from_row` one column at a time: a failure is SessionCorrupt naming it."""
-    d = _Decoding("queued_work_batches", str(row[1]))
-    items = []
-    for index, item_id, payload in item_rows:
+def _name_failing_batch_column(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> None:
+    """Decode the columns of :func:`batch_from_row` one at a time, in its order, each
+    under :class:`_Decoding`: the first that fails raises SessionCorrupt naming it."""
+    for index, _item_id, payload in item_rows:
         d_item = _Decoding("queued_work_items", f"{row[1]}:{index}")
-        items.append(
-            checked_item(
-                item_index=index,
-                item_id=item_id,
-                payload=d_item("payload_json", lambda t: _decode_payload(_text(t)), payload),
-            )
-        )
-    return checked_batch(
-        enqueue_seq=row[0],
-        batch_id=row[1],
-        session_id=row[2],
-        source_key=row[3],
-        delivery_policy=d("delivery_policy", DeliveryPolicy, row[4]),
-        slot_policy=d("slot_policy", SlotPolicy, row[5]),
-        merge_key=d("merge_key_json", lambda t: _decode_merge_key(_text(t)), row[6]),
-        available_at_ms=row[7],
-        enqueued_at_ms=row[8],
-        claim_id=row[9],
-        claim_owner=decode_owner(row[10], row[11], row[12]),
-        claim_token=row[13],
-        claim_fencing_token=row[14],
-        claim_session_lease_generation=row[15],
-        items=tuple(items),
-    )
+        d_item("payload_json", lambda t: _decode_payload(_text(t)), payload)
+    d = _Decoding("queued_work_batches", str(row[1]))
+    d("delivery_policy", DeliveryPolicy, row[4])
+    d("slot_policy", SlotPolicy, row[5])
+    d("merge_key_json", lambda t: _decode_merge_key(_text(t)), row[6])
 
 
 # --------------------------------------------------------------------------
@@ -343,9 +324,9 @@ def _decode_ingress_text(text: str) -> Any:
 def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
     """A turn input from a row of :data:`INPUT_COLUMNS`.
 
-    Decoded straight through; a column that does not decode sends the row
-    down :func:`_input_naming_column`, which decodes it again column by
-    column to name the one that fails.
+    Decoded straight through; when a column does not decode,
+    :func:`_name_failing_input_column` decodes them again one by one to name
+    the one that fails.
 
     Raises:
         SessionCorrupt: the ingress, state or input does not decode.
@@ -368,25 +349,15 @@ def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
             claim_session_lease_generation=row[15],
         )
     except (ValueError, TypeError, ValidationError):
-        return _input_naming_column(row)
+        _name_failing_input_column(row)
+        raise  # no column fails on its own: the error as it came
 
 
-def _input_naming_column(row: Sequence[Any]) -> PendingTurnInput:
-    """:func:`input_from_row` one column at a time: a failure is SessionCorrupt naming it."""
+def _name_failing_input_column(row: Sequence[Any]) -> None:
+    """Decode the columns of :func:`input_from_row` one at a time, in its order, each
+    under :class:`_Decoding`: the first that fails raises SessionCorrupt naming it."""
     d = _Decoding("pending_turn_inputs", str(row[1]))
-    return checked_input(
-        enqueue_seq=row[0],
-        input_id=row[1],
-        session_id=row[2],
-        source_key=row[3],
-        ingress=d("ingress_json", _decode_ingress, row[4]),
-        submitted_ingress=d("submitted_ingress_json", _decode_ingress, row[5]),
-        state=d("state", TurnInputState, row[6]),
-        input=d("input_json", lambda t: loads(_text(t)), row[7]),
-        enqueued_at_ms=row[8],
-        claim_id=row[9],
-        claim_owner=decode_owner(row[10], row[11], row[12]),
-        claim_token=row[13],
-        claim_fencing_token=row[14],
-        claim_session_lease_generation=row[15],
-    )
+    d("ingress_json", _decode_ingress, row[4])
+    d("submitted_ingress_json", _decode_ingress, row[5])
+    d("state", TurnInputState, row[6])
+    d("input_json", lambda t: loads(_text(t)), row[7])

@@ -214,6 +214,13 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import BindParameter
 
 from agentkeep.base import BIGINT
+from agentkeep.checked_records import (
+    new_record,
+    set_dict,
+    set_extra,
+    set_fields_set,
+    set_private,
+)
 from agentkeep.clock import Clock
 from agentkeep.db import Driver, PrefetchCheckFailed, atomic
 from agentkeep.errors import (
@@ -1611,21 +1618,16 @@ def _construct_node(
     )
 
 
-_new_object = object.__new__
-_set_slot = object.__setattr__
-
-
 def _fill_node(node_id: str, parent: str | None, timestamp: int, payload: Any) -> SessionNodeRecord:
     """What ``model_construct`` builds, without its per-field loop (a third of a load's time)."""
-    node = _new_object(SessionNodeRecord)
-    _set_slot(
+    node = new_record(SessionNodeRecord)
+    set_dict(
         node,
-        "__dict__",
         {"node_id": node_id, "parent_node_id": parent, "timestamp": timestamp, "payload": payload},
     )
-    _set_slot(node, "__pydantic_fields_set__", set(_NODE_FIELDS))
-    _set_slot(node, "__pydantic_extra__", None)
-    _set_slot(node, "__pydantic_private__", None)
+    set_fields_set(node, set(_NODE_FIELDS))
+    set_extra(node, None)
+    set_private(node, None)
     return node
 
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Callable
-from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from agentkeep.bounds import I64_MAX, U32, U63, saturating_add
 from agentkeep.bounds import check_u63 as check_ms
+from agentkeep.checked_records import checked_builder
 from agentkeep.errors import InvalidInput
 from agentkeep.strict_json import json_value_problem
 
@@ -693,56 +693,6 @@ def check_completion(
     for i, row_id in enumerate(ids):
         check_id(row_id, f"completion.{ids_field}[{i}]")
     return value
-
-
-# --------------------------------------------------------------------------
-# Building records from checked values
-
-_M = TypeVar("_M", bound=BaseModel)
-
-# A pydantic model's instance slots, set through their descriptors (one C call
-# each, cheaper than object.__setattr__ with a name).
-_set_dict = BaseModel.__dict__["__dict__"].__set__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-
-
-def checked_builder(cls: type[_M], probe: dict[str, Any]) -> Callable[..., _M]:
-    """A constructor of ``cls`` for values already checked, without pydantic validation.
-
-    The constructor takes **every** field of ``cls`` by keyword, in declared
-    order, each a value validation would keep as it is (the store checked
-    it: a decoded row, a validated record's field, a value the store built
-    itself); it builds what ``cls(**fields)`` builds (the same ``__dict__``,
-    every field set, no extra or private state) without the validator's
-    call, at a third of ``model_construct``'s cost. ``probe`` (every field)
-    is built both ways once, here: when this pydantic builds anything else,
-    the constructor is ``cls`` itself (validation).
-    """
-    names = frozenset(cls.model_fields)
-    new = object.__new__
-
-    def fill(**fields: Any) -> _M:
-        record = new(cls)
-        _set_dict(record, fields)
-        _set_fields_set(record, set(names))
-        _set_extra(record, None)
-        _set_private(record, None)
-        return record
-
-    fast, slow = fill(**probe), cls(**probe)
-    same = (
-        list(probe) == list(cls.model_fields)
-        and fast == slow
-        and list(fast.__dict__) == list(slow.__dict__)
-        and fast.model_fields_set == slow.model_fields_set
-        and fast.__pydantic_extra__ == slow.__pydantic_extra__
-        and fast.__pydantic_private__ == slow.__pydantic_private__
-        and fast.model_dump() == slow.model_dump()
-        and repr(fast) == repr(slow)
-    )
-    return fill if same else cls
 
 
 # Builders of the records the store makes from values it checked itself (a

@@ -20,13 +20,13 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from agentkeep.bounds import U63
+from agentkeep.checked_records import checked_builder
 from agentkeep.sessions.domain import (
     LeaseFence,
     QueuedWorkBatch,
     QueuedWorkCompletion,
     QueuedWorkDraft,
     TurnInputCompletion,
-    checked_builder,
 )
 
 __all__ = [
