@@ -1893,12 +1893,25 @@ class Driver:
         included).
 
         Raises:
-            ConnectionLost, DatabaseError: the rollback failed.
+            ConnectionLost: the rollback failed: the connection is lost, or
+                psycopg left it in an aborted pipeline it cannot leave (the
+                refused check's error can surface while later statements of
+                the round trip are still being sent; then ``ROLLBACK`` fails
+                with "cannot exit pipeline mode while busy"). Nothing of the
+                unit was committed either way (the server skips the rest of a
+                failed pipeline, ``COMMIT`` included), so the one-call layer
+                retries the unit on another connection; this one is discarded.
         """
         try:
             self.rollback()
         except self._error as exc:
-            raise self.translate(exc) from exc
+            error = self.translate(exc)
+            if isinstance(error, ConnectionLost):
+                raise error from exc
+            raise ConnectionLost(
+                f"the connection could not be rolled back after a refused check "
+                f"(nothing was committed): {error}"
+            ) from exc
         self._pending_begin = self._began or _BEGIN_WRITE_PG
 
     def defer(

@@ -484,3 +484,34 @@ def test_the_checking_statement_reads_no_growing_table_whatever_its_plan(
     for table in ("graph_nodes", "usage_deltas", "runtime_turn_commits", "blobs"):
         scans = [line for line in plan.splitlines() if "Scan" in line and f" on {table}" in line]
         assert not scans, (table, plan)
+
+
+def test_a_rollback_that_fails_after_a_refused_check_is_retried(
+    store: Store, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg can leave a connection in an aborted pipeline that ROLLBACK cannot leave
+    ("cannot exit pipeline mode while busy": the refused check's error surfaced while
+    the round trip was still being sent). Nothing was committed, so ``restart`` raises
+    ConnectionLost: the one-call commit runs again on another connection and answers as
+    it would have (here a replay of the stored result); the broken connection is dropped."""
+    import psycopg
+
+    fence = _seeded(store)
+    stamp = TurnCommitStamp(session_id=SID, turn_id="t2", turn_commit_hash="h")
+    result = store.commits.commit_runtime_state(_turn(fence, 2, "n2", turn_commit=stamp))
+    before = snapshot(store)
+    real = Driver.rollback
+    failed: list[Driver] = []
+
+    def rollback(driver: Driver) -> None:
+        if not failed:
+            failed.append(driver)
+            raise psycopg.OperationalError("sending query failed: cannot exit pipeline mode")
+        real(driver)
+
+    monkeypatch.setattr(Driver, "rollback", rollback)
+    again = store.commits.commit_runtime_state(_turn(fence, 2, "n2", turn_commit=stamp))
+    assert failed and again == result
+    assert snapshot(store) == before
+    monkeypatch.setattr(Driver, "rollback", real)
+    assert store.commits.commit_runtime_state(_turn(fence, 3, "n3")).head_revision == 4
