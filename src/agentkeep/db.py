@@ -1908,10 +1908,12 @@ class Driver:
             error = self.translate(exc)
             if isinstance(error, ConnectionLost):
                 raise error from exc
-            raise ConnectionLost(
+            lost = ConnectionLost(
                 f"the connection could not be rolled back after a refused check "
                 f"(nothing was committed): {error}"
-            ) from exc
+            )
+            lost.only_this_connection = True  # the server answered: its peers are fine
+            raise lost from exc
         self._pending_begin = self._began or _BEGIN_WRITE_PG
 
     def defer(

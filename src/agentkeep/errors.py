@@ -300,7 +300,17 @@ class ConnectionLost(StoreBusy):
     :class:`StoreBusy`. One-call operations retry it on a new connection
     (within the busy timeout); a unit of work (``store.write()``) raises it.
     The dead connection is discarded, never returned to the pool.
+
+    Attributes:
+        only_this_connection: True when this one connection became unusable
+            while the server is known to be up (it answered the refused
+            statement, then the connection could not be rolled back), so the
+            pool's other connections are kept; False (the default) for a
+            disconnect, after which every connection the pool opened before
+            it is replaced, as SQLAlchemy does (a server restart kills them all).
     """
+
+    only_this_connection: bool = False
 
 
 class CommitOutcomeUnknown(DatabaseError):

@@ -812,9 +812,8 @@ class Store:
                         )
                     )
                     _end_read(driver, pooled)
-                except ConnectionLost as lost:  # as in _lean_unit
-                    self.engine.pool._invalidate(pooled, lost)
-                    _release_parked(parked)
+                except ConnectionLost as lost:
+                    _discard_lost(self, pooled, lost)
                     raise
                 except CommitOutcomeUnknown:
                     pooled.invalidate()
@@ -908,11 +907,7 @@ class Store:
                 else:
                     _end_read(driver, pooled)
             except ConnectionLost as lost:
-                # Its peers may be dead too (a server restart): SQLAlchemy's own
-                # rule for a disconnect, every connection of the pool opened before
-                # now is replaced on its next checkout (a parked one too: back to the pool).
-                self.engine.pool._invalidate(pooled, lost)
-                _release_parked(self._parked)
+                _discard_lost(self, pooled, lost)
                 raise
             except CommitOutcomeUnknown:
                 pooled.invalidate()  # its state is unknown: never back to the pool
@@ -1171,6 +1166,22 @@ def _detach_socket(raw: Any) -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parked_after_fork)
+
+
+def _discard_lost(store: Store, pooled: Any, lost: ConnectionLost) -> None:
+    """Discard the connection a one-call unit lost (:class:`ConnectionLost`), never to be reused.
+
+    After a disconnect its peers may be dead too (a server restart): SQLAlchemy's
+    own rule, every connection of the pool opened before now is replaced on its
+    next checkout (the parked ones go back to the pool for that). When only
+    this connection became unusable while the server answered
+    (``lost.only_this_connection``), only it is discarded.
+    """
+    if lost.only_this_connection:
+        pooled.invalidate(lost)
+        return
+    store.engine.pool._invalidate(pooled, lost)
+    _release_parked(store._parked)
 
 
 def _release_parked(parked: list[tuple[Any, db.Driver]]) -> None:

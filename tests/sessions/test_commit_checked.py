@@ -493,10 +493,12 @@ def test_a_rollback_that_fails_after_a_refused_check_is_retried(
     ("cannot exit pipeline mode while busy": the refused check's error surfaced while
     the round trip was still being sent). Nothing was committed, so ``restart`` raises
     ConnectionLost: the one-call commit runs again on another connection and answers as
-    it would have (here a replay of the stored result); the broken connection is dropped."""
+    it would have (here a replay of the stored result); the broken connection is dropped,
+    and only it: the server answered, so the pool's other connections are kept."""
     import psycopg
 
     fence = _seeded(store)
+    invalidated_at = store.engine.pool._invalidate_time
     stamp = TurnCommitStamp(session_id=SID, turn_id="t2", turn_commit_hash="h")
     result = store.commits.commit_runtime_state(_turn(fence, 2, "n2", turn_commit=stamp))
     before = snapshot(store)
@@ -513,5 +515,6 @@ def test_a_rollback_that_fails_after_a_refused_check_is_retried(
     again = store.commits.commit_runtime_state(_turn(fence, 2, "n2", turn_commit=stamp))
     assert failed and again == result
     assert snapshot(store) == before
+    assert store.engine.pool._invalidate_time == invalidated_at  # no pool-wide invalidation
     monkeypatch.setattr(Driver, "rollback", real)
     assert store.commits.commit_runtime_state(_turn(fence, 3, "n3")).head_revision == 4
