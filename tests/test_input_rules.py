@@ -26,11 +26,14 @@ import pytest
 from agentkeep import AsyncStore, InvalidInput, RunRecord, Store
 from agentkeep.runtime import OpsSnapshot
 from agentkeep.sessions.domain import (
+    Acquired,
     LeaseOwnerIdentity,
     NextTurnIngress,
     PendingTurnInputDraft,
+    QueuedWorkCompletion,
     QueuedWorkDraft,
     QueuedWorkPayload,
+    TurnInputCompletion,
 )
 from agentkeep.sessions.records import SessionMeta
 from agentkeep.text import check_text, text_problem
@@ -113,6 +116,34 @@ def test_ids_in_records_and_arguments_are_refused(store: Store, bad: str) -> Non
         store.leases.try_claim_session_execution_lease(f"sess-{bad}", A, 1_000)
     for table in ("runs", "queued_work_batches", "pending_turn_inputs", "session_execution_leases"):
         assert rows(store, table) == [], table
+
+
+@pytest.mark.parametrize("bad", BAD_TEXT)
+def test_a_bad_id_in_a_completion_is_refused_before_the_lease_is_judged(
+    store: Store, bad: str
+) -> None:
+    """A completion naming a row by a bad id is InvalidInput on every backend and driver,
+    even when the fence is also stale: the ids are checked before anything is sent (a
+    pipelining driver sends the ownership read with the lock, before the fence is judged)."""
+    acquired = store.leases.try_claim_session_execution_lease("sess-1", A, 60_000)
+    assert isinstance(acquired, Acquired)
+    lease = acquired.lease
+    store.leases.release_session_execution_lease(lease)  # the fence is stale from here
+    before = {t: rows(store, t) for t in ("queued_work_batches", "pending_turn_inputs")}
+    before["leases"] = rows(store, "session_execution_leases")
+    queued = QueuedWorkCompletion(
+        session_id="sess-1", claim_id="c", lease_token=lease.lease_token, batch_ids=("b", bad)
+    )
+    with pytest.raises(InvalidInput, match=r"completion\.batch_ids\[1\]"):
+        store.queue.complete_queued_work_claim(lease, queued)
+    inputs = TurnInputCompletion(
+        session_id="sess-1", claim_id="c", lease_token=lease.lease_token, input_ids=(bad,)
+    )
+    with pytest.raises(InvalidInput, match=r"completion\.input_ids\[0\]"):
+        store.turn_inputs.complete_turn_input_claim(lease, inputs)
+    after = {t: rows(store, t) for t in ("queued_work_batches", "pending_turn_inputs")}
+    after["leases"] = rows(store, "session_execution_leases")
+    assert after == before
 
 
 def test_nul_inside_json_values_round_trips_on_both_backends(store: Store) -> None:

@@ -34,7 +34,7 @@ from agentkeep.bounds import I64_MAX, U32, U63, saturating_add
 from agentkeep.bounds import check_u63 as check_ms
 from agentkeep.checked_records import checked_builder
 from agentkeep.errors import InvalidInput
-from agentkeep.strict_json import json_value_problem
+from agentkeep.strict_json import has_lone_surrogate, json_value_problem
 
 __all__ = [
     "MAX_I64",
@@ -107,7 +107,11 @@ Text = Annotated[str, Strict()]
 
 
 def check_id(value: object, field: str) -> str:
-    """Validate an id argument: a non-blank ``str`` without NUL.
+    """Validate an id argument: a non-blank ``str`` that keeps the text rule
+    (:mod:`agentkeep.text`: no NUL, no lone surrogate).
+
+    Checked before anything is sent, so a bad id is refused alike on every
+    backend and driver, whatever a unit would otherwise send first.
 
     Raises:
         InvalidInput: otherwise; nothing is written.
@@ -118,6 +122,8 @@ def check_id(value: object, field: str) -> str:
         raise InvalidInput(field, "must not be blank")
     if "\x00" in value:
         raise InvalidInput(field, "contains a NUL character")
+    if not value.isascii() and has_lone_surrogate(value):
+        raise InvalidInput(field, "holds a lone UTF-16 surrogate, which has no UTF-8 form")
     return value
 
 
