@@ -32,6 +32,7 @@ from agentkeep.errors import (
     SessionCorrupt,
     SessionExecutionLeaseExpired,
 )
+from agentkeep.sessions import codec
 from agentkeep.sessions import queue as queue_mod
 from agentkeep.sessions.domain import (
     MAX_I64,
@@ -1233,8 +1234,17 @@ def test_corrupt_payload_json_fails_claims_and_lists(store: Store, payload: str)
     assert snapshot(store) == before
 
 
-def test_a_corrupt_row_counter_is_refused_not_read_as_zero(tmp_path: Any) -> None:
-    """SQLite only: text in an INTEGER column (Postgres' BIGINT cannot hold it)."""
+@pytest.mark.parametrize("builder", ["checked", "validating"])
+def test_a_corrupt_row_counter_is_refused_not_read_as_zero(
+    tmp_path: Any, builder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite only: text in an INTEGER column (Postgres' BIGINT cannot hold it).
+
+    ``validating``: batches built by validation, as they are where the running
+    pydantic's build cannot be checked (checked_builder's fallback): still
+    SessionCorrupt naming the column, never pydantic's ValidationError."""
+    if builder == "validating":
+        monkeypatch.setattr(codec, "checked_batch", QueuedWorkBatch)
     store = Store.open(f"sqlite:///{tmp_path / 'q.db'}", migrate=True, clock=SettableClock(1000))
     try:
         bad = enqueue(store, draft())

@@ -284,9 +284,24 @@ def batch_from_row(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> Qu
             claim_session_lease_generation=row[15],
             items=items,
         )
-    except (ValueError, TypeError, ValidationError):
+    except (ValueError, TypeError, ValidationError) as exc:
         _name_failing_batch_column(row, item_rows)
-        raise  # no column fails on its own: the error as it came
+        raise _refused_row("queued_work_batches", row[1], exc) from exc
+
+
+def _refused_row(table: str, key: object, exc: Exception) -> SessionCorrupt:
+    """SessionCorrupt for a row no column of which fails to decode on its own.
+
+    That is validation refusing a stored counter (the records are built by
+    validating them where this pydantic's build could not be checked, see
+    :func:`agentkeep.checked_records.checked_builder`): the field it names,
+    which is the column's name, else ``row``.
+    """
+    column = "row"
+    if isinstance(exc, ValidationError) and exc.errors():
+        loc = exc.errors()[0]["loc"]
+        column = str(loc[0]) if loc else column
+    return SessionCorrupt(table, str(key), column, str(exc))
 
 
 def _name_failing_batch_column(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> None:
@@ -348,9 +363,9 @@ def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
             claim_fencing_token=row[14],
             claim_session_lease_generation=row[15],
         )
-    except (ValueError, TypeError, ValidationError):
+    except (ValueError, TypeError, ValidationError) as exc:
         _name_failing_input_column(row)
-        raise  # no column fails on its own: the error as it came
+        raise _refused_row("pending_turn_inputs", row[1], exc) from exc
 
 
 def _name_failing_input_column(row: Sequence[Any]) -> None:
