@@ -148,9 +148,30 @@ CLEARED_CLAIM: Final[dict[str, Any]] = {
 # Owners
 
 
+_OPAQUE_TEXT: Final = canonical_json(Opaque().model_dump(mode="json"))
+
+#: The last liveness encoded (not opaque) and its text: a worker presents the same
+#: owner, and so the same frozen liveness object, on every claim. One tuple,
+#: replaced whole, so a thread reads a matching pair.
+_last_liveness: tuple[object, str] = (None, "")
+
+
 def encode_liveness(owner: LeaseOwnerIdentity) -> str:
-    """``{"kind":"opaque"}`` or ``{"kind":"local_process",...}``, canonical."""
-    return canonical_json(owner.liveness.model_dump(mode="json"))
+    """``{"kind":"opaque"}`` or ``{"kind":"local_process",...}``, canonical.
+
+    Opaque liveness (its only field is its kind) is one constant text; another
+    is encoded once per liveness object in a row (they are frozen models).
+    """
+    global _last_liveness
+    liveness = owner.liveness
+    if type(liveness) is Opaque:
+        return _OPAQUE_TEXT
+    last = _last_liveness
+    if last[0] is liveness:
+        return last[1]
+    text = canonical_json(liveness.model_dump(mode="json"))
+    _last_liveness = (liveness, text)
+    return text
 
 
 def _decode_liveness(raw: object) -> Any:
