@@ -81,11 +81,11 @@ from agentkeep.errors import (
     MissingDependency,
     StoreBusy,
 )
-from agentkeep.limits import DEFAULT_LIMITS, Limits
+from agentkeep.limits import DEFAULT_LIMITS, ColumnKind, Limits
 from agentkeep.observability import current_operation
 from agentkeep.runs.models import Run
 from agentkeep.statements import Compiled, CompileTarget, Statement
-from agentkeep.text import check_params, check_text
+from agentkeep.text import check_text
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -1148,6 +1148,7 @@ class Driver:
         "_prefetch",
         "_prefetched",
         "_text_bounds",
+        "_byte_bounds",
         "_sync_psycopg",
         "limits",
         "_pg_read_committed",
@@ -1171,6 +1172,11 @@ class Driver:
         #: The size limits of written values (:mod:`agentkeep.limits`).
         self.limits = limits
         self._text_bounds = limits.text_bounds()
+        #: Per kind, the longest ``bytes`` value within its limit (``inf``: no limit).
+        self._byte_bounds: dict[ColumnKind, float] = {}
+        for kind in self._text_bounds:
+            limit = limits.of(kind)
+            self._byte_bounds[kind] = float("inf") if limit is None else limit
         self.target = target
         self.postgres = target.dialect.name == "postgresql"
         schemas = target.schema_translate_map
@@ -1365,19 +1371,29 @@ class Driver:
     def _check(self, form: Compiled, params: Mapping[str, Any]) -> None:
         """The text rule on every string, the size limits on every written value.
 
-        A written integer or None is never measured, nor text within its
-        kind's :meth:`~agentkeep.limits.Limits.text_bounds` (a length test
-        here, no call); anything else goes to :meth:`~agentkeep.limits.Limits.check`.
+        The text rule is :func:`~agentkeep.text.check_params`, inlined (every
+        statement runs it). A written integer or None is never measured, nor
+        text within its kind's :meth:`~agentkeep.limits.Limits.text_bounds`,
+        nor ``bytes`` within its kind's limit (a length test here, no call);
+        anything else goes to :meth:`~agentkeep.limits.Limits.check`.
         """
-        check_params(params)
+        for name, value in params.items():
+            if isinstance(value, str) and ("\x00" in value or not value.isascii()):
+                check_text(value, name)
         written = form.written
         if written:
-            bounds = self._text_bounds
+            texts = self._text_bounds
+            blobs = self._byte_bounds
             for param, column, kind in written:
                 value = params.get(param)
-                if value is None or type(value) is int:
-                    continue
-                if type(value) is str and len(value) <= bounds[kind]:
+                kind_of = type(value)
+                if kind_of is str:
+                    if len(value) <= texts[kind]:
+                        continue
+                elif kind_of is bytes:
+                    if len(value) <= blobs[kind]:
+                        continue
+                elif value is None or kind_of is int:
                     continue
                 self.limits.check(column, kind, value)
 
