@@ -1270,11 +1270,14 @@ class Driver:
         ):
             # psycopg: a pending BEGIN goes out with the statement, one round trip.
             return self._execute_with_prefetch(*self._sent(form, params, pipelined=True))
-        sql, bound = self._sent(form, params, pipelined=False)
+        if form.raw is None:  # _sent and _new_cursor of the common case, without the calls
+            sql, bound = form.sql, params if form.plain else form.bind(params)
+        else:
+            sql, bound = self._sent(form, params, pipelined=False)
         try:
             if self._pending_begin is not None:
                 self._send_begin()
-            cur = self._cursor = self._new_cursor(bound)
+            cur = self._cursor = self._new_cursor(bound) if form.raw else self.raw.cursor()
             cur.execute(sql, bound)
         except self._error as exc:
             raise self.translate(exc) from exc

@@ -757,6 +757,8 @@ def _write(row: Sequence[Any]) -> StoredWrite:
 
 
 def _check_bytes(value: object, field: str) -> bytes:
+    if type(value) is bytes:
+        return value
     if not isinstance(value, bytes | bytearray | memoryview):
         raise InvalidInput(field, f"expected bytes, got {type(value).__name__}")
     return bytes(value)
@@ -1169,7 +1171,9 @@ class CheckpointNodeRepository:
         check_text_id(task_id, "task_id")
         _check_str(task_path, "task_path")
         self._check_guard(lease_session_id, renew_ms)
-        if isinstance(writes, str | bytes) or not isinstance(writes, Sequence):
+        if type(writes) is not list and (  # a list without the ABC's isinstance
+            isinstance(writes, str | bytes) or not isinstance(writes, Sequence)
+        ):
             raise InvalidInput("writes", "expected a sequence of PendingWrite")
         add: list[dict[str, Any]] = []
         replace: list[dict[str, Any]] = []
