@@ -1114,6 +1114,10 @@ def watch_commit(watch: CommitWatch) -> Iterator[CommitWatch]:
         _COMMIT_WATCH.reset(token)
 
 
+#: libpq's ``PQTRANS_IDLE`` (psycopg's ``pq.TransactionStatus.IDLE``).
+_PQTRANS_IDLE: Final = 0
+
+
 class Driver:
     """A unit of work's driver (DBAPI) connection, as repositories use it.
 
@@ -1599,6 +1603,9 @@ class Driver:
         """
         if not self.postgres:  # parked only on pysqlite (Store._park_connections)
             return not self.raw.in_transaction
+        pgconn = getattr(self.raw, "pgconn", None)
+        if pgconn is not None:  # psycopg: libpq's status, as info.transaction_status reads it
+            return bool(pgconn.transaction_status == _PQTRANS_IDLE)
         info = getattr(self.raw, "info", None)
         if info is None:  # an asyncio connection's adapter
             return False
