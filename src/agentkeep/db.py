@@ -1392,17 +1392,17 @@ class Driver:
             texts = self._text_bounds
             blobs = self._byte_bounds
             for param, column, kind in written:
-                value = params.get(param)
-                kind_of = type(value)
+                got: Any = params.get(param)
+                kind_of = type(got)
                 if kind_of is str:
-                    if len(value) <= texts[kind]:
+                    if len(got) <= texts[kind]:
                         continue
                 elif kind_of is bytes:
-                    if len(value) <= blobs[kind]:
+                    if len(got) <= blobs[kind]:
                         continue
-                elif value is None or kind_of is int:
+                elif got is None or kind_of is int:
                     continue
-                self.limits.check(column, kind, value)
+                self.limits.check(column, kind, got)
 
     def limit_lock_wait(self, ms: int) -> None:
         """Wait at most ``ms`` for a lock in this unit (a retry near the operation's deadline).
