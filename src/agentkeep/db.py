@@ -81,11 +81,11 @@ from agentkeep.errors import (
     MissingDependency,
     StoreBusy,
 )
-from agentkeep.limits import DEFAULT_LIMITS, Limits
+from agentkeep.limits import DEFAULT_LIMITS, ColumnKind, Limits
 from agentkeep.observability import current_operation
 from agentkeep.runs.models import Run
 from agentkeep.statements import Compiled, CompileTarget, Statement
-from agentkeep.text import check_params, check_text
+from agentkeep.text import check_text
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -1114,6 +1114,10 @@ def watch_commit(watch: CommitWatch) -> Iterator[CommitWatch]:
         _COMMIT_WATCH.reset(token)
 
 
+#: libpq's ``PQTRANS_IDLE`` (psycopg's ``pq.TransactionStatus.IDLE``).
+_PQTRANS_IDLE: Final = 0
+
+
 class Driver:
     """A unit of work's driver (DBAPI) connection, as repositories use it.
 
@@ -1148,6 +1152,7 @@ class Driver:
         "_prefetch",
         "_prefetched",
         "_text_bounds",
+        "_byte_bounds",
         "_sync_psycopg",
         "limits",
         "_pg_read_committed",
@@ -1171,6 +1176,11 @@ class Driver:
         #: The size limits of written values (:mod:`agentkeep.limits`).
         self.limits = limits
         self._text_bounds = limits.text_bounds()
+        #: Per kind, the longest ``bytes`` value within its limit (``inf``: no limit).
+        self._byte_bounds: dict[ColumnKind, float] = {}
+        for kind in self._text_bounds:
+            limit = limits.of(kind)
+            self._byte_bounds[kind] = float("inf") if limit is None else limit
         self.target = target
         self.postgres = target.dialect.name == "postgresql"
         schemas = target.schema_translate_map
@@ -1264,11 +1274,14 @@ class Driver:
         ):
             # psycopg: a pending BEGIN goes out with the statement, one round trip.
             return self._execute_with_prefetch(*self._sent(form, params, pipelined=True))
-        sql, bound = self._sent(form, params, pipelined=False)
+        if form.raw is None:  # _sent and _new_cursor of the common case, without the calls
+            sql, bound = form.sql, params if form.plain else form.bind(params)
+        else:
+            sql, bound = self._sent(form, params, pipelined=False)
         try:
             if self._pending_begin is not None:
                 self._send_begin()
-            cur = self._cursor = self._new_cursor(bound)
+            cur = self._cursor = self._new_cursor(bound) if form.raw else self.raw.cursor()
             cur.execute(sql, bound)
         except self._error as exc:
             raise self.translate(exc) from exc
@@ -1365,21 +1378,31 @@ class Driver:
     def _check(self, form: Compiled, params: Mapping[str, Any]) -> None:
         """The text rule on every string, the size limits on every written value.
 
-        A written integer or None is never measured, nor text within its
-        kind's :meth:`~agentkeep.limits.Limits.text_bounds` (a length test
-        here, no call); anything else goes to :meth:`~agentkeep.limits.Limits.check`.
+        The text rule is :func:`~agentkeep.text.check_params`, inlined (every
+        statement runs it). A written integer or None is never measured, nor
+        text within its kind's :meth:`~agentkeep.limits.Limits.text_bounds`,
+        nor ``bytes`` within its kind's limit (a length test here, no call);
+        anything else goes to :meth:`~agentkeep.limits.Limits.check`.
         """
-        check_params(params)
+        for name, value in params.items():
+            if isinstance(value, str) and ("\x00" in value or not value.isascii()):
+                check_text(value, name)
         written = form.written
         if written:
-            bounds = self._text_bounds
+            texts = self._text_bounds
+            blobs = self._byte_bounds
             for param, column, kind in written:
-                value = params.get(param)
-                if value is None or type(value) is int:
+                got: Any = params.get(param)
+                kind_of = type(got)
+                if kind_of is str:
+                    if len(got) <= texts[kind]:
+                        continue
+                elif kind_of is bytes:
+                    if len(got) <= blobs[kind]:
+                        continue
+                elif got is None or kind_of is int:
                     continue
-                if type(value) is str and len(value) <= bounds[kind]:
-                    continue
-                self.limits.check(column, kind, value)
+                self.limits.check(column, kind, got)
 
     def limit_lock_wait(self, ms: int) -> None:
         """Wait at most ``ms`` for a lock in this unit (a retry near the operation's deadline).
@@ -1580,6 +1603,9 @@ class Driver:
         """
         if not self.postgres:  # parked only on pysqlite (Store._park_connections)
             return not self.raw.in_transaction
+        pgconn = getattr(self.raw, "pgconn", None)
+        if pgconn is not None:  # psycopg: libpq's status, as info.transaction_status reads it
+            return bool(pgconn.transaction_status == _PQTRANS_IDLE)
         info = getattr(self.raw, "info", None)
         if info is None:  # an asyncio connection's adapter
             return False

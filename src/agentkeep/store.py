@@ -885,40 +885,71 @@ class Store:
         deadline: float | None,
         operation: bool,
     ) -> T:
-        with _PooledDriver(self, self._park) as (driver, pooled):
-            busy = self._settings.busy_timeout_ms
-            limit = None
-            if deadline is not None and write and busy is not None:
-                left_ms = (deadline - time.monotonic()) * 1000
-                if left_ms < busy - _LOCK_WAIT_SLACK_MS:  # a retry: wait only what is left
-                    if left_ms <= 0:
-                        raise StoreBusy("the operation's busy timeout passed before this attempt")
-                    limit = int(left_ms)
+        """One attempt of a one-call unit: its connection (:class:`_PooledDriver`), then
+        :meth:`_lean_attempt` on it.
+
+        On a store that parks, a parked connection is taken and parked again
+        (or returned) here, as :class:`_PooledDriver` would, without it.
+        """
+        parked = self._parked
+        if parked:  # only a store that parks has one
             try:
-                if limit is not None and not driver.postgres:
-                    driver.limit_lock_wait(limit)
-                if snapshot:  # a write's BEGIN IMMEDIATE, unless _call_operation(begin=False)
-                    driver.begin(write=write)  # may open the driver's transaction
-                if limit is not None and driver.postgres:
-                    driver.limit_lock_wait(limit)
-                result = fn(self.repositories(driver, write=write, nested=not operation))
-                if write:
-                    driver.commit()
-                else:
-                    _end_read(driver, pooled)
-            except ConnectionLost as lost:
-                _discard_lost(self, pooled, lost)
-                raise
-            except CommitOutcomeUnknown:
-                pooled.invalidate()  # its state is unknown: never back to the pool
-                raise
-            except BaseException as exc:
-                _rollback_or_discard(driver, pooled, exc)
-                raise
-            finally:
-                if limit is not None and not driver.postgres and pooled.is_valid:
-                    driver.restore_lock_wait(busy)  # type: ignore[arg-type]
-            return result
+                pooled, driver = parked.pop()
+            except IndexError:  # another thread took it
+                pass
+            else:
+                try:
+                    return self._lean_attempt(
+                        fn, driver, pooled, write, snapshot, deadline, operation
+                    )
+                finally:
+                    _park_or_return(self, pooled, driver)
+        with _PooledDriver(self, self._park) as (driver, pooled):
+            return self._lean_attempt(fn, driver, pooled, write, snapshot, deadline, operation)
+
+    def _lean_attempt(
+        self,
+        fn: Callable[[Repositories], T],
+        driver: db.Driver,
+        pooled: Any,
+        write: bool,
+        snapshot: bool,
+        deadline: float | None,
+        operation: bool,
+    ) -> T:
+        busy = self._settings.busy_timeout_ms
+        limit = None
+        if deadline is not None and write and busy is not None:
+            left_ms = (deadline - time.monotonic()) * 1000
+            if left_ms < busy - _LOCK_WAIT_SLACK_MS:  # a retry: wait only what is left
+                if left_ms <= 0:
+                    raise StoreBusy("the operation's busy timeout passed before this attempt")
+                limit = int(left_ms)
+        try:
+            if limit is not None and not driver.postgres:
+                driver.limit_lock_wait(limit)
+            if snapshot:  # a write's BEGIN IMMEDIATE, unless _call_operation(begin=False)
+                driver.begin(write=write)  # may open the driver's transaction
+            if limit is not None and driver.postgres:
+                driver.limit_lock_wait(limit)
+            result = fn(self.repositories(driver, write=write, nested=not operation))
+            if write:
+                driver.commit()
+            else:
+                _end_read(driver, pooled)
+        except ConnectionLost as lost:
+            _discard_lost(self, pooled, lost)
+            raise
+        except CommitOutcomeUnknown:
+            pooled.invalidate()  # its state is unknown: never back to the pool
+            raise
+        except BaseException as exc:
+            _rollback_or_discard(driver, pooled, exc)
+            raise
+        finally:
+            if limit is not None and not driver.postgres and pooled.is_valid:
+                driver.restore_lock_wait(busy)  # type: ignore[arg-type]
+        return result
 
     def pooled_driver(self) -> AbstractContextManager[tuple[db.Driver, Any]]:
         """A pooled connection's :class:`~agentkeep.db.Driver`, outside any transaction.
@@ -1001,7 +1032,8 @@ class _PooledDriver:
     """:meth:`Store.pooled_driver`: a pooled connection and its lean driver, for one unit.
 
     A plain class rather than a generator context manager: every one-call
-    unit enters one (:meth:`Store._lean`), and this is the cheaper of the two.
+    unit that finds no parked connection enters one (:meth:`Store._lean_unit`,
+    which takes a parked one itself), and this is the cheaper of the two.
 
     Enter: takes the store's mutex (in-memory SQLite only), checks a
     connection out of the engine's pool and switches it to the lean mode
@@ -1096,12 +1128,23 @@ def _park_or_return(store: Store, pooled: Any, driver: db.Driver) -> None:
         pooled.is_valid
         and not parked
         and driver.outside_transaction()
-        and (limit is None or store.engine.pool.checkedout() < limit)  # type: ignore[attr-defined]
+        and (limit is None or _below_limit(store.engine.pool, limit))
     ):
         driver.park()
         parked.append((pooled, driver))
         return
     _return_to_pool(pooled, driver)
+
+
+def _below_limit(pool: Any, limit: int) -> bool:
+    """The QueuePool ``pool`` has fewer than ``limit`` (its size + overflow) checked out.
+
+    First without its mutex: ``checkedout()`` is ``size - idle + overflow``,
+    and ``overflow`` (the connections opened, less the size) below the
+    pool's ``max_overflow`` already means fewer than ``limit``; only a pool
+    that opened all it may open is counted (under the mutex).
+    """
+    return bool(pool._overflow < pool._max_overflow or pool.checkedout() < limit)
 
 
 def _return_to_pool(pooled: Any, driver: db.Driver) -> None:

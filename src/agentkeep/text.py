@@ -54,6 +54,8 @@ def check_text(text: str, field: str) -> str:
         InvalidInput: (field ``field``) it is not a ``str``, or it holds a NUL
             or a lone surrogate.
     """
+    if type(text) is str and text.isascii() and "\x00" not in text:
+        return text  # the common case, without a call (ASCII: no surrogate)
     if not isinstance(text, str):
         raise InvalidInput(field, f"expected a string, got {type(text).__name__}")
     problem = text_problem(text)

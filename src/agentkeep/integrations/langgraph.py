@@ -325,7 +325,8 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         writes: Sequence[tuple[str, Any]],
         task_id: str,
         task_path: str,
-    ) -> Callable[[Any], Any]:
+    ) -> tuple[Callable[[Any], Any], bool]:
+        """The put_writes operation, and whether it is fenced (inside ``owning``)."""
         conf = config["configurable"]
         thread_id = conf["thread_id"]
         sid = self.session_id(thread_id, conf.get("checkpoint_ns", ""))
@@ -345,7 +346,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         def op(calls: Any) -> Any:
             return calls.put_pending_writes(sid, node_id, task_id, rows, **kwargs)
 
-        return op
+        return op, fence is not None
 
     def _tuple(self, session_id: str, node: CheckpointNode) -> CheckpointTuple:
         """Decode a stored node; a value that does not decode is SessionCorrupt."""
@@ -543,11 +544,8 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         if writes:
             # Outside owning on a sync SQLite store: no transaction of the unit's
             # own, the writes are one statement in autocommit (see _one_call).
-            unfenced = self._fence(config["configurable"]["thread_id"]) is None
-            self._one_call(
-                self._writes_op(config, writes, task_id, task_path),
-                begin=not (unfenced and self._sqlite),
-            )
+            op, fenced = self._writes_op(config, writes, task_id, task_path)
+            self._one_call(op, begin=fenced or not self._sqlite)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every session of the thread (all namespaces) in one transaction.
@@ -622,7 +620,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Async :meth:`put_writes`."""
         if writes:
-            await self._aone_call(self._writes_op(config, writes, task_id, task_path))
+            await self._aone_call(self._writes_op(config, writes, task_id, task_path)[0])
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Async :meth:`delete_thread`."""

@@ -321,11 +321,21 @@ def _write_rows_params(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "path": first["path"],
     }
     for i, row in enumerate(rows):
-        params[f"idx{i}"] = row["idx"]
-        params[f"channel{i}"] = row["channel"]
-        params[f"type{i}"] = row["type"]
-        params[f"value{i}"] = row["value"]
+        idx, channel, type_, value = _ROW_NAMES[i] if i < len(_ROW_NAMES) else _row_names(i)
+        params[idx] = row["idx"]
+        params[channel] = row["channel"]
+        params[type_] = row["type"]
+        params[value] = row["value"]
     return params
+
+
+def _row_names(i: int) -> tuple[str, str, str, str]:
+    """The parameter names of row ``i`` of a multi-row insert (:func:`_write_rows_params`)."""
+    return f"idx{i}", f"channel{i}", f"type{i}", f"value{i}"
+
+
+#: :func:`_row_names` of the rows one insert takes at most (built once, not per put).
+_ROW_NAMES: Final = tuple(_row_names(i) for i in range(32))
 
 
 def _add_write_statements(
@@ -747,6 +757,8 @@ def _write(row: Sequence[Any]) -> StoredWrite:
 
 
 def _check_bytes(value: object, field: str) -> bytes:
+    if type(value) is bytes:
+        return value
     if not isinstance(value, bytes | bytearray | memoryview):
         raise InvalidInput(field, f"expected bytes, got {type(value).__name__}")
     return bytes(value)
@@ -763,6 +775,8 @@ def _encodable(value: str, field: str) -> str:
 
 
 def _check_str(value: object, field: str) -> str:
+    if type(value) is str and value.isascii() and "\x00" not in value:
+        return value  # the common case, without a call (ASCII: no surrogate)
     if not isinstance(value, str) or "\x00" in value:
         raise InvalidInput(field, "expected a string without NUL")
     return _encodable(value, field)
@@ -774,6 +788,11 @@ def check_text_id(value: object, field: str) -> str:
     Raises:
         InvalidInput: otherwise; nothing is written.
     """
+    if type(value) is str and value.isascii() and not value.isspace() and "\x00" not in value:
+        # check_id's rule for the common case, without a call: an ASCII str (no
+        # surrogate) is blank when it is empty or all whitespace (what strip() removes)
+        if value:
+            return value
     return _encodable(check_id(value, field), field)
 
 
@@ -953,9 +972,11 @@ class CheckpointNodeRepository:
         fence: LeaseFence | None,
         renew_ms: int | None,
         node: dict[str, Any],
+        body: bytes,
     ) -> None:
-        """A put on SQLite: the guarded node upsert, then the blob; three statements with
-        the unit's ``BEGIN IMMEDIATE`` and ``COMMIT`` when the lease passes.
+        """A put on SQLite: the guarded node upsert (``node``: its parameters), then the
+        blob of ``body``; three statements with the unit's ``BEGIN IMMEDIATE`` and
+        ``COMMIT`` when the lease passes.
 
         Under the unit's ``BEGIN IMMEDIATE`` (no other writer, no blob GC, until
         it ends): the node upsert with LEASE_GUARD folded in
@@ -982,8 +1003,8 @@ class CheckpointNodeRepository:
         ):
             guard_session_write(db, lease_sid, fence, now, renew_ms)
             db.execute(_PUT_NODE, node)
-        blob = {"hash": node["ref"], "kind": node["kind"], "compression": node["compression"]}
-        db.execute(_PUT_BLOB, {**blob, "content": node["content"]})
+        blob = {"hash": node["ref"], "kind": KIND_OPAQUE, "compression": "none", "content": body}
+        db.execute(_PUT_BLOB, blob)
 
     def _writes_sqlite(
         self,
@@ -1102,25 +1123,22 @@ class CheckpointNodeRepository:
         self._check_guard(lease_session_id, renew_ms)
         if fence is not None:
             fence = check_fence(fence, "fence")
+        digest = hashlib.sha256(raw).hexdigest()
         node: dict[str, Any] = {
             "sid": session_id,
             "nid": node_id,
             "parent": parent_node_id,
             "json": node_json,
             "live": 0,
-            "ref": None,
+            "ref": digest,
             "run": run_id,
-            "kind": KIND_OPAQUE,
-            "compression": "none",
-            "content": raw,
         }
         if self._db.postgres:  # the blob insert is a CTE of the node upsert
-            digest = node["ref"] = hashlib.sha256(raw).hexdigest()
+            node.update(kind=KIND_OPAQUE, compression="none", content=raw)
             writes = [(_PUT_NODE_AND_BLOB, node)]
             self._guarded(session_id, lease_session_id, fence, renew_ms, writes, blobs=True)
         else:
-            digest = node["ref"] = hashlib.sha256(raw).hexdigest()
-            self._put_sqlite(session_id, lease_session_id, fence, renew_ms, node)
+            self._put_sqlite(session_id, lease_session_id, fence, renew_ms, node, raw)
         return digest
 
     def put_pending_writes(
@@ -1153,7 +1171,9 @@ class CheckpointNodeRepository:
         check_text_id(task_id, "task_id")
         _check_str(task_path, "task_path")
         self._check_guard(lease_session_id, renew_ms)
-        if isinstance(writes, str | bytes) or not isinstance(writes, Sequence):
+        if type(writes) is not list and (  # a list without the ABC's isinstance
+            isinstance(writes, str | bytes) or not isinstance(writes, Sequence)
+        ):
             raise InvalidInput("writes", "expected a sequence of PendingWrite")
         add: list[dict[str, Any]] = []
         replace: list[dict[str, Any]] = []
