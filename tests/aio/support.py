@@ -239,6 +239,7 @@ SESSION_TABLES: Final = (
     "session_head",
     "graph_nodes",
     "usage_deltas",
+    "session_usage_totals",
     "runtime_turn_commits",
     "blobs",
     "queued_work_batches",

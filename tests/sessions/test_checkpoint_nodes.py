@@ -301,6 +301,58 @@ def test_delete_session_empties_every_table_and_gc_collects(store: Store) -> Non
     assert store.catalog.delete_session(SID) == 0
 
 
+def test_every_session_keyed_table_of_the_session_store_is_deleted() -> None:
+    """SESSION_TABLES names every table of agentkeep.sessions.models keyed by session_id
+    (computed from the models, so a table added later cannot be missed)."""
+    from agentkeep.sessions import models
+
+    keyed = {
+        cls.__tablename__
+        for cls in vars(models).values()
+        if isinstance(cls, type)
+        and cls.__module__ == models.__name__
+        and hasattr(cls, "__table__")
+        and "session_id" in cls.__table__.c
+    }
+    assert keyed == {t.__tablename__ for t in SESSION_TABLES}
+
+
+def test_a_deleted_session_leaves_no_ledger_totals_behind(store: Store) -> None:
+    """A session with turn commits (head, nodes, usage deltas, ledger totals) deleted and
+    started again under the same id: its new ledger holds only its new usage."""
+    from agentkeep.sessions.records import (
+        AppendNodes,
+        HeadScope,
+        HydratedSessionCheckpoint,
+        RuntimeCommit,
+        SessionNodeRecord,
+        TokenUsage,
+        UsageDelta,
+    )
+
+    def turn(fence: Any, tokens: int) -> RuntimeCommit:
+        node = SessionNodeRecord(node_id="n0", parent_node_id=None, timestamp=1, payload={})
+        usage = UsageDelta(source="s", model="m", usage=TokenUsage(input_tokens=tokens))
+        return RuntimeCommit(
+            session_id=SID,
+            expected_head_revision=0,
+            session_execution_lease=fence,
+            release_session_execution_lease=fence,
+            graph=AppendNodes(nodes=(node,), leaf_node_id="n0"),
+            checkpoint=HydratedSessionCheckpoint(turn_state={}),
+            usage_deltas=(usage,),
+        )
+
+    store.commits.commit_runtime_state(turn(acquire_lease(store, SID, A, 60_000), 7))
+    assert _counts(store, SID)["session_usage_totals"] == 1
+    store.catalog.delete_session(SID)
+    assert set(_counts(store, SID).values()) == {0}
+    store.commits.commit_runtime_state(turn(acquire_lease(store, SID, A, 60_000), 5))
+    read = store.commits.load_session(SID, HeadScope())
+    assert read is not None
+    assert [(e.source, e.model, e.usage.input_tokens) for e in read.token_ledger] == [("s", "m", 5)]
+
+
 def _full_session(store: Store) -> None:
     """SID with rows in the pending-write, node, lease and metadata tables."""
     from agentkeep.sessions.records import SessionMeta
@@ -332,7 +384,7 @@ def test_a_fault_in_a_late_delete_leaves_the_session_whole(
 
 
 def test_delete_session_takes_three_round_trips_on_psycopg(store: Store, pg_url: str) -> None:
-    """BEGIN + the session lock, the ten DELETEs in one pipelined round trip, COMMIT."""
+    """BEGIN + the session lock, the eleven DELETEs in one pipelined round trip, COMMIT."""
     from tests.sessions.test_round_trips import Trace
 
     _full_session(store)

@@ -2,8 +2,8 @@
 
 A session has no registry row of its own: it exists while any session table
 holds a row under its ``session_id`` (its lease, queued work, turn inputs,
-head, graph nodes, usage ledger, turn commits, attachments, metadata, pending
-writes). :meth:`SessionCatalogRepository.list_sessions` enumerates the
+head, graph nodes, usage ledger and its totals, turn commits, attachments,
+metadata, pending writes). :meth:`SessionCatalogRepository.list_sessions` enumerates the
 distinct ids over all of them; :meth:`SessionCatalogRepository.delete_session`
 deletes every row of every session table under one id
 (docs/sessions.md#the-session-catalog).
@@ -41,6 +41,7 @@ from agentkeep.sessions.models import (
     SessionLeaseRow,
     SessionMetaRow,
     UsageDeltaRow,
+    UsageTotalRow,
 )
 from agentkeep.statements import Statement
 
@@ -52,6 +53,7 @@ SESSION_TABLES: Final[tuple[type[Any], ...]] = (
     PendingWriteRow,
     GraphNodeRow,
     UsageDeltaRow,
+    UsageTotalRow,
     RuntimeTurnCommitRow,
     AttachmentManifestRow,
     QueuedWorkBatchRow,
@@ -141,7 +143,8 @@ class SessionCatalogRepository:
         See docs/sessions.md#delete_session.
 
         Takes the ``session:<id>`` write lock. Deletes, in one transaction,
-        the session's pending writes, graph nodes, usage ledger, turn-commit
+        the session's pending writes, graph nodes, usage ledger and its
+        totals, turn-commit
         records, attachments, queued work (its items by cascade), turn
         inputs, metadata, head and execution lease. A holder of the deleted
         lease fails its next fenced write with
