@@ -245,3 +245,28 @@ def test_a_saver_put_on_asyncpg_is_three_round_trips(pg_url: str) -> None:
         call(lambda st: saver.aput_writes(config("held", "1ef0-0001"), [("a", 1)], "task"))
         got = call(lambda st: saver.aget_tuple(config("held")))
         assert got is not None and got.pending_writes == [("task", "a", 1)]
+
+
+def test_delete_session_on_asyncpg_is_three_round_trips(pg_url: str) -> None:
+    """``BEGIN`` + the session lock, every DELETE as one statement of CTEs, ``COMMIT``
+    (was one round trip per table); it deletes every row and counts them."""
+    from agentkeep.sessions.domain import QueuedWorkDraft, QueuedWorkPayload
+
+    sid = "del/asyncpg"
+    payload = (QueuedWorkPayload(kind="k", body=1),)
+    with asyncpg_calls(pg_url) as (call, tap):
+        call(
+            lambda st: st.queue.enqueue_queued_work(
+                QueuedWorkDraft(session_id=sid, payloads=payload)
+            )
+        )
+        call(lambda st: st.checkpoint_nodes.put_checkpoint_node(sid, "c1", b"one"))
+        call(lambda st: st.leases.try_claim_session_execution_lease(sid, OWNER, 60_000))
+        call(lambda st: st.catalog.delete_session("del/warm"))  # warm
+        with tap.record() as trips:
+            deleted = call(lambda st: st.catalog.delete_session(sid))
+        assert deleted == 3, deleted  # the batch (its item by cascade), the node, the lease
+        assert len(trips) == 3, trips
+        assert trips[0].startswith(_BEGIN_LOCK) and trips[-1] == "COMMIT", trips
+        assert trips[1].startswith("WITH deleted_"), trips
+        assert call(lambda st: st.catalog.list_sessions(prefix="del/")).session_ids == []

@@ -57,6 +57,7 @@ POSTGRES_ONLY = frozenset(
         "runs.set_input_alone",
         "runs.delete_alone",
         "leases.release_alone",
+        "catalog.delete_all",
     }
 )
 #: The commit's folded ledger write (a data-modifying CTE): sent only on Postgres.

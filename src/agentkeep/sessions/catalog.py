@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, func, select, union
+from sqlalchemy import delete, func, literal, select, union
 
 from agentkeep.clock import Clock
 from agentkeep.db import Driver, atomic
@@ -82,6 +82,36 @@ _DELETE: Final = tuple(
     Statement(delete(t).where(t.session_id == p("sid")), name=f"catalog.delete.{t.__tablename__}")
     for t in SESSION_TABLES
 )
+
+
+def _delete_all(dialect: Any) -> Any:
+    """Postgres: every DELETE of :data:`_DELETE` as a data-modifying CTE of one SELECT that
+    returns the number of rows they deleted (one statement: one round trip on any driver).
+
+    The CTEs all run on the statement's snapshot, taken after the caller's lock;
+    the foreign keys (queued work items' ``ON DELETE CASCADE``) act at the end
+    of the statement, when every row is gone. A refused DELETE fails the
+    statement, and nothing of it is kept. Sent only on Postgres (SQLite has no
+    data-modifying CTEs: there the DELETEs run one by one).
+    """
+    counts = [
+        select(func.count())
+        .select_from(
+            delete(t)
+            .where(t.session_id == p("sid"))
+            .returning(literal(1))
+            .cte(f"deleted_{t.__tablename__}")
+        )
+        .scalar_subquery()
+        for t in SESSION_TABLES
+    ]
+    total: Any = counts[0]
+    for count in counts[1:]:
+        total = total + count
+    return select(total)
+
+
+_DELETE_ALL: Final = Statement(_delete_all, name="catalog.delete_all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +180,11 @@ class SessionCatalogRepository:
         lease fails its next fenced write with
         :class:`~agentkeep.errors.SessionExecutionLeaseExpired`. Blobs are
         not deleted: the ones only this session named are collected by the
-        next blob GC. An unknown session deletes nothing. On psycopg the
-        DELETEs go out together in one pipelined round trip (a one-call
-        delete is three: ``BEGIN`` with the lock, the DELETEs, ``COMMIT``); a
-        DELETE the server refuses fails the call and the transaction keeps
-        nothing of it.
+        next blob GC. An unknown session deletes nothing. On Postgres the
+        DELETEs are one statement (:data:`_DELETE_ALL`: a one-call delete is
+        three round trips on every driver, ``BEGIN`` with the lock, the
+        statement, ``COMMIT``); a DELETE the server refuses fails the call and
+        the transaction keeps nothing of it.
 
         Returns:
             The number of rows deleted (queued work items not counted).
@@ -167,16 +197,8 @@ class SessionCatalogRepository:
         db = self._db
         begin_session_write(db, self._clock, self._writable, session_id)
         params = {"sid": session_id}
-        counts: list[int] = []
-
-        def count(result: Any) -> None:
-            counts.append(int(result.rowcount))
-
-        # The DELETEs are independent: on psycopg they go out in one pipelined
-        # round trip (Driver.defer), elsewhere one at a time; in both cases in
-        # this order and inside the unit's transaction.
         with atomic(db, self._nested):
-            for stmt in _DELETE:
-                db.defer(stmt, params, count)
-            db.flush()
-        return sum(counts)
+            if db.postgres:  # one statement: one round trip
+                return int(db.execute(_DELETE_ALL, params).fetchone()[0])
+            # SQLite: the DELETEs one at a time, in this order, in the unit's transaction.
+            return sum(int(db.execute(stmt, params).rowcount) for stmt in _DELETE)
