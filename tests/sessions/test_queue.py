@@ -45,6 +45,7 @@ from agentkeep.sessions.domain import (
     QueuedWorkClaim,
     QueuedWorkCompletion,
     QueuedWorkDraft,
+    QueuedWorkItem,
     QueuedWorkPayload,
     SlotPolicy,
     claim_lease_token,
@@ -1258,6 +1259,33 @@ def test_a_corrupt_row_counter_is_refused_not_read_as_zero(
             with pytest.raises(SessionCorrupt) as err:
                 call()
             assert (err.value.key, err.value.column) == (bad.batch_id, "claim_fencing_token")
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("builder", ["checked", "validating"])
+def test_a_corrupt_item_index_is_refused_naming_the_items_table(
+    tmp_path: Any, builder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite only: text in the items' INTEGER ``item_index``. SessionCorrupt naming the
+    item and its column, whichever way records are built (never read as it is)."""
+    if builder == "validating":
+        monkeypatch.setattr(codec, "checked_item", QueuedWorkItem)
+    store = Store.open(f"sqlite:///{tmp_path / 'q.db'}", migrate=True, clock=SettableClock(1000))
+    try:
+        bad = enqueue(store, draft())
+        execute_sql(
+            store,
+            "UPDATE queued_work_items SET item_index = 'x' WHERE batch_id = :b",
+            b=bad.batch_id,
+        )
+        with pytest.raises(SessionCorrupt) as err:
+            listed(store)
+        assert (err.value.table, err.value.key, err.value.column) == (
+            "queued_work_items",
+            f"{bad.batch_id}:x",
+            "item_index",
+        )
     finally:
         store.close()
 

@@ -267,6 +267,16 @@ class _Decoding:
             raise SessionCorrupt(self.table, self.key, column, str(exc)) from None
 
 
+def _item_index(raw: object) -> int:
+    """A stored item index: an integer in ``0..2**63-1`` (SQLite's INTEGER column can
+    hold text, which the record built without validation would otherwise keep)."""
+    if type(raw) is not int:
+        raise TypeError(f"{type(raw).__name__} instead of an integer")
+    if not 0 <= raw <= MAX_I64:
+        raise ValueError(f"{raw} is out of range")
+    return raw
+
+
 def _text(raw: object) -> str:
     if not isinstance(raw, str):
         raise TypeError(f"{type(raw).__name__} instead of text")
@@ -281,11 +291,17 @@ def batch_from_row(row: Sequence[Any], item_rows: Sequence[Sequence[Any]]) -> Qu
     the one that fails.
 
     Raises:
-        SessionCorrupt: a policy, merge key or payload does not decode.
+        SessionCorrupt: an item index, a policy, merge key or payload does not
+            decode (naming its table and column); or validation refuses the
+            row as a whole (column: the field it names).
     """
     try:
         items = tuple(
-            checked_item(item_index=index, item_id=item_id, payload=_decode_payload(_text(payload)))
+            checked_item(
+                item_index=_item_index(index),
+                item_id=item_id,
+                payload=_decode_payload(_text(payload)),
+            )
             for index, item_id, payload in item_rows
         )
         return checked_batch(
@@ -330,6 +346,7 @@ def _name_failing_batch_column(row: Sequence[Any], item_rows: Sequence[Sequence[
     under :class:`_Decoding`: the first that fails raises SessionCorrupt naming it."""
     for index, _item_id, payload in item_rows:
         d_item = _Decoding("queued_work_items", f"{row[1]}:{index}")
+        d_item("item_index", _item_index, index)
         d_item("payload_json", lambda t: _decode_payload(_text(t)), payload)
     d = _Decoding("queued_work_batches", str(row[1]))
     d("delivery_policy", DeliveryPolicy, row[4])
@@ -365,7 +382,8 @@ def input_from_row(row: Sequence[Any]) -> PendingTurnInput:
     the one that fails.
 
     Raises:
-        SessionCorrupt: the ingress, state or input does not decode.
+        SessionCorrupt: the ingress, state or input does not decode; or
+            validation refuses the row as a whole (column: the field it names).
     """
     try:
         return checked_input(
