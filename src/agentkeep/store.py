@@ -785,9 +785,9 @@ class Store:
 
         A read never waits in the writer queue nor cuts its lock waits
         (:meth:`_lean`), so on a store that parks its connection the unit
-        runs on the parked one here, with :meth:`_lean_unit`'s error handling
-        and :class:`_PooledDriver`'s exit, without the context manager and
-        the write-only steps around them (a one-call ``get`` is a few
+        runs on the parked one here, with :meth:`_lean_attempt`'s error
+        handling and :meth:`_lean_unit`'s exit, without the write-only steps
+        around them (a one-call ``get`` is a few
         microseconds of Python around one SELECT). Otherwise (nothing
         parked: the first unit, another thread's unit holds it, or a store
         that does not park) :meth:`_lean_unit` runs it.
@@ -917,6 +917,15 @@ class Store:
         deadline: float | None,
         operation: bool,
     ) -> T:
+        """Run ``fn`` as one one-call unit on ``driver`` (``pooled``: its pool connection).
+
+        A retry near the operation's ``deadline`` waits for locks only for
+        what is left of it (``StoreBusy`` once nothing is). A write unit is
+        begun (``snapshot``), run and committed; a read ends its snapshot.
+        On an error the connection is discarded (:func:`_discard_lost` for
+        ``ConnectionLost``; ``CommitOutcomeUnknown``: its state is unknown)
+        or rolled back, and the error raised as it came.
+        """
         busy = self._settings.busy_timeout_ms
         limit = None
         if deadline is not None and write and busy is not None:
@@ -1139,10 +1148,12 @@ def _park_or_return(store: Store, pooled: Any, driver: db.Driver) -> None:
 def _below_limit(pool: Any, limit: int) -> bool:
     """The QueuePool ``pool`` has fewer than ``limit`` (its size + overflow) checked out.
 
-    First without its mutex: ``checkedout()`` is ``size - idle + overflow``,
-    and ``overflow`` (the connections opened, less the size) below the
-    pool's ``max_overflow`` already means fewer than ``limit``; only a pool
-    that opened all it may open is counted (under the mutex).
+    ``checkedout()`` is ``size - idle + overflow``, so ``overflow`` (the
+    connections opened, less the size) below the pool's ``max_overflow``
+    already means fewer than ``limit``; only a pool that opened all it may
+    open is counted. Both are read without the pool's locks, as
+    ``checkedout()`` always was: another thread may check a connection out
+    right after, so the answer is a snapshot, not a reservation.
     """
     return bool(pool._overflow < pool._max_overflow or pool.checkedout() < limit)
 

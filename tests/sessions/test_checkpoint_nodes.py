@@ -369,8 +369,9 @@ def _full_session(store: Store) -> None:
 def test_a_fault_in_a_late_delete_leaves_the_session_whole(
     store: Store, db_url: str, backend: str
 ) -> None:
-    """The DELETEs are one transaction (pipelined on psycopg): a trigger aborting the
-    lease-row DELETE, the last of them, fails the call and every earlier table keeps its rows."""
+    """The DELETEs are one transaction (one statement on Postgres): a trigger aborting
+    the lease-row DELETE (the last of them on SQLite) fails the call, and every other
+    table keeps its rows."""
     from tests.runtime.support import abort_trigger
 
     _full_session(store)
@@ -384,7 +385,7 @@ def test_a_fault_in_a_late_delete_leaves_the_session_whole(
 
 
 def test_delete_session_takes_three_round_trips_on_psycopg(store: Store, pg_url: str) -> None:
-    """BEGIN + the session lock, the eleven DELETEs in one pipelined round trip, COMMIT."""
+    """BEGIN + the session lock, the eleven DELETEs as one statement of CTEs, COMMIT."""
     from tests.sessions.test_round_trips import Trace
 
     _full_session(store)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import bindparam as p
-from sqlalchemy import delete, func, literal, select, union
+from sqlalchemy import delete, func, literal_column, select, union
 
 from agentkeep.clock import Clock
 from agentkeep.db import Driver, atomic
@@ -48,7 +48,9 @@ from agentkeep.statements import Statement
 __all__ = ["MAX_PAGE", "SESSION_TABLES", "SessionCatalogRepository", "SessionPage"]
 
 #: Every table keyed by ``session_id`` (queued work items go with their batch:
-#: ``ON DELETE CASCADE``). Delete order: children before what they hang off.
+#: ``ON DELETE CASCADE``). On SQLite the DELETEs run in this order, children
+#: before what they hang off; on Postgres they are one statement, whose foreign
+#: keys act at its end.
 SESSION_TABLES: Final[tuple[type[Any], ...]] = (
     PendingWriteRow,
     GraphNodeRow,
@@ -99,7 +101,7 @@ def _delete_all(dialect: Any) -> Any:
         .select_from(
             delete(t)
             .where(t.session_id == p("sid"))
-            .returning(literal(1))
+            .returning(literal_column("1"))
             .cte(f"deleted_{t.__tablename__}")
         )
         .scalar_subquery()

@@ -783,7 +783,8 @@ def _check_str(value: object, field: str) -> str:
 
 
 def check_text_id(value: object, field: str) -> str:
-    """:func:`~agentkeep.sessions.domain.check_id`, and UTF-8 text (no lone surrogate).
+    """:func:`~agentkeep.sessions.domain.check_id` (a non-blank str, no NUL, no lone
+    surrogate), with the common case (an ASCII str) checked without a call.
 
     Raises:
         InvalidInput: otherwise; nothing is written.
@@ -793,7 +794,7 @@ def check_text_id(value: object, field: str) -> str:
         # surrogate) is blank when it is empty or all whitespace (what strip() removes)
         if value:
             return value
-    return _encodable(check_id(value, field), field)
+    return check_id(value, field)
 
 
 def _check_ttl(value: object, field: str) -> int | None:
