@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -1235,6 +1236,18 @@ def test_corrupt_payload_json_fails_claims_and_lists(store: Store, payload: str)
     assert snapshot(store) == before
 
 
+@contextmanager
+def _one_corrupt_batch(tmp_path: Any, sql: str) -> Iterator[tuple[Store, QueuedWorkBatch]]:
+    """A SQLite file store holding one enqueued batch, then ``sql`` run on it (``:b``: its id)."""
+    store = Store.open(f"sqlite:///{tmp_path / 'q.db'}", migrate=True, clock=SettableClock(1000))
+    try:
+        bad = enqueue(store, draft())
+        execute_sql(store, sql, b=bad.batch_id)
+        yield store, bad
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("builder", ["checked", "validating"])
 def test_a_corrupt_row_counter_is_refused_not_read_as_zero(
     tmp_path: Any, builder: str, monkeypatch: pytest.MonkeyPatch
@@ -1246,21 +1259,13 @@ def test_a_corrupt_row_counter_is_refused_not_read_as_zero(
     SessionCorrupt naming the column, never pydantic's ValidationError."""
     if builder == "validating":
         monkeypatch.setattr(codec, "checked_batch", QueuedWorkBatch)
-    store = Store.open(f"sqlite:///{tmp_path / 'q.db'}", migrate=True, clock=SettableClock(1000))
-    try:
-        bad = enqueue(store, draft())
-        execute_sql(
-            store,
-            "UPDATE queued_work_batches SET claim_fencing_token = 'many' WHERE batch_id = :b",
-            b=bad.batch_id,
-        )
+    sql = "UPDATE queued_work_batches SET claim_fencing_token = 'many' WHERE batch_id = :b"
+    with _one_corrupt_batch(tmp_path, sql) as (store, bad):
         fence = take_lease(store)
         for call in (lambda: claim_ready(store, fence), lambda: listed(store)):
             with pytest.raises(SessionCorrupt) as err:
                 call()
             assert (err.value.key, err.value.column) == (bad.batch_id, "claim_fencing_token")
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize("builder", ["checked", "validating"])
@@ -1271,14 +1276,8 @@ def test_a_corrupt_item_index_is_refused_naming_the_items_table(
     item and its column, whichever way records are built (never read as it is)."""
     if builder == "validating":
         monkeypatch.setattr(codec, "checked_item", QueuedWorkItem)
-    store = Store.open(f"sqlite:///{tmp_path / 'q.db'}", migrate=True, clock=SettableClock(1000))
-    try:
-        bad = enqueue(store, draft())
-        execute_sql(
-            store,
-            "UPDATE queued_work_items SET item_index = 'x' WHERE batch_id = :b",
-            b=bad.batch_id,
-        )
+    sql = "UPDATE queued_work_items SET item_index = 'x' WHERE batch_id = :b"
+    with _one_corrupt_batch(tmp_path, sql) as (store, bad):
         with pytest.raises(SessionCorrupt) as err:
             listed(store)
         assert (err.value.table, err.value.key, err.value.column) == (
@@ -1286,8 +1285,6 @@ def test_a_corrupt_item_index_is_refused_naming_the_items_table(
             f"{bad.batch_id}:x",
             "item_index",
         )
-    finally:
-        store.close()
 
 
 # --------------------------------------------------------------------------
