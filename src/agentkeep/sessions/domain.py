@@ -34,7 +34,8 @@ from agentkeep.bounds import I64_MAX, U32, U63, saturating_add
 from agentkeep.bounds import check_u63 as check_ms
 from agentkeep.checked_records import checked_builder
 from agentkeep.errors import InvalidInput
-from agentkeep.strict_json import has_lone_surrogate, json_value_problem
+from agentkeep.strict_json import json_value_problem
+from agentkeep.text import text_problem
 
 __all__ = [
     "MAX_I64",
@@ -120,10 +121,10 @@ def check_id(value: object, field: str) -> str:
         raise InvalidInput(field, f"expected a string, got {type(value).__name__}")
     if not value.strip():
         raise InvalidInput(field, "must not be blank")
-    if "\x00" in value:
-        raise InvalidInput(field, "contains a NUL character")
-    if not value.isascii() and has_lone_surrogate(value):
-        raise InvalidInput(field, "holds a lone UTF-16 surrogate, which has no UTF-8 form")
+    if "\x00" in value or not value.isascii():  # ASCII without NUL: nothing to look for
+        problem = text_problem(value)
+        if problem is not None:
+            raise InvalidInput(field, problem)
     return value
 
 
