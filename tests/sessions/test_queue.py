@@ -53,6 +53,7 @@ from agentkeep.sessions.domain import (
 )
 from agentkeep.sessions.ids import rust_debug
 from agentkeep.store import Store
+from tests.sessions.test_head_read import _sqlite_log
 from tests.support import execute_sql, explain, query, raw_exec
 
 from .support import LeaseTaker, enqueue
@@ -1056,6 +1057,33 @@ def test_i_4_a_claim_that_loses_a_row_writes_nothing(store: Store, trigger: Any)
         assert uow.queue.claim_ready_queued_work(SID, fence, A, IDLE, 8) is None
     assert ids_of(listed(store)) == [x.batch_id, y.batch_id, solo.batch_id, kept.batch_id]
     assert all(b.claim_token is None for b in listed(store))
+
+
+def test_a_claim_of_many_batches_stamps_them_by_sixteen_all_or_none(
+    store: Store, backend: str, trigger: Any
+) -> None:
+    """A claim of 20 batches by id stamps them in two UPDATEs (16 rows, then 4) and
+    keeps the claim's order; when one row of the second UPDATE is lost (a trigger
+    skips it), the claim is None and the first UPDATE's 16 stamps are taken back."""
+    batches = [enqueue(store, joined("a")) for _ in range(20)]
+    order = ids_of(reversed(batches))
+    fence = take_lease(store)
+    log = _sqlite_log(store) if backend == "sqlite" else []
+
+    claim = claim_ids(store, fence, order)
+    assert claim is not None and ids_of(claim.batches) == order
+    if backend == "sqlite":
+        stamps = [sql for sql in log if sql.startswith("UPDATE queued_work_batches")]
+        assert len(stamps) == 2, stamps
+    stamped = [row(store, batch_id) for batch_id in order]
+    assert {r["claim_token"] for r in stamped} == {claim.lease_token}
+    assert [r["claim_fencing_token"] for r in stamped] == [1] * 20
+    abandon(store, claim)
+
+    trigger("skip", "queued_work_batches", f"OLD.batch_id = '{order[18]}'")
+    before = snapshot(store)
+    assert claim_ids(store, fence, order) is None
+    assert snapshot(store) == before
 
 
 def test_i_5_the_row_counter_grows_by_one_per_claim_and_saturates(

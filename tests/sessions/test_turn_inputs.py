@@ -1486,6 +1486,31 @@ def test_a_lost_race_on_the_second_row_returns_none_and_rolls_back(
     assert turn_input_rows(store) == before
 
 
+def test_a_claim_of_many_inputs_stamps_them_by_sixteen_all_or_none(
+    store: Store, backend: str, claim_trigger: Callable[[str, str], None]
+) -> None:
+    """A claim of 20 inputs stamps them in two UPDATEs (16 rows, then 4) and returns
+    them in queue order; when one row of the second UPDATE is lost (a trigger skips
+    it), the claim is None and the first UPDATE's 16 stamps are taken back."""
+    rows = [enqueue(store, draft(None)) for _ in range(20)]
+    fence = hold(store)
+    log = _sqlite_log(store) if backend == "sqlite" else []
+
+    claim = claim_next(store, fence, 20)
+    assert claim is not None and ids(claim.inputs) == ids(rows)
+    assert [item.claim_fencing_token for item in claim.inputs] == [1] * 20
+    assert {item.claim_token for item in claim.inputs} == {claim.lease_token}
+    if backend == "sqlite":
+        stamps = [sql for sql in log if sql.startswith("UPDATE pending_turn_inputs")]
+        assert len(stamps) == 2, stamps
+    store.turn_inputs.abandon_turn_input_claim(claim)
+
+    claim_trigger("skip", rows[18].input_id)
+    before = turn_input_rows(store)
+    assert claim_next(store, fence, 20) is None
+    assert turn_input_rows(store) == before
+
+
 @pytest.mark.parametrize("kind", ["skip", "raise"])
 def test_a_one_call_claim_of_one_input_sends_no_savepoint_and_keeps_its_outcomes(
     store: Store, backend: str, claim_trigger: Callable[[str, str], None], kind: str

@@ -86,6 +86,7 @@ Choices where the original store was open (docs/decisions.md#session-store):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import secrets
@@ -258,20 +259,36 @@ _INSERT_ITEM: Final = Statement(
 )
 # STAMP_CLAIM fenced by CLAIMABLE; the per-row counter saturates at 2**63-1
 # (docs/sessions.md#named-predicates).
+_STAMP_VALUES: Final = {
+    "claim_id": p("cid"),
+    "claim_owner_id": p("owner"),
+    "claim_owner_incarnation_id": p("inc"),
+    "claim_owner_liveness_json": p("liveness"),
+    "claim_token": p("token"),
+    "claim_fencing_token": next_claim_fencing(_B.claim_fencing_token),
+    "claim_session_lease_generation": p("generation"),
+}
 _STAMP_CLAIM: Final = Statement(
-    update(_B)
-    .values(
-        claim_id=p("cid"),
-        claim_owner_id=p("owner"),
-        claim_owner_incarnation_id=p("inc"),
-        claim_owner_liveness_json=p("liveness"),
-        claim_token=p("token"),
-        claim_fencing_token=next_claim_fencing(_B.claim_fencing_token),
-        claim_session_lease_generation=p("generation"),
-    )
-    .where(_BY_SESSION, _BY_BATCH, _CLAIMABLE),
+    update(_B).values(_STAMP_VALUES).where(_BY_SESSION, _BY_BATCH, _CLAIMABLE),
     name="queue.stamp_claim",
 )
+#: The most rows one :data:`_STAMP_CLAIM_MANY` statement stamps (a longer claim takes several).
+_STAMP_ROWS: Final = 16
+
+
+def _stamp_rows(_dialect: Any, *, count: int) -> Any:
+    batch_ids = [p(f"bid{i}") for i in range(count)]
+    return (
+        update(_B).values(_STAMP_VALUES).where(_BY_SESSION, _B.batch_id.in_(batch_ids), _CLAIMABLE)
+    )
+
+
+#: ``_STAMP_CLAIM_MANY[n]``: :data:`_STAMP_CLAIM` of ``n`` rows (``:bid0`` …
+#: ``:bid<n-1>``) in one statement.
+_STAMP_CLAIM_MANY: Final = {
+    n: Statement(functools.partial(_stamp_rows, count=n), name=f"queue.stamp_claim_{n}")
+    for n in range(2, _STAMP_ROWS + 1)
+}
 # CLEAR_CLAIM (docs/sessions.md#named-predicates): claim_fencing_token is kept.
 _CLEAR_CLAIM: Final = Statement(
     update(_B).values(CLEARED_CLAIM).where(*_CLAIM_FENCE), name="queue.clear_claim"
@@ -835,11 +852,18 @@ class QueuedWorkRepository:
             if self._db.execute(_STAMP_CLAIM, {**params, "bid": head.batch_id}).rowcount != 1:
                 return None
         else:
+            # All or none: every chunk must stamp each of its rows, or the
+            # savepoint takes back what the claim wrote.
             try:
                 with self._db.savepoint():
-                    for batch in selected:
-                        params["bid"] = batch.batch_id
-                        if self._db.execute(_STAMP_CLAIM, params).rowcount != 1:
+                    for start in range(0, len(selected), _STAMP_ROWS):
+                        chunk = selected[start : start + _STAMP_ROWS]
+                        if len(chunk) == 1:
+                            stmt, ids = _STAMP_CLAIM, {"bid": chunk[0].batch_id}
+                        else:
+                            stmt = _STAMP_CLAIM_MANY[len(chunk)]
+                            ids = {f"bid{i}": batch.batch_id for i, batch in enumerate(chunk)}
+                        if self._db.execute(stmt, {**params, **ids}).rowcount != len(chunk):
                             raise _LostRace
             except _LostRace:
                 return None

@@ -95,6 +95,7 @@ Outcomes and errors:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import secrets
@@ -284,22 +285,42 @@ CLAIM_SCAN: Final = Statement(
 )
 # STAMP_CLAIM with the per-row counter saturating at 2**63-1
 # (docs/sessions.md#named-predicates, docs/sessions.md#conventions).
+_STAMP_VALUES: Final = {
+    "state": p("state_after"),
+    "claim_id": p("cid"),
+    "claim_owner_id": p("owner"),
+    "claim_owner_incarnation_id": p("inc"),
+    "claim_owner_liveness_json": p("liveness"),
+    "claim_token": p("token"),
+    "claim_fencing_token": next_claim_fencing(_T.claim_fencing_token),
+    "claim_session_lease_generation": p("gen"),
+}
 _STAMP: Final = Statement(
     update(_T)
-    .values(
-        state=p("state_after"),
-        claim_id=p("cid"),
-        claim_owner_id=p("owner"),
-        claim_owner_incarnation_id=p("inc"),
-        claim_owner_liveness_json=p("liveness"),
-        claim_token=p("token"),
-        claim_fencing_token=next_claim_fencing(_T.claim_fencing_token),
-        claim_session_lease_generation=p("gen"),
-    )
+    .values(_STAMP_VALUES)
     .where(_BY_SESSION, _BY_INPUT, _CLAIMABLE)
     .returning(*INPUT_COLUMNS),
     name="turn_inputs.stamp_claim",
 )
+#: The most rows one :data:`_STAMP_ROWS` statement stamps (a longer claim takes several).
+_STAMP_ROWS: Final = 16
+
+
+def _stamp_rows(_dialect: Any, *, count: int) -> Any:
+    return (
+        update(_T)
+        .values(_STAMP_VALUES)
+        .where(_BY_SESSION, _T.input_id.in_([p(f"iid{i}") for i in range(count)]), _CLAIMABLE)
+        .returning(*INPUT_COLUMNS)
+    )
+
+
+#: ``_STAMP_MANY[n]``: :data:`_STAMP` of ``n`` rows (``:iid0`` … ``:iid<n-1>``) in one
+#: statement; the rows come back in no particular order.
+_STAMP_MANY: Final = {
+    n: Statement(functools.partial(_stamp_rows, count=n), name=f"turn_inputs.stamp_claim_{n}")
+    for n in range(2, _STAMP_ROWS + 1)
+}
 _ABANDON: Final = Statement(
     update(_T)
     .values(
@@ -871,6 +892,28 @@ class TurnInputRepository:
         """
         return self._claim(session_id, fence, owner, NextTurnMode(), max_inputs)
 
+    def _stamp_chunk(
+        self, stamp: dict[str, Any], chunk: list[PendingTurnInput]
+    ) -> list[PendingTurnInput]:
+        """STAMP ``chunk``'s rows in one statement; the stamped rows in ``chunk``'s order.
+
+        Raises:
+            _LostRace: a row was not stamped (no longer claimable); the caller's
+                savepoint takes back the rows that were.
+            SessionCorrupt: a stamped row does not decode.
+        """
+        if len(chunk) == 1:
+            rows = self._db.execute(_STAMP, {**stamp, "iid": chunk[0].input_id}).fetchall()
+        else:
+            params = dict(stamp)
+            for i, item in enumerate(chunk):
+                params[f"iid{i}"] = item.input_id
+            rows = self._db.execute(_STAMP_MANY[len(chunk)], params).fetchall()
+        if len(rows) != len(chunk):
+            raise _LostRace
+        by_id = {stamped.input_id: stamped for stamped in map(input_from_row, rows)}
+        return [by_id[item.input_id] for item in chunk]
+
     def _claim(
         self,
         session_id: str,
@@ -944,13 +987,14 @@ class TurnInputRepository:
                 return None
             claimed.append(input_from_row(row))
         else:
+            # All or none: every chunk must stamp each of its rows, or the
+            # savepoint takes back what the claim wrote.
             try:
                 with self._db.savepoint():
-                    for item in selected:
-                        row = self._db.execute(_STAMP, {**stamp, "iid": item.input_id}).fetchone()
-                        if row is None:
-                            raise _LostRace
-                        claimed.append(input_from_row(row))
+                    for start in range(0, len(selected), _STAMP_ROWS):
+                        claimed.extend(
+                            self._stamp_chunk(stamp, selected[start : start + _STAMP_ROWS])
+                        )
             except _LostRace:
                 return None
         return checked_input_claim(
