@@ -54,10 +54,6 @@ C = TypeVar("C", bound=type)
 Check = Callable[[object], bool]
 
 
-def _always(_: object) -> bool:
-    return True
-
-
 _SCALARS = (str, int, float, bool, enum.Enum, type(None))
 
 
@@ -90,6 +86,10 @@ def _test(annotation: Any) -> Check | None:
         alternatives = [_test(a) for a in args]
         if any(p is None for p in alternatives):
             return None
+        union = _plain_classes(annotation)
+        if union is not None:  # one isinstance call, no generator
+            members = union
+            return lambda v: isinstance(v, members)
         checks = tuple(p for p in alternatives if p is not None)
         return lambda v: any(p(v) for p in checks)
     if origin is typing.Literal:
@@ -100,8 +100,14 @@ def _test(annotation: Any) -> Check | None:
     if origin in (collections.abc.Sequence, list, tuple):
         inner_args = [a for a in args if a is not Ellipsis]
         inner = _predicate(inner_args[0]) if len(inner_args) == 1 else None
-        item = inner or _always
-        return lambda v: isinstance(v, (list, tuple)) and all(item(x) for x in v)
+        if inner is None:
+            return lambda v: isinstance(v, (list, tuple))
+        classes = _plain_classes(inner_args[0])
+        if classes is not None and len(classes) == 1:
+            # The class's own instance test, mapped in C: no generator frame per item.
+            instance = classes[0].__instancecheck__
+            return lambda v: isinstance(v, (list, tuple)) and all(map(instance, v))
+        return lambda v: isinstance(v, (list, tuple)) and all(inner(x) for x in v)
     if annotation is type(None):
         return lambda v: v is None
     if not isinstance(annotation, type) or getattr(annotation, "_is_protocol", False):
@@ -128,6 +134,31 @@ def _sequence_item(annotation: Any) -> tuple[Any, Check] | None:
             check = _predicate(inner[0])
             if check is not None:
                 return inner[0], check
+    return None
+
+
+def _plain_classes(annotation: Any) -> tuple[type, ...] | None:
+    """The classes ``annotation`` (a class or a union of them) is tested against with
+    ``isinstance`` alone, or None where its test is anything else.
+
+    ``int`` (which refuses ``bool``), ``bytes`` (which takes any buffer),
+    ``object`` and protocols have tests of their own: None for them.
+    """
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        found: list[type] = []
+        for alternative in typing.get_args(annotation):
+            classes = _plain_classes(alternative)
+            if classes is None:
+                return None
+            found.extend(classes)
+        return tuple(found)
+    if (
+        isinstance(annotation, type)
+        and annotation not in (int, bytes, object)
+        and not getattr(annotation, "_is_protocol", False)
+    ):
+        return (annotation,)
     return None
 
 
