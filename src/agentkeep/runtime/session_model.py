@@ -863,15 +863,16 @@ def _appended_messages(data: bytes, cached: bytes, end: int) -> tuple[Message, .
     also ends with the rest of ``cached`` (``],"metadata":…``), with at least
     one byte between, it is ``cached[:end] + "," + new + cached[end:]``: the
     envelope, metadata and version are the cached document's, byte for byte,
-    and ``new`` sits in the messages array after the cached messages. Such a
-    document is valid under every rule of :mod:`agentkeep.strict_json` iff
-    ``"[" + new + "]"`` is (the cuts are at ASCII characters, so UTF-8 holds
-    piecewise; an element there nests one level less than in the document,
-    hence the depth limit one less), and it then decodes to the cached
-    session with the messages of ``new`` appended, iff they validate as
-    messages (strictly, on their own, as the envelope's messages do) and
-    there is at least one. Anything else returns None and is decoded the
-    other way, whose error names the problem.
+    and ``new`` sits in the messages array after the cached messages. When
+    ``"[" + new + "]"`` is one JSON array valid under every rule of
+    :mod:`agentkeep.strict_json` (the cuts are at ASCII characters, so UTF-8
+    holds piecewise; an element there nests one level less than in the
+    document, hence the depth limit one less), its elements are complete
+    values that extend the messages array, so the document is valid too; if
+    there is at least one and they validate as messages (strictly, on their
+    own, as the envelope's messages do), it decodes to the cached session
+    with them appended, which is returned. Anything else returns None and is
+    decoded the other way, whose error names the problem.
     """
     rest = len(cached) - end
     if len(data) < len(cached) + 2 or not data.endswith(cached[end:]):
