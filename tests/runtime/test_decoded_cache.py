@@ -329,3 +329,104 @@ def test_an_evicted_base_is_not_used() -> None:
     cache.put(encode(second), second)  # evicts the first
     assert cache.continued_by(encode(first.with_message("user", "x"))) is None
     assert cache.continued_by(encode(second.with_message("user", "x"))) is not None
+
+
+# --------------------------------------------------------------------------
+# Messages appended and nothing else changed: only the appended part is decoded
+
+
+def _appended(base: bytes) -> list[bytes]:
+    """Documents that are ``base`` with something put after its last message."""
+    end = base.index(b'],"metadata":')
+    head, after = base[:end], base[end:]
+    new = b'{"content":"next","role":"assistant"}'
+    return [
+        head + b"," + new + after,  # one more message
+        head + b"," + new + b"," + new.replace(b"next", b"\\u00e9\xc3\xa9") + after,  # two
+        head + b", " + new + b" " + after,  # whitespace around it: valid, not canonical
+        head + b"," + b"[" + new + b"]" + after,  # an array, not a message
+        head + b"," + new + b',"x"' + after,  # a string, not a message
+        head + b"," + new + b'],"metadata":{},"version":2,"x":[' + after,  # closes the array
+        head + b"," + new.replace(b"next", b"\\udc00") + after,  # a lone surrogate
+        head + b"," + new.replace(b'"next"', b"1e999") + after,  # a number too large
+        head + b"," + new.replace(b'"next"', b"[" * 125 + b"]" * 125) + after,  # 128 deep
+        head + b"," + new.replace(b'"next"', b"[" * 126 + b"]" * 126) + after,  # 129 deep
+        head + b"," + new + b"\xc3" + after,  # not UTF-8
+        head + b",," + new + after,  # an empty element
+        head + b"," + after,  # nothing appended
+        head + b", " + after,  # only whitespace appended
+    ]
+
+
+@pytest.mark.parametrize(
+    "base_session",
+    [user_session("a", "b"), session_with_compaction_intent()[0]],
+    ids=["plain", "compacted"],
+)
+def test_appended_messages_decode_as_the_whole_document(
+    base_session: SM.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = encode(base_session)
+    decode_session(base)
+    docs = _appended(base)
+    full = [_full(d) for d in docs]
+    documents: list[bytes] = []
+    real = SM._decode_document
+
+    def counting(data: bytes) -> SM.Session:
+        documents.append(data)
+        return real(data)
+
+    monkeypatch.setattr(SM, "_decode_document", counting)
+    outcomes = []
+    for data in docs:
+        documents.clear()
+        outcomes.append(_decoded(data))
+        if data in docs[:3]:  # appended messages: nothing else is decoded
+            assert documents == []
+    assert outcomes == full
+    sessions = [o for o in outcomes if isinstance(o, SM.Session)]
+    assert len(sessions) == 3
+    assert "content" in str(outcomes[8]) and "nested deeper" in str(outcomes[9])
+    assert sessions[1].messages[-2:] == (
+        Message(role="assistant", content="next"),
+        Message(role="assistant", content="éé"),
+    )
+
+
+def test_a_cached_continuation_records_where_its_messages_end() -> None:
+    """The entry of a snapshot kept after a continuation holds :func:`_messages_end`'s
+    value, so the next continuation is cut at the right place."""
+    session = user_session("a", 'x ],"metadata": ]')
+    docs = [encode(session)]
+    for i in range(3):
+        session = session.with_message("assistant", f"r{i} ]")
+        docs.append(encode(session))
+    end = docs[-1].index(b'],"metadata":')
+    new = b'{"content":"s","role":"user"}'
+    spaced = docs[-1][:end] + b"," + new + b" " + docs[-1][end:]  # valid, but not a base
+    for data in [*docs, spaced]:
+        decoded = decode_session(data)
+        assert decoded == SM._decode_document(data)
+        _, end = SM.DECODED_SESSIONS._entries[data]
+        assert end == SM._messages_end(data, decoded)
+    assert SM.DECODED_SESSIONS._entries[spaced][1] == -1
+    assert SM.DECODED_SESSIONS._entries[docs[-1]][1] > 0
+
+
+def test_a_lookup_compares_every_byte_of_a_same_length_snapshot() -> None:
+    """The same-length probe ends in an exact comparison; an evicted one is forgotten."""
+    cache = DecodedSessionCache(max_entries=2)
+    a, b = user_session("a"), user_session("b")
+    first, second = encode(a), encode(b)
+    assert len(first) == len(second)  # same length, other bytes
+    cache.put(first, a)
+    assert cache.get(bytes(bytearray(first))) is a  # an equal, new object: a hit
+    assert cache.get(second) is None
+    cache.put(second, b)  # now the probe's snapshot of that length
+    assert cache.get(bytes(bytearray(first))) is a and cache.get(second) is b
+    changed = first[:-3] + b"}}}"
+    assert cache.get(changed) is None
+    cache.put(encode(user_session("c", "d")), user_session("c", "d"))
+    cache.put(encode(user_session("e", "f")), user_session("e", "f"))  # both evicted
+    assert cache.get(first) is None and cache.get(second) is None

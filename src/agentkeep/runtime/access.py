@@ -130,9 +130,13 @@ def stored_form(value: Any) -> Any:
 def as_bytes(value: Any, *, table: str, key: str, column: str) -> bytes:
     """Return a payload column's value as ``bytes`` (see :func:`payload_bytes`).
 
+    ``bytes`` are returned at once (the place is named only in an error).
+
     Raises:
         ReadFailed: the value is not bytes or text, naming table, key and column.
     """
+    if type(value) is bytes:
+        return value
     return payload_bytes(value, f"{table}[{key}].{column}")
 
 
@@ -222,7 +226,13 @@ class RuntimeAccess:
         """All of the block or none of it, also inside a caller's unit (see the module doc).
 
         A SAVEPOINT only where the unit may hold other work (``db.atomic``).
+        In a one-call unit on a driver that does not pipeline (SQLite,
+        asyncpg) there is nothing to do: the unit's rollback undoes the block,
+        and no write of the driver's is ever deferred, so none has a check to
+        run before an error the block raises (:meth:`Driver.deferred_first`).
         """
+        if not self.nested and not self.db.pipelines:
+            return _NOTHING
         return db_atomic(self.db, self.nested)
 
     def prefetching(self, reads: Sequence[tuple[Statement, Mapping[str, Any]]]) -> Any:
@@ -390,7 +400,7 @@ class RuntimeAccess:
             ReadFailed: the statement failed (``what`` says what was read).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
-        return self._run(stmt, params, ReadFailed, f"failed to read {what}")
+        return self._run(stmt, params, ReadFailed, "read", what)
 
     def dml(self, stmt: Statement, params: Mapping[str, Any], what: str) -> Any:
         """Run an INSERT / UPDATE / DELETE; return the cursor (``rowcount``, ``RETURNING`` rows).
@@ -400,7 +410,7 @@ class RuntimeAccess:
                 trigger abort (``what`` says what was written).
             StoreBusy: a busy / lock-timeout error (retryable).
         """
-        return self._run(stmt, params, WriteFailed, f"failed to write {what}")
+        return self._run(stmt, params, WriteFailed, "write", what)
 
     def fenced(self, stmt: Statement, params: Mapping[str, Any], what: str) -> None:
         """Run an UPDATE / DELETE fenced in SQL on what was read under the lock: one row.
@@ -455,8 +465,10 @@ class RuntimeAccess:
         stmt: Statement,
         params: Mapping[str, Any],
         error: type[ReadFailed] | type[WriteFailed],
-        context: str,
+        verb: str,
+        what: str,
     ) -> Any:
+        """Run ``stmt``; a failure is ``error("failed to <verb> <what>: ...")``."""
         if self._queue or self._merge:
             self.flush()
         try:
@@ -464,7 +476,7 @@ class RuntimeAccess:
         except StoreBusy:
             raise
         except DatabaseError as exc:
-            raise error(f"{context}: {exc}") from exc
+            raise error(f"failed to {verb} {what}: {exc}") from exc
 
     def one_bytes(
         self, stmt: Statement, params: Mapping[str, Any], *, table: str, key: str, column: str

@@ -218,8 +218,12 @@ def apply_input_state_batch_cas(
         stored = stored_input_state(access, runtime_id, row.input_id)
         if stored is None:
             return InputStateCasOutcome.STALE
-        current = as_bytes(
-            stored, table=_TABLE, key=f"{runtime_id}, {row.input_id}", column="state_json"
+        current = (  # a TEXT-degraded row as its UTF-8 bytes; the key named only then
+            stored
+            if type(stored) is bytes
+            else as_bytes(
+                stored, table=_TABLE, key=f"{runtime_id}, {row.input_id}", column="state_json"
+            )
         )
         all_expected = all_expected and current == row.expected_json
         all_replacements = all_replacements and current == row.replacement_json

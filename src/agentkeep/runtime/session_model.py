@@ -43,7 +43,10 @@ Choices where the original store was open
   cache hit, so no caller ever holds the cached value's mutable parts. A
   snapshot that repeats a cached one's bytes up to its last message and
   appends messages is decoded from its new part only, the cached messages
-  reused (:meth:`DecodedSessionCache.continued_by`); the result and the
+  reused (:meth:`DecodedSessionCache.continued_by`); when nothing else
+  changed (the rest is the cached document's, byte for byte), only the
+  appended messages are parsed and validated and the cached envelope and
+  metadata are reused (:func:`_appended_messages`). The result and the
   errors are those of a full decode.
 * A snapshot is parsed once: the object the strict parser returns is
   validated in pydantic's strict Python mode (JSON arrays turned into the
@@ -64,11 +67,19 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from agentkeep.bounds import I64_MAX, U63
 from agentkeep.errors import InvalidInput
-from agentkeep.strict_json import JsonError, canonical_bytes
+from agentkeep.strict_json import JSON_MAX_DEPTH, JsonError, canonical_bytes
 from agentkeep.strict_json import loads as strict_loads
 
 __all__ = [
@@ -615,12 +626,17 @@ def _decode_history(value: JsonValue) -> TranscriptHistory:
 class DecodedSessionCache:
     """A bounded, thread-safe map from snapshot bytes to their decoded :class:`Session`.
 
-    The key is the bytes themselves (a dict lookup: their hash, then an exact
-    comparison), so a changed snapshot — one byte differs — is never served
-    another's session. Only successful decodes are kept; a snapshot that
-    fails is decoded (and fails) again every time. At most ``max_entries``
-    sessions whose snapshots total at most ``max_total_bytes`` are kept, least
-    recently used out first; a snapshot longer than ``max_bytes`` is not kept.
+    The key is the bytes themselves, so a changed snapshot — one byte
+    differs — is never served another's session. A lookup first compares
+    ``data`` with the most recently kept snapshot of the same length (an
+    exact comparison of every byte, which costs less than hashing them: a
+    stored head read back from the database is a new ``bytes`` object, equal
+    to the snapshot kept when it was written); otherwise it is a dict lookup
+    (their hash, then an exact comparison). Only successful decodes are kept;
+    a snapshot that fails is decoded (and fails) again every time. At most
+    ``max_entries`` sessions whose snapshots total at most ``max_total_bytes``
+    are kept, least recently used out first; a snapshot longer than
+    ``max_bytes`` is not kept.
 
     Each session id also names its most recently kept snapshot, when that
     snapshot has the layout a continuation can be decoded against (see
@@ -635,31 +651,38 @@ class DecodedSessionCache:
         self.max_total_bytes = max_total_bytes
         self._entries: OrderedDict[bytes, tuple[Session, int]] = OrderedDict()
         self._latest: dict[str, bytes] = {}
+        # The most recently kept snapshot of each length (every one is a key of _entries).
+        self._by_length: dict[int, bytes] = {}
         self._total = 0
         self._lock = threading.Lock()
 
     def get(self, data: bytes) -> Session | None:
         """The session cached for exactly ``data``, or None (the entry becomes the newest)."""
         with self._lock:
-            entry = self._entries.get(data)
+            same = self._by_length.get(len(data))
+            key = same if same is not None and same == data else data
+            entry = self._entries.get(key)
             if entry is None:
                 return None
-            self._entries.move_to_end(data)
+            self._entries.move_to_end(key)
             return entry[0]
 
     def put(self, data: bytes, session: Session) -> None:
         """Keep ``session`` as the decode of ``data`` (unless ``data`` is too long).
 
-        ``session`` must be the decode of ``data``: :meth:`continued_by` relies on it.
+        ``session`` must be the decode of ``data``: :meth:`continued_by` relies
+        on it. Where its messages end is searched for from the end of the
+        cached snapshot ``data`` continues, if any (see :meth:`_end_of`).
         """
         if len(data) > self.max_bytes or self.max_entries <= 0:
             return
-        end = _messages_end(data, session)
+        end = self._end_of(data, session)
         with self._lock:
             if data not in self._entries:
                 self._total += len(data)
             self._entries[data] = (session, end)
             self._entries.move_to_end(data)
+            self._by_length[len(data)] = data
             if end > 0:
                 self._latest[session.id] = data
             while len(self._entries) > self.max_entries or self._total > self.max_total_bytes:
@@ -667,14 +690,38 @@ class DecodedSessionCache:
                 self._total -= len(old)
                 if self._latest.get(gone.id) == old:
                     del self._latest[gone.id]
+                if self._by_length.get(len(old)) == old:
+                    del self._by_length[len(old)]
 
-    def continued_by(self, data: bytes) -> tuple[Session, int] | None:
-        """The cached session ``data`` may continue, and where its messages end, or None.
+    def _end_of(self, data: bytes, session: Session) -> int:
+        """:func:`_messages_end` of ``data``, searched from where the cached messages end.
+
+        When ``data`` continues the most recently kept snapshot of its session
+        (it repeats that snapshot's bytes up to the end of its last message,
+        then ``,``), its messages cannot end before: the text
+        ``],"metadata":`` occurs in the cached snapshot first where its
+        messages end, it cannot start at the ``,`` nor overlap it (its only
+        ``,`` is its second character, after a ``]``, and the cached last
+        message ends with ``}``). So only the new part is searched.
+        """
+        with self._lock:
+            base = self._latest.get(session.id)
+            entry = None if base is None else self._entries.get(base)
+        if base is not None and entry is not None:
+            end = entry[1]
+            if data[end : end + 1] == b"," and data[:end] == base[:end]:
+                found = data.find(_MESSAGES_CLOSE, end + 1)
+                return found if found > 0 and data[found - 1 : found] == b"}" else -1
+        return _messages_end(data, session)
+
+    def continued_by(self, data: bytes) -> tuple[Session, int, bytes] | None:
+        """The cached session ``data`` may continue, where its messages end, and its bytes.
 
         The candidate is the most recently kept snapshot of the session id
-        ``data`` starts with; it is returned only if ``data`` repeats its bytes
-        up to the end of its last message and then goes on with ``,`` (more
-        messages) or ``]`` (no more).
+        ``data`` starts with; it is returned (as ``(session, end, snapshot)``)
+        only if ``data`` repeats its bytes up to ``end``, the end of its last
+        message, and then goes on with ``,`` (more messages) or ``]`` (no
+        more). Otherwise None.
         """
         if not data.startswith(_ID_OPEN) or data[_ID_END : _ID_END + len(_MESSAGES_OPEN)] != (
             _MESSAGES_OPEN
@@ -688,13 +735,14 @@ class DecodedSessionCache:
             session, end = self._entries[base]
         if data[end : end + 1] not in (b",", b"]") or data[:end] != base[:end]:
             return None
-        return session, end
+        return session, end, base
 
     def clear(self) -> None:
         """Forget every entry."""
         with self._lock:
             self._entries.clear()
             self._latest.clear()
+            self._by_length.clear()
             self._total = 0
 
     def __len__(self) -> int:
@@ -757,6 +805,9 @@ def decode_session(data: bytes) -> Session:
 # history and intents are all in the rest; and a message validates on its own.
 # So the decode equals the full one. If the shortened document does not
 # decode, the full document is decoded instead, whose error names the problem.
+# Most often nothing but the messages changed: the snapshot then also ends
+# with the cached one's bytes from its messages' end, and only the appended
+# messages are decoded (:func:`_appended_messages`).
 
 _ID_OPEN: Final = b'{"id":"'
 _ID_END: Final = len(_ID_OPEN) + 36  # a canonical UUID
@@ -776,12 +827,21 @@ def _messages_end(data: bytes, session: Session) -> int:
 
 
 def _decode_continuation(data: bytes) -> Session | None:
-    """Decode ``data`` as a continuation of a cached snapshot, or None if it is not one."""
+    """Decode ``data`` as a continuation of a cached snapshot, or None if it is not one.
+
+    Messages appended to the cached snapshot and nothing else changed: only
+    the appended messages are decoded (:func:`_appended_messages`). Otherwise
+    the document with the cached messages cut out is decoded.
+    """
     found = DECODED_SESSIONS.continued_by(data)
     if found is None:
         return None
-    base, end = found
+    base, end, cached = found
     more = data[end : end + 1] == b","
+    if more:
+        appended = _appended_messages(data, cached, end)
+        if appended is not None:
+            return base.model_copy(update={"messages": base.messages + appended})
     try:
         tail = _decode_document(data[: _ID_END + len(_MESSAGES_OPEN)] + data[end + more :])
     except DecodeProblem:
@@ -789,6 +849,46 @@ def _decode_continuation(data: bytes) -> Session | None:
     if more and not tail.messages:
         return None  # "[m, ]": the comma has no element after it
     return tail.model_copy(update={"messages": base.messages + tail.messages})
+
+
+#: The appended messages of :func:`_appended_messages`, validated as the envelope validates them.
+_MESSAGES: Final = TypeAdapter(tuple[Message, ...])
+
+
+def _appended_messages(data: bytes, cached: bytes, end: int) -> tuple[Message, ...] | None:
+    """The messages ``data`` appends to ``cached`` if that is all it changes, else None.
+
+    ``data`` repeats ``cached`` up to ``end`` (where its last message ends)
+    and goes on with ``,`` (:meth:`DecodedSessionCache.continued_by`). If it
+    also ends with the rest of ``cached`` (``],"metadata":…``), with at least
+    one byte between, it is ``cached[:end] + "," + new + cached[end:]``: the
+    envelope, metadata and version are the cached document's, byte for byte,
+    and ``new`` sits in the messages array after the cached messages. When
+    ``"[" + new + "]"`` is one JSON array valid under every rule of
+    :mod:`agentkeep.strict_json` (the cuts are at ASCII characters, so UTF-8
+    holds piecewise; an element there nests one level less than in the
+    document, hence the depth limit one less), its elements are complete
+    values that extend the messages array, so the document is valid too; if
+    there is at least one and they validate as messages (strictly, on their
+    own, as the envelope's messages do), it decodes to the cached session
+    with them appended, which is returned. Anything else returns None and is
+    decoded the other way, whose error names the problem.
+    """
+    rest = len(cached) - end
+    if len(data) < len(cached) + 2 or not data.endswith(cached[end:]):
+        return None
+    try:
+        items = strict_loads(
+            b"[" + data[end + 1 : len(data) - rest] + b"]", max_depth=JSON_MAX_DEPTH - 1
+        )
+    except JsonError:
+        return None
+    if type(items) is not list or not items:
+        return None
+    try:
+        return _MESSAGES.validate_python(tuple(items), strict=True)
+    except ValidationError:
+        return None
 
 
 def _decode_session(data: bytes) -> Session:
