@@ -207,3 +207,37 @@ def test_a_repeated_holder_field_that_leaves_three_keys_is_refused(text: str) ->
         codec.decode_current(text)
     assert info.value.field == "current"
     assert "duplicate field" in info.value.detail
+
+
+H1 = '"a":{"op":"o","desc":"d","gen":1}'
+H2 = '"b":{"op":"p","desc":"e","gen":2}'
+
+MAP_TILING = [
+    (f"{{{H1}}}", True),
+    (f"{{{H1},{H2}}}", True),
+    (f"{{{H2},{H1}}}", True),
+    # The characters between and around the holders count.
+    (f"{{{{{H1}}}", False),
+    (f"{{{H1}}}}}", False),
+    (f"{{{H1}}}{H2}}}", False),
+    (f"{{{H1},,{H2}}}", False),
+    (f"{{{H1}{H2}}}", False),
+    (f"{{{H1},{H2},}}", False),
+    (f"x{H1}}}", False),
+    (f"{{{H1}", False),
+    (f"{{{H1},", False),
+]
+
+
+@pytest.mark.parametrize(("text", "plain"), MAP_TILING)
+def test_the_map_regex_path_takes_exactly_whole_canonical_maps(
+    monkeypatch: pytest.MonkeyPatch, text: str, plain: bool
+) -> None:
+    """One findall reads the holders; their lengths and separators prove they tile the text."""
+    got = codec._plain_current(text)
+    assert (got is not None) == plain
+    expected = _strict(monkeypatch, codec.decode_current, text)
+    assert _outcome(codec.decode_current, text) == expected
+    if plain:
+        assert ("ok", got) == expected
+        assert list(got) == sorted(got)

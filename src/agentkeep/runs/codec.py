@@ -725,24 +725,41 @@ def _fast_step_entries(text: str, build: bool = True) -> tuple[StepEntry, ...] |
     return tuple(out)
 
 
-# A canonical slot map, matched whole by one regex (as the step array above):
-# each holder exactly ``{"op":…,"desc":…,"gen":…}``, plain strings, ``gen``
-# a JSON integer without sign or leading zero, checked against 2**63-1.
+# A canonical slot map, read by one findall (as the step array above): each
+# holder exactly ``"slot":{"op":…,"desc":…,"gen":…}``, plain strings, ``gen``
+# a JSON integer without sign or leading zero, checked against 2**63-1. Each
+# holder is matched with the character after it (``,`` for all but the last,
+# ``}`` for the last), so that one findall both reads the holders and proves
+# the whole text is ``{`` holder (``,`` holder)* ``}``: a match starts with
+# ``"``, so the text's first character, ``{``, is in none; when the matches'
+# lengths add up to the text's length less that one, they tile the rest.
 _HOLDER: Final = (
     r'"([^"\\\x00-\x1f]*)":\{"op":"([^"\\\x00-\x1f]*)",'
     r'"desc":"([^"\\\x00-\x1f]*)","gen":(0|[1-9][0-9]{0,18})\}'
 )
-_PLAIN_MAP: Final = re.compile(r"\{" + _HOLDER + r"(?:," + _HOLDER + r")*\}")
-_HOLDERS: Final = re.compile(_HOLDER)
+_HOLDER_ITEMS: Final = re.compile(_HOLDER + r"([,}])")
+# The length of a holder item without its four captured values.
+_HOLDER_ITEM_FIXED: Final = len('"":{"op":"","desc":"","gen":}}')
 
 
 def _plain_current(text: str) -> dict[str, Assignee] | None:
     """The regex fast path of :func:`_fast_current`; None: not such a map (or a repeated slot)."""
-    if not text.isascii() or _PLAIN_MAP.fullmatch(text) is None:
+    if not text.isascii() or not text.startswith("{"):
         return None
-    holders = _HOLDERS.findall(text)
+    holders = _HOLDER_ITEMS.findall(text)
+    if not holders:
+        return None
+    covered = 1 + _HOLDER_ITEM_FIXED * len(holders)  # the opening "{" and the fixed text
+    commas = 0
+    for slot, op, desc, gen_text, after in holders:
+        covered += len(slot) + len(op) + len(desc) + len(gen_text)
+        if after == ",":
+            commas += 1
+    # Every holder but the last followed by ",", the last by the closing "}".
+    if covered != len(text) or commas != len(holders) - 1 or holders[-1][4] != "}":
+        return None
     result: dict[str, Assignee] = {}
-    for slot, op, desc, gen_text in sorted(holders):
+    for slot, op, desc, gen_text, _ in sorted(holders) if len(holders) > 1 else holders:
         gen = int(gen_text)
         if gen > I64_MAX or slot in result:
             return None  # out of range, or a repeated slot: the strict path decides
