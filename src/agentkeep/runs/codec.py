@@ -95,6 +95,7 @@ from agentkeep.strict_json import (
 
 __all__ = [
     "build_model",
+    "model_builder",
     "CodecError",
     "append_json_array",
     "check_degradations",
@@ -282,6 +283,15 @@ def build_model(cls: type[Any], values: dict[str, Any]) -> Any:
     about 4x cheaper. ``values`` must hold every field, in declaration order.
     """
     return _build(cls, values)
+
+
+def model_builder() -> Callable[[type[Any], dict[str, Any]], Any]:
+    """The function :func:`build_model` calls, for a caller that builds one model per row.
+
+    Called as ``builder(cls, values)``, with :func:`build_model`'s rules; one
+    call less per model than :func:`build_model`.
+    """
+    return _build  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------

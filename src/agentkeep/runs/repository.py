@@ -74,8 +74,10 @@ from agentkeep.errors import (
 from agentkeep.runs import codec
 from agentkeep.runs.codec import CodecError
 from agentkeep.runs.domain import (
+    UNSET,
     Assignee,
     DegradationEntry,
+    PrefixedId,
     Released,
     RunId,
     RunListFilter,
@@ -96,6 +98,7 @@ __all__ = ["RunRepository"]
 T = TypeVar("T")
 
 _TABLE: Final = Run.__tablename__
+_build_model: Final = codec.model_builder()  # codec.build_model, one call less per row
 
 _FIELD_COLUMN: Final = {
     "status": "status",
@@ -494,9 +497,14 @@ class RunRepository:
         try:
             status = codec.decode_status(row[2])
             steps = codec.decode_step_entries(row[3])
-            degradations = codec.decode_degradations(row[4])
+            raw_degradations, raw_result = row[4], row[8]
+            # The common values of these two columns without a call (a list
+            # decodes every row): no degradation, no result.
+            degradations = (
+                () if raw_degradations == "[]" else codec.decode_degradations(raw_degradations)
+            )
             current = codec.decode_current(row[6])
-            result = codec.decode_result_ref(row[8])
+            result = UNSET if raw_result is None else codec.decode_result_ref(raw_result)
             run_id, task_id = codec.decode_run_ids(raw_id, row[1])
             # The plain columns' checks inlined (a list decodes every row); the
             # codec's functions name what is wrong when one fails.
@@ -522,7 +530,7 @@ class RunRepository:
         except CodecError as exc:
             column = _FIELD_COLUMN.get(exc.field, exc.field)
             raise RunCorrupt(_TABLE, key, column, exc.detail, field=exc.field) from exc
-        return codec.build_model(  # type: ignore[no-any-return]
+        return _build_model(  # type: ignore[no-any-return]
             RunRecord,
             {
                 "id": run_id,
@@ -1036,9 +1044,30 @@ def _encode_status(value: object, field: str) -> str:
         raise InvalidInput(field, f"{value!r} is not a run status") from None
 
 
+_RUN_PREFIX: Final = RunId.PREFIX
+# RunId keeps PrefixedId's rule (checked once): _rid may then apply it inline.
+_PLAIN_RUN_ID: Final = RunId.__new__ is PrefixedId.__new__
+_str_new: Final = str.__new__
+
+
 def _rid(run_id: str) -> str:
-    """Validate a run id argument (``R-`` prefix, no NUL); raises IdParseError/InvalidInput."""
-    return run_id if type(run_id) is RunId else RunId(run_id)
+    """Validate a run id argument (``R-`` prefix, no NUL); raises IdParseError/InvalidInput.
+
+    A plain ``str`` that passes the rule becomes a RunId without the class's
+    constructor (its rule, inlined: every operation checks one id); anything
+    else goes through ``RunId(run_id)``, which raises the typed error.
+    """
+    if type(run_id) is RunId:
+        return run_id
+    if (
+        type(run_id) is str
+        and _PLAIN_RUN_ID
+        and len(run_id) > len(_RUN_PREFIX)
+        and run_id.startswith(_RUN_PREFIX)
+        and "\x00" not in run_id
+    ):
+        return _str_new(RunId, run_id)  # type: ignore[no-any-return]
+    return RunId(run_id)
 
 
 def _opt_text(value: str | None, field: str) -> str | None:
