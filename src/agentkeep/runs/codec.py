@@ -55,7 +55,9 @@ other versions survive (docs/decisions.md#appends-keep-earlier-entries-verbatim)
 from __future__ import annotations
 
 import json
+import json.encoder
 import json.scanner
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -219,6 +221,12 @@ def _dumps(value: object, field: str, *, sort_keys: bool = False) -> str:
         raise CodecError(field, str(exc)) from None
 
 
+# The writer ``json`` uses for a string with ``ensure_ascii=False`` (quotes
+# included), and for an integer: the texts of the directly formatted values.
+_quote: Final = json.encoder.encode_basestring
+_int_text: Final = int.__repr__
+
+
 def _plain(value: Any) -> Any:
     """Turn every marked object (``DuplicateKeys``) inside a free JSON value into a plain dict."""
     if isinstance(value, dict):
@@ -291,7 +299,7 @@ def model_builder() -> Callable[[type[Any], dict[str, Any]], Any]:
     Called as ``builder(cls, values)``, with :func:`build_model`'s rules; one
     call less per model than :func:`build_model`.
     """
-    return _build  # type: ignore[return-value]
+    return _build
 
 
 # --------------------------------------------------------------------------
@@ -413,6 +421,26 @@ def _usage_dict(u: Usage) -> dict[str, int]:
 
 
 def _encode_step_entry(e: StepEntry, field: str) -> str:
+    values = e.__dict__
+    step_id, step_ref, status, at = values["step_id"], e.step_ref, e.status, e.at
+    if (
+        type(at) is int
+        and isinstance(step_id, str)
+        and (step_ref is None or type(step_ref) is str)
+        and (status is None or type(status) is str)
+        and _STATS_FIELDS_NONE(values)
+    ):
+        # A pre-stats entry, formatted directly (see _plain_map_text: the same
+        # string writer and integer text as json; a test compares them).
+        text = (
+            f'{{"step_id":{_quote(str(step_id))},'
+            f'"step_ref":{"null" if step_ref is None else _quote(step_ref)},'
+            f'"status":{"null" if status is None else _quote(status)},'
+            f'"at":{_int_text(at)}}}'
+        )
+        if not text.isascii() and has_lone_surrogate(text):
+            raise CodecError(field, "a string contains a lone UTF-16 surrogate")
+        return text
     d: dict[str, Any] = {
         "step_id": str(e.step_id),
         "step_ref": e.step_ref,
@@ -442,6 +470,23 @@ def _encode_step_entry(e: StepEntry, field: str) -> str:
         # Free JSON: its object keys are sorted (serde_json's Value map).
         text = text[:-1] + ',"adapter_data":' + _dumps(e.adapter_data, field, sort_keys=True) + "}"
     return text
+
+
+def _stats_fields_none() -> Callable[[dict[str, Any]], bool]:
+    """A test that every field of a step entry's ``__dict__`` but the first four is None."""
+    stats = tuple(
+        n for n in StepEntry.model_fields if n not in ("step_id", "step_ref", "status", "at")
+    )
+    none = (None,) * len(stats)
+    getter = operator.itemgetter(*stats)
+
+    def test(values: dict[str, Any]) -> bool:
+        return bool(getter(values) == none)
+
+    return test
+
+
+_STATS_FIELDS_NONE: Final = _stats_fields_none()
 
 
 def encode_step_entry(e: StepEntry) -> str:
@@ -954,6 +999,31 @@ def append_json_array(raw_text: str, item_json: str) -> str:
 # current
 
 
+def _plain_map_text(m: Mapping[str, Assignee]) -> str | None:
+    """:func:`encode_current`'s text, formatted directly; None: not a map of plain values.
+
+    Only for a map whose slots and holder strings are exact ``str`` and whose
+    ``gen`` values are exact ``int``: each string is written by the function
+    ``json`` itself writes strings with here (``ensure_ascii=False``), each
+    integer by ``int.__repr__``, as ``json`` does, so the text is the one
+    :func:`encode_current` builds through ``json`` (a test compares them).
+    A lone surrogate is refused as there. Anything else: None.
+    """
+    parts = []
+    for slot in sorted(m) if len(m) > 1 else m:
+        a = m[slot]
+        op, desc, gen = a.op, a.desc, a.gen
+        if not (type(slot) is str and type(op) is str and type(desc) is str and type(gen) is int):
+            return None
+        parts.append(
+            f'{_quote(slot)}:{{"op":{_quote(op)},"desc":{_quote(desc)},"gen":{_int_text(gen)}}}'
+        )
+    text = "{" + ",".join(parts) + "}"
+    if not text.isascii() and has_lone_surrogate(text):
+        raise CodecError("current", "a string contains a lone UTF-16 surrogate")
+    return text
+
+
 def encode_current(m: Mapping[str, Assignee]) -> str | None:
     """Encode the slot map; an empty map is None (SQL NULL), never ``{}``.
 
@@ -965,6 +1035,9 @@ def encode_current(m: Mapping[str, Assignee]) -> str | None:
     """
     if not m:
         return None
+    text = _plain_map_text(m)
+    if text is not None:
+        return text
     for slot in m:
         if not isinstance(slot, str):
             raise CodecError("current", f"slot {slot!r} is not a string")
@@ -1156,6 +1229,8 @@ def check_text(value: str, field: str) -> str:
             character (Postgres TEXT cannot hold it), or contains a lone UTF-16
             surrogate (no backend can store it as UTF-8).
     """
+    if type(value) is str and value.isascii() and "\x00" not in value:
+        return value  # the common case, without a call (ASCII: no surrogate)
     if not isinstance(value, str):
         raise InvalidInput(field, f"expected a string, got {type(value).__name__}")
     if "\x00" in value:

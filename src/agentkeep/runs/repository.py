@@ -1066,7 +1066,7 @@ def _rid(run_id: str) -> str:
         and run_id.startswith(_RUN_PREFIX)
         and "\x00" not in run_id
     ):
-        return _str_new(RunId, run_id)  # type: ignore[no-any-return]
+        return _str_new(RunId, run_id)
     return RunId(run_id)
 
 
