@@ -59,7 +59,7 @@ import json.encoder
 import json.scanner
 import operator
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from agentkeep.bounds import I64_MAX, I64_MIN, U32_MAX, U64_MAX, check_u63
@@ -1009,8 +1009,14 @@ def _plain_map_text(m: Mapping[str, Assignee]) -> str | None:
     :func:`encode_current` builds through ``json`` (a test compares them).
     A lone surrogate is refused as there. Anything else: None.
     """
+    slots: Iterable[str] = m
+    if len(m) > 1:
+        for slot in m:
+            if type(slot) is not str:
+                return None  # sorted() would compare it with a str
+        slots = sorted(m)
     parts = []
-    for slot in sorted(m) if len(m) > 1 else m:
+    for slot in slots:
         a = m[slot]
         op, desc, gen = a.op, a.desc, a.gen
         if not (type(slot) is str and type(op) is str and type(desc) is str and type(gen) is int):
