@@ -488,8 +488,7 @@ class RunRepository:
         try:
             return fn()
         except CodecError as exc:
-            column = _FIELD_COLUMN.get(exc.field, exc.field)
-            raise RunCorrupt(_TABLE, run_id, column, exc.detail, field=exc.field) from exc
+            raise _corrupt(run_id, exc) from exc
 
     def _row_to_record(self, row: Sequence[Any]) -> RunRecord:
         raw_id = row[0]
@@ -730,7 +729,10 @@ class RunRepository:
         if row is None:
             raise RunNotFound(run_id)
         old = row[0]
-        self._decode(run_id, lambda: check(old))  # a corrupt array is refused, never extended
+        try:
+            check(old)  # a corrupt array is refused, never extended
+        except CodecError as exc:
+            raise _corrupt(run_id, exc) from exc
         return old  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ status
@@ -967,10 +969,10 @@ class RunRepository:
         row = self._db.execute(_GET_SLOTS, {"id": run_id}).fetchone()
         if row is None:
             raise RunNotFound(run_id)
-        return self._decode(
-            run_id,
-            lambda: (codec.decode_current(row[0]), codec.decode_u63(row[1], "next_generation")),
-        )
+        try:
+            return codec.decode_current(row[0]), codec.decode_u63(row[1], "next_generation")
+        except CodecError as exc:
+            raise _corrupt(run_id, exc) from exc
 
     def _write_slots(
         self, run_id: str, current: Mapping[str, Assignee], old_gen: int, new_gen: int, now: int
@@ -1032,6 +1034,12 @@ class RunRepository:
         """
         run_id = _rid(run_id)
         self._write_row(run_id, _DELETE_ALONE, _DELETE, {}, stamped=False)
+
+
+def _corrupt(run_id: str, exc: CodecError) -> RunCorrupt:
+    """The RunCorrupt of run ``run_id`` for a column that did not decode (``exc``)."""
+    column = _FIELD_COLUMN.get(exc.field, exc.field)
+    return RunCorrupt(_TABLE, run_id, column, exc.detail, field=exc.field)
 
 
 def _encode_status(value: object, field: str) -> str:
