@@ -1464,7 +1464,8 @@ class Driver:
         """
         if self._deferred:
             self.flush()
-        self._prefetch, self._prefetched = [], []
+        if self._prefetch or self._prefetched:
+            self._prefetch, self._prefetched = [], []
         if self._committed:  # COMMIT went with the unit's round trip (prefetching)
             self._committed = False
             return

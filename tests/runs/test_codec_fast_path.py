@@ -207,3 +207,100 @@ def test_a_repeated_holder_field_that_leaves_three_keys_is_refused(text: str) ->
         codec.decode_current(text)
     assert info.value.field == "current"
     assert "duplicate field" in info.value.detail
+
+
+H1 = '"a":{"op":"o","desc":"d","gen":1}'
+H2 = '"b":{"op":"p","desc":"e","gen":2}'
+
+MAP_TILING = [
+    (f"{{{H1}}}", True),
+    (f"{{{H1},{H2}}}", True),
+    (f"{{{H2},{H1}}}", True),
+    # The characters between and around the holders count.
+    (f"{{{{{H1}}}", False),
+    (f"{{{H1}}}}}", False),
+    (f"{{{H1}}}{H2}}}", False),
+    (f"{{{H1},,{H2}}}", False),
+    (f"{{{H1}{H2}}}", False),
+    (f"{{{H1},{H2},}}", False),
+    (f"x{H1}}}", False),
+    (f"{{{H1}", False),
+    (f"{{{H1},", False),
+]
+
+
+@pytest.mark.parametrize(("text", "plain"), MAP_TILING)
+def test_the_map_regex_path_takes_exactly_whole_canonical_maps(
+    monkeypatch: pytest.MonkeyPatch, text: str, plain: bool
+) -> None:
+    """One findall reads the holders; their lengths and separators prove they tile the text."""
+    got = codec._plain_current(text)
+    assert (got is not None) == plain
+    expected = _strict(monkeypatch, codec.decode_current, text)
+    assert _outcome(codec.decode_current, text) == expected
+    if plain:
+        assert ("ok", got) == expected
+        assert list(got) == sorted(got)
+
+
+# The encoders' direct formatting (a map of plain holders, a pre-stats entry)
+# must write exactly the text json writes on their general path.
+ODD_TEXTS = ["", "plain", 'q"uote', "back\\slash", "tab\tnl\n", "\x01\x1f\x7f", "é ü 中 😀", "/"]
+
+
+def _general(monkeypatch: pytest.MonkeyPatch, fn: Any, value: Any) -> Any:
+    with monkeypatch.context() as m:
+        m.setattr(codec, "_plain_map_text", lambda *a: None)
+        m.setattr(codec, "_STATS_FIELDS_NONE", lambda *a: False)
+        return _outcome(fn, value)
+
+
+@pytest.mark.parametrize("text", ODD_TEXTS)
+def test_a_plain_slot_map_is_written_as_json_writes_it(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    from agentkeep.runs.domain import Assignee
+
+    holder = Assignee(op=text or "o", desc=text or "d", gen=7)
+    maps = [
+        {text: holder},
+        {"b": holder, text: Assignee(op="x", desc="y", gen=0), "a": holder},
+        {"z": Assignee(op="o", desc="d", gen=2**63 - 1)},
+    ]
+    for m in maps:
+        expected = _general(monkeypatch, codec.encode_current, m)
+        assert _outcome(codec.encode_current, m) == expected
+        assert codec._plain_map_text(m) is not None
+
+
+@pytest.mark.parametrize("text", [*ODD_TEXTS, None])
+def test_a_pre_stats_entry_is_written_as_json_writes_it(
+    monkeypatch: pytest.MonkeyPatch, text: str | None
+) -> None:
+    from agentkeep.runs.domain import StepEntry
+
+    for entry in (
+        StepEntry(step_id="ST-" + (text or "1"), step_ref=text, status=text, at=0),
+        StepEntry(step_id="ST-1", step_ref=text, status="s", at=2**64 - 1),
+        StepEntry(step_id="ST-1", step_ref=text, status=None, at=5, attempt=2),
+        StepEntry(
+            step_id="ST-1", step_ref="r", status=text, at=5, binding_digest="sha256:" + "a" * 64
+        ),
+    ):
+        expected = _general(monkeypatch, codec.encode_step_entry, entry)
+        assert _outcome(codec.encode_step_entry, entry) == expected
+
+
+def test_a_lone_surrogate_is_refused_by_the_direct_formatting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentkeep.runs.domain import Assignee, StepEntry
+
+    m = {"s": Assignee.model_construct(op="\ud800", desc="d", gen=1)}
+    entry = StepEntry.model_construct(
+        **{**StepEntry.basic("ST-1", "r", "s", None, 1).__dict__, "status": "\udfff"}
+    )
+    for fn, value in ((codec.encode_current, m), (codec.encode_step_entry, entry)):
+        expected = _general(monkeypatch, fn, value)
+        assert expected[0] == "error"
+        assert _outcome(fn, value) == expected

@@ -55,9 +55,11 @@ other versions survive (docs/decisions.md#appends-keep-earlier-entries-verbatim)
 from __future__ import annotations
 
 import json
+import json.encoder
 import json.scanner
+import operator
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from agentkeep.bounds import I64_MAX, I64_MIN, U32_MAX, U64_MAX, check_u63
@@ -95,6 +97,7 @@ from agentkeep.strict_json import (
 
 __all__ = [
     "build_model",
+    "model_builder",
     "CodecError",
     "append_json_array",
     "check_degradations",
@@ -218,6 +221,12 @@ def _dumps(value: object, field: str, *, sort_keys: bool = False) -> str:
         raise CodecError(field, str(exc)) from None
 
 
+# The writer ``json`` uses for a string with ``ensure_ascii=False`` (quotes
+# included), and for an integer: the texts of the directly formatted values.
+_quote: Final = json.encoder.encode_basestring
+_int_text: Final = int.__repr__
+
+
 def _plain(value: Any) -> Any:
     """Turn every marked object (``DuplicateKeys``) inside a free JSON value into a plain dict."""
     if isinstance(value, dict):
@@ -282,6 +291,15 @@ def build_model(cls: type[Any], values: dict[str, Any]) -> Any:
     about 4x cheaper. ``values`` must hold every field, in declaration order.
     """
     return _build(cls, values)
+
+
+def model_builder() -> Callable[[type[Any], dict[str, Any]], Any]:
+    """The function :func:`build_model` calls, for a caller that builds one model per row.
+
+    Called as ``builder(cls, values)``, with :func:`build_model`'s rules; one
+    call less per model than :func:`build_model`.
+    """
+    return _build
 
 
 # --------------------------------------------------------------------------
@@ -403,6 +421,26 @@ def _usage_dict(u: Usage) -> dict[str, int]:
 
 
 def _encode_step_entry(e: StepEntry, field: str) -> str:
+    values = e.__dict__
+    step_id, step_ref, status, at = values["step_id"], e.step_ref, e.status, e.at
+    if (
+        type(at) is int
+        and isinstance(step_id, str)
+        and (step_ref is None or type(step_ref) is str)
+        and (status is None or type(status) is str)
+        and _STATS_FIELDS_NONE(values)
+    ):
+        # A pre-stats entry, formatted directly (see _plain_map_text: the same
+        # string writer and integer text as json; a test compares them).
+        text = (
+            f'{{"step_id":{_quote(str(step_id))},'
+            f'"step_ref":{"null" if step_ref is None else _quote(step_ref)},'
+            f'"status":{"null" if status is None else _quote(status)},'
+            f'"at":{_int_text(at)}}}'
+        )
+        if not text.isascii() and has_lone_surrogate(text):
+            raise CodecError(field, "a string contains a lone UTF-16 surrogate")
+        return text
     d: dict[str, Any] = {
         "step_id": str(e.step_id),
         "step_ref": e.step_ref,
@@ -432,6 +470,23 @@ def _encode_step_entry(e: StepEntry, field: str) -> str:
         # Free JSON: its object keys are sorted (serde_json's Value map).
         text = text[:-1] + ',"adapter_data":' + _dumps(e.adapter_data, field, sort_keys=True) + "}"
     return text
+
+
+def _stats_fields_none() -> Callable[[dict[str, Any]], bool]:
+    """A test that every field of a step entry's ``__dict__`` but the first four is None."""
+    stats = tuple(
+        n for n in StepEntry.model_fields if n not in ("step_id", "step_ref", "status", "at")
+    )
+    none = (None,) * len(stats)
+    getter = operator.itemgetter(*stats)
+
+    def test(values: dict[str, Any]) -> bool:
+        return bool(getter(values) == none)
+
+    return test
+
+
+_STATS_FIELDS_NONE: Final = _stats_fields_none()
 
 
 def encode_step_entry(e: StepEntry) -> str:
@@ -725,24 +780,41 @@ def _fast_step_entries(text: str, build: bool = True) -> tuple[StepEntry, ...] |
     return tuple(out)
 
 
-# A canonical slot map, matched whole by one regex (as the step array above):
-# each holder exactly ``{"op":…,"desc":…,"gen":…}``, plain strings, ``gen``
-# a JSON integer without sign or leading zero, checked against 2**63-1.
+# A canonical slot map, read by one findall (as the step array above): each
+# holder exactly ``"slot":{"op":…,"desc":…,"gen":…}``, plain strings, ``gen``
+# a JSON integer without sign or leading zero, checked against 2**63-1. Each
+# holder is matched with the character after it (``,`` for all but the last,
+# ``}`` for the last), so that one findall both reads the holders and proves
+# the whole text is ``{`` holder (``,`` holder)* ``}``: a match starts with
+# ``"``, so the text's first character, ``{``, is in none; when the matches'
+# lengths add up to the text's length less that one, they tile the rest.
 _HOLDER: Final = (
     r'"([^"\\\x00-\x1f]*)":\{"op":"([^"\\\x00-\x1f]*)",'
     r'"desc":"([^"\\\x00-\x1f]*)","gen":(0|[1-9][0-9]{0,18})\}'
 )
-_PLAIN_MAP: Final = re.compile(r"\{" + _HOLDER + r"(?:," + _HOLDER + r")*\}")
-_HOLDERS: Final = re.compile(_HOLDER)
+_HOLDER_ITEMS: Final = re.compile(_HOLDER + r"([,}])")
+# The length of a holder item without its four captured values.
+_HOLDER_ITEM_FIXED: Final = len('"":{"op":"","desc":"","gen":}}')
 
 
 def _plain_current(text: str) -> dict[str, Assignee] | None:
     """The regex fast path of :func:`_fast_current`; None: not such a map (or a repeated slot)."""
-    if not text.isascii() or _PLAIN_MAP.fullmatch(text) is None:
+    if not text.isascii() or not text.startswith("{"):
         return None
-    holders = _HOLDERS.findall(text)
+    holders = _HOLDER_ITEMS.findall(text)
+    if not holders:
+        return None
+    covered = 1 + _HOLDER_ITEM_FIXED * len(holders)  # the opening "{" and the fixed text
+    commas = 0
+    for slot, op, desc, gen_text, after in holders:
+        covered += len(slot) + len(op) + len(desc) + len(gen_text)
+        if after == ",":
+            commas += 1
+    # Every holder but the last followed by ",", the last by the closing "}".
+    if covered != len(text) or commas != len(holders) - 1 or holders[-1][4] != "}":
+        return None
     result: dict[str, Assignee] = {}
-    for slot, op, desc, gen_text in sorted(holders):
+    for slot, op, desc, gen_text, _ in sorted(holders) if len(holders) > 1 else holders:
         gen = int(gen_text)
         if gen > I64_MAX or slot in result:
             return None  # out of range, or a repeated slot: the strict path decides
@@ -927,6 +999,37 @@ def append_json_array(raw_text: str, item_json: str) -> str:
 # current
 
 
+def _plain_map_text(m: Mapping[str, Assignee]) -> str | None:
+    """:func:`encode_current`'s text, formatted directly; None: not a map of plain values.
+
+    Only for a map whose slots and holder strings are exact ``str`` and whose
+    ``gen`` values are exact ``int``: each string is written by the function
+    ``json`` itself writes strings with here (``ensure_ascii=False``), each
+    integer by ``int.__repr__``, as ``json`` does, so the text is the one
+    :func:`encode_current` builds through ``json`` (a test compares them).
+    A lone surrogate is refused as there. Anything else: None.
+    """
+    slots: Iterable[str] = m
+    if len(m) > 1:
+        for slot in m:
+            if type(slot) is not str:
+                return None  # sorted() would compare it with a str
+        slots = sorted(m)
+    parts = []
+    for slot in slots:
+        a = m[slot]
+        op, desc, gen = a.op, a.desc, a.gen
+        if not (type(slot) is str and type(op) is str and type(desc) is str and type(gen) is int):
+            return None
+        parts.append(
+            f'{_quote(slot)}:{{"op":{_quote(op)},"desc":{_quote(desc)},"gen":{_int_text(gen)}}}'
+        )
+    text = "{" + ",".join(parts) + "}"
+    if not text.isascii() and has_lone_surrogate(text):
+        raise CodecError("current", "a string contains a lone UTF-16 surrogate")
+    return text
+
+
 def encode_current(m: Mapping[str, Assignee]) -> str | None:
     """Encode the slot map; an empty map is None (SQL NULL), never ``{}``.
 
@@ -938,6 +1041,9 @@ def encode_current(m: Mapping[str, Assignee]) -> str | None:
     """
     if not m:
         return None
+    text = _plain_map_text(m)
+    if text is not None:
+        return text
     for slot in m:
         if not isinstance(slot, str):
             raise CodecError("current", f"slot {slot!r} is not a string")
@@ -1129,6 +1235,8 @@ def check_text(value: str, field: str) -> str:
             character (Postgres TEXT cannot hold it), or contains a lone UTF-16
             surrogate (no backend can store it as UTF-8).
     """
+    if type(value) is str and value.isascii() and "\x00" not in value:
+        return value  # the common case, without a call (ASCII: no surrogate)
     if not isinstance(value, str):
         raise InvalidInput(field, f"expected a string, got {type(value).__name__}")
     if "\x00" in value:

@@ -74,8 +74,10 @@ from agentkeep.errors import (
 from agentkeep.runs import codec
 from agentkeep.runs.codec import CodecError
 from agentkeep.runs.domain import (
+    UNSET,
     Assignee,
     DegradationEntry,
+    PrefixedId,
     Released,
     RunId,
     RunListFilter,
@@ -96,6 +98,7 @@ __all__ = ["RunRepository"]
 T = TypeVar("T")
 
 _TABLE: Final = Run.__tablename__
+_build_model: Final = codec.model_builder()  # codec.build_model, one call less per row
 
 _FIELD_COLUMN: Final = {
     "status": "status",
@@ -485,8 +488,7 @@ class RunRepository:
         try:
             return fn()
         except CodecError as exc:
-            column = _FIELD_COLUMN.get(exc.field, exc.field)
-            raise RunCorrupt(_TABLE, run_id, column, exc.detail, field=exc.field) from exc
+            raise _corrupt(run_id, exc) from exc
 
     def _row_to_record(self, row: Sequence[Any]) -> RunRecord:
         raw_id = row[0]
@@ -494,9 +496,14 @@ class RunRepository:
         try:
             status = codec.decode_status(row[2])
             steps = codec.decode_step_entries(row[3])
-            degradations = codec.decode_degradations(row[4])
+            raw_degradations, raw_result = row[4], row[8]
+            # The common values of these two columns without a call (a list
+            # decodes every row): no degradation, no result.
+            degradations = (
+                () if raw_degradations == "[]" else codec.decode_degradations(raw_degradations)
+            )
             current = codec.decode_current(row[6])
-            result = codec.decode_result_ref(row[8])
+            result = UNSET if raw_result is None else codec.decode_result_ref(raw_result)
             run_id, task_id = codec.decode_run_ids(raw_id, row[1])
             # The plain columns' checks inlined (a list decodes every row); the
             # codec's functions name what is wrong when one fails.
@@ -522,7 +529,7 @@ class RunRepository:
         except CodecError as exc:
             column = _FIELD_COLUMN.get(exc.field, exc.field)
             raise RunCorrupt(_TABLE, key, column, exc.detail, field=exc.field) from exc
-        return codec.build_model(  # type: ignore[no-any-return]
+        return _build_model(  # type: ignore[no-any-return]
             RunRecord,
             {
                 "id": run_id,
@@ -722,7 +729,10 @@ class RunRepository:
         if row is None:
             raise RunNotFound(run_id)
         old = row[0]
-        self._decode(run_id, lambda: check(old))  # a corrupt array is refused, never extended
+        try:
+            check(old)  # a corrupt array is refused, never extended
+        except CodecError as exc:
+            raise _corrupt(run_id, exc) from exc
         return old  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ status
@@ -959,10 +969,10 @@ class RunRepository:
         row = self._db.execute(_GET_SLOTS, {"id": run_id}).fetchone()
         if row is None:
             raise RunNotFound(run_id)
-        return self._decode(
-            run_id,
-            lambda: (codec.decode_current(row[0]), codec.decode_u63(row[1], "next_generation")),
-        )
+        try:
+            return codec.decode_current(row[0]), codec.decode_u63(row[1], "next_generation")
+        except CodecError as exc:
+            raise _corrupt(run_id, exc) from exc
 
     def _write_slots(
         self, run_id: str, current: Mapping[str, Assignee], old_gen: int, new_gen: int, now: int
@@ -1026,6 +1036,12 @@ class RunRepository:
         self._write_row(run_id, _DELETE_ALONE, _DELETE, {}, stamped=False)
 
 
+def _corrupt(run_id: str, exc: CodecError) -> RunCorrupt:
+    """The RunCorrupt of run ``run_id`` for a column that did not decode (``exc``)."""
+    column = _FIELD_COLUMN.get(exc.field, exc.field)
+    return RunCorrupt(_TABLE, run_id, column, exc.detail, field=exc.field)
+
+
 def _encode_status(value: object, field: str) -> str:
     """Encode a status argument; anything that is not a RunStatus value is InvalidInput."""
     if type(value) is RunStatus:  # the common case: no Enum lookup
@@ -1036,9 +1052,30 @@ def _encode_status(value: object, field: str) -> str:
         raise InvalidInput(field, f"{value!r} is not a run status") from None
 
 
+_RUN_PREFIX: Final = RunId.PREFIX
+# RunId keeps PrefixedId's rule (checked once): _rid may then apply it inline.
+_PLAIN_RUN_ID: Final = RunId.__new__ is PrefixedId.__new__
+_str_new: Final = str.__new__
+
+
 def _rid(run_id: str) -> str:
-    """Validate a run id argument (``R-`` prefix, no NUL); raises IdParseError/InvalidInput."""
-    return run_id if type(run_id) is RunId else RunId(run_id)
+    """Validate a run id argument (``R-`` prefix, no NUL); raises IdParseError/InvalidInput.
+
+    A plain ``str`` that passes the rule becomes a RunId without the class's
+    constructor (its rule, inlined: every operation checks one id); anything
+    else goes through ``RunId(run_id)``, which raises the typed error.
+    """
+    if type(run_id) is RunId:
+        return run_id
+    if (
+        type(run_id) is str
+        and _PLAIN_RUN_ID
+        and len(run_id) > len(_RUN_PREFIX)
+        and run_id.startswith(_RUN_PREFIX)
+        and "\x00" not in run_id
+    ):
+        return _str_new(RunId, run_id)
+    return RunId(run_id)
 
 
 def _opt_text(value: str | None, field: str) -> str | None:
