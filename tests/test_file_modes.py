@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -269,3 +270,48 @@ def test_processes_racing_to_create_one_file(tmp_path: Path) -> None:
         final = store.runtime.load_auth_oauth_flow_snapshot()
     assert final is not None and sorted(final.split(b",")[:-1]) == [b"0", b"1", b"2"]
     assert mode(tmp_path / "opened.db") == 0o600
+
+
+class _ScriptedCursor:
+    """A cursor whose ``journal_mode=WAL`` switch fails ``locked`` times with a lock error
+    (as when SQLite's busy handler does not wait: two connections switching at once)."""
+
+    def __init__(self, locked: int, busy_ms: int, error: str = "database is locked") -> None:
+        self.locked, self.busy_ms, self.error = locked, busy_ms, error
+        self.mode, self.switches, self._row = "delete", 0, None
+
+    def execute(self, sql: str) -> None:
+        if sql == "PRAGMA busy_timeout":
+            self._row = (self.busy_ms,)
+        elif sql == "PRAGMA journal_mode":
+            self._row = (self.mode,)
+        elif sql == "PRAGMA journal_mode=WAL":
+            self.switches += 1
+            if self.switches <= self.locked:
+                raise sqlite3.OperationalError(self.error)
+            self.mode, self._row = "wal", ("wal",)
+        else:  # pragma: no cover - nothing else is sent
+            raise AssertionError(sql)
+
+    def fetchone(self) -> Any:
+        return self._row
+
+
+def test_a_locked_switch_to_wal_is_tried_again_within_the_busy_timeout() -> None:
+    """A switch refused with "database is locked" is retried until it goes through; past
+    the busy timeout the lock error is raised; any other error at once."""
+    from agentkeep.db import _switch_to_wal
+
+    cur = _ScriptedCursor(locked=3, busy_ms=5_000)
+    _switch_to_wal(cur, "", sqlite3.OperationalError)
+    assert (cur.mode, cur.switches) == ("wal", 4)
+
+    cur = _ScriptedCursor(locked=10**6, busy_ms=30)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _switch_to_wal(cur, "", sqlite3.OperationalError)
+    assert cur.switches > 1
+
+    cur = _ScriptedCursor(locked=1, busy_ms=5_000, error="disk I/O error")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        _switch_to_wal(cur, "", sqlite3.OperationalError)
+    assert cur.switches == 1

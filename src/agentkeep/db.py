@@ -980,17 +980,43 @@ def enable_wal(engine: Engine, schema: str | None = None) -> None:
         cur = raw.cursor()
         try:
             prefix = "" if schema is None else f'"{check_schema_name(schema)}".'
-            cur.execute(f"PRAGMA {prefix}journal_mode")
-            mode: Any = cur.fetchone()
-            if str(mode[0]).lower() == "wal":
-                return
-            # Needs a moment with no other connection in a transaction; the
-            # busy timeout covers that wait.
-            cur.execute(f"PRAGMA {prefix}journal_mode=WAL")
+            _switch_to_wal(cur, prefix, engine.dialect.loaded_dbapi.OperationalError)
         finally:
             cur.close()
     finally:
         raw.close()
+
+
+def _switch_to_wal(cur: Any, prefix: str, busy_error: type[Exception]) -> None:
+    """Switch the journal mode to WAL, waiting up to the connection's busy timeout.
+
+    The switch needs a moment with no other connection in a transaction.
+    SQLite's busy handler does not always wait for it: two connections
+    switching a fresh file at once both read the header, and the one whose
+    lock upgrade would deadlock gets ``database is locked`` at once. So a
+    locked switch is tried again (the mode read first: the other connection
+    may have switched it) every few milliseconds until the busy timeout has
+    passed, then the last error is raised.
+    """
+    cur.execute("PRAGMA busy_timeout")
+    row: Any = cur.fetchone()
+    deadline = time.monotonic() + max(int(row[0]), 0) / 1000
+    pause = 0.002
+    while True:
+        cur.execute(f"PRAGMA {prefix}journal_mode")
+        mode: Any = cur.fetchone()
+        if str(mode[0]).lower() == "wal":
+            return
+        try:
+            cur.execute(f"PRAGMA {prefix}journal_mode=WAL")
+            return
+        except busy_error as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def read_engine(engine: Engine) -> Engine:

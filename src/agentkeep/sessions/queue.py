@@ -277,7 +277,7 @@ _STAMP_ROWS: Final = 16
 
 
 def _stamp_rows(_dialect: Any, *, count: int) -> Any:
-    batch_ids = [p(f"bid{i}") for i in range(count)]
+    batch_ids: list[Any] = [p(f"bid{i}") for i in range(count)]
     return (
         update(_B).values(_STAMP_VALUES).where(_BY_SESSION, _B.batch_id.in_(batch_ids), _CLAIMABLE)
     )
