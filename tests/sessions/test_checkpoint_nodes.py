@@ -108,6 +108,26 @@ def test_pending_writes_once_per_task_and_index(store: Store) -> None:
     assert [w.value for w in nodes.list_checkpoint_nodes(SID)[0].writes] == [b"1", b"2", b"e2"]
 
 
+def test_pending_writes_outside_the_checks_common_case_are_stored_as_given(store: Store) -> None:
+    """Non-ASCII channels and type tags, and bytes-like values that are not ``bytes``
+    (the checks' slow path), interleaved with replaced negative indexes in one call."""
+    nodes = store.checkpoint_nodes
+    writes = [
+        PendingWrite(0, "café", "json", bytearray(b"ba")),
+        PendingWrite(-2, "__interrupt__", "tÿpe", b"i1"),
+        PendingWrite(1, "b", "json", memoryview(b"mv")),
+        PendingWrite(-2, "__interrupt__", "json", b"i2"),  # the same key again: replaced
+    ]
+    nodes.put_pending_writes(SID, "c1", "t", writes)
+    got = [(w.idx, w.channel, w.value_type, w.value) for w in nodes.list_pending_writes(SID, "c1")]
+    assert got == [
+        (-2, "__interrupt__", "json", b"i2"),
+        (0, "café", "json", b"ba"),
+        (1, "b", "json", b"mv"),
+    ]
+    assert all(type(w.value) is bytes for w in nodes.list_pending_writes(SID, "c1"))
+
+
 def test_many_pending_writes_of_one_call_keep_the_first_of_a_repeated_index(store: Store) -> None:
     """On Postgres the writes of one call go in multi-row inserts of up to 8 rows: a
     repeated index within one insert, or across two, keeps its first row, as one by one."""
@@ -139,6 +159,30 @@ def test_many_pending_writes_of_one_call_keep_the_first_of_a_repeated_index(stor
                 SID, "c", "t", [PendingWrite(0, "a", "json", b"ok"), PendingWrite(1, "b", "j", "x")]
             ),
             "writes[1].value",
+        ),
+        (
+            lambda s: s.checkpoint_nodes.put_pending_writes(
+                SID,
+                "c",
+                "t",
+                [PendingWrite(0, "a", "json", b"ok"), PendingWrite(1, "b\x00", "j", b"")],
+            ),
+            "writes[1].channel",
+        ),
+        (
+            lambda s: s.checkpoint_nodes.put_pending_writes(
+                SID, "c", "t", [PendingWrite(0, "\ud800", "json", b"ok")]
+            ),
+            "writes[0].channel",
+        ),
+        (
+            lambda s: s.checkpoint_nodes.put_pending_writes(
+                SID,
+                "c",
+                "t",
+                [PendingWrite(-1, "a", 7, b"ok")],  # type: ignore[arg-type]
+            ),
+            "writes[0].value_type",
         ),
         (lambda s: s.catalog.list_sessions(limit=0), "limit"),
         (lambda s: s.catalog.list_sessions(limit=MAX_PAGE + 1), "limit"),

@@ -88,6 +88,10 @@ DEFAULT_LEASE_TTL_MS = 60_000
 _PAGE = 1000
 #: Encoded session ids a saver keeps (then it starts over).
 _IDS_KEPT = 4096
+#: ``json.dumps(value, ensure_ascii=False)`` without building an encoder per call
+#: (``json.dumps`` makes one for every call with a non-default option; the encoder
+#: keeps no state between calls).
+_JSON_TEXT = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def _part(value: object) -> str:
@@ -138,8 +142,10 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         #: A sync Store on pysqlite: unfenced put_writes run in autocommit (_one_call).
         engine = self.store.engine
         self._sqlite = self.astore is None and engine.dialect.driver == "pysqlite"
-        #: Session ids already encoded, by (thread, namespace): every put names two.
-        self._ids: dict[tuple[str, str], str] = {}
+        #: Session ids already encoded, by (thread, namespace): the namespace's and the
+        #: thread's root session's (the one whose lease guards the put), as every put
+        #: and put_writes names both.
+        self._ids: dict[tuple[str, str], tuple[str, str]] = {}
         self._owned: contextvars.ContextVar[dict[str, SessionExecutionLease] | None] = (
             contextvars.ContextVar(f"agentkeep_saver_{id(self)}", default=None)
         )
@@ -152,13 +158,22 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
 
     def session_id(self, thread_id: object, checkpoint_ns: str = "") -> str:
         """The session id of a thread's namespace."""
-        key = (str(thread_id), str(checkpoint_ns))
-        sid = self._ids.get(key)
-        if sid is None:
+        return self._sids(thread_id, checkpoint_ns)[0]
+
+    def _sids(self, thread_id: object, checkpoint_ns: object) -> tuple[str, str]:
+        """The session ids of a thread's namespace and of the thread's root namespace
+        (``""``: the session whose lease ``owning`` takes), encoded once per saver."""
+        key = (
+            thread_id if type(thread_id) is str else str(thread_id),
+            checkpoint_ns if type(checkpoint_ns) is str else str(checkpoint_ns),
+        )
+        ids = self._ids.get(key)
+        if ids is None:
             if len(self._ids) >= _IDS_KEPT:
                 self._ids.clear()
-            sid = self._ids[key] = f"{self.session_prefix}/{_part(key[0])}/{_part(key[1])}"
-        return sid
+            thread = f"{self.session_prefix}/{_part(key[0])}/"
+            ids = self._ids[key] = (f"{thread}{_part(key[1])}", thread)
+        return ids
 
     def _thread_prefix(self, thread_id: object) -> str:
         return f"{self.session_prefix}/{_part(thread_id)}/"
@@ -233,14 +248,16 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
     def _one_call(self, op: Callable[[Any], Any], *, begin: bool = True) -> None:
         """Run a put as a one-call operation: its own unit, holding it alone.
 
-        ``op(calls)`` calls one method of a ``checkpoint_nodes`` facade or
-        repository. The unit sends no SAVEPOINT and, on psycopg, pipelines the
-        put's writes with its lock and lease read, and outside ``owning``
-        COMMIT too, when the server finds the lease free (one round trip;
-        two with a fence: ``CheckpointNodeRepository._guarded``). On a sync Store it
-        runs the repository method in ``Store._call_operation`` directly (the
-        facade's argument check and telemetry wrapper cost more CPU than a
-        SQLite put's statements; the saver checks its own arguments); a lost
+        ``op(on)`` calls one method of ``on.checkpoint_nodes``: a unit's
+        :class:`~agentkeep.unit_of_work.Repositories` (the repository), or a
+        Store or AsyncStore (the one-call facade). The unit sends no
+        SAVEPOINT and, on psycopg, pipelines the put's writes with its lock
+        and lease read, and outside ``owning`` COMMIT too, when the server
+        finds the lease free (one round trip; two with a fence:
+        ``CheckpointNodeRepository._guarded``). On a sync Store it runs the
+        repository method in ``Store._call_operation`` directly (the facade's
+        argument check and telemetry wrapper cost more CPU than a SQLite
+        put's statements; the repository checks the arguments); a lost
         COMMIT answer (``CommitOutcomeUnknown``) is settled by running the put
         once more (puts are idempotent). On an AsyncStore it calls the async
         facade (``astore.checkpoint_nodes``), which settles a lost answer the
@@ -256,20 +273,16 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         astore = self.astore
         if astore is None:
             store = self.store
-
-            def fn(r: Repositories) -> Any:
-                return op(r.checkpoint_nodes)
-
             try:
-                store._call_operation(fn, begin=begin)
+                store._call_operation(op, begin=begin)
             except CommitOutcomeUnknown as unknown:
-                _settle(lambda: store._call_operation(fn, begin=begin), unknown)
+                _settle(lambda: store._call_operation(op, begin=begin), unknown)
             return
-        self._sync(lambda: op(self.store.checkpoint_nodes), lambda: op(astore.checkpoint_nodes))
+        self._sync(lambda: op(self.store), lambda: op(astore))
 
     async def _aone_call(self, op: Callable[[Any], Any]) -> None:
         """Async :meth:`_one_call`."""
-        await self._async(lambda s: op(s.checkpoint_nodes), lambda a: op(a.checkpoint_nodes))
+        await self._async(op, op)
 
     def _read_unit(self, fn: Callable[[Repositories], T]) -> T:
         return self._sync(lambda: self.store.call_read(fn), lambda: self._aread_unit(fn))
@@ -286,38 +299,39 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
     def _put_op(
         self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
     ) -> tuple[Callable[[Any], Any], RunnableConfig]:
+        """The put operation (for :meth:`_one_call`) and the config it returns."""
         conf = config["configurable"]
         thread_id = conf["thread_id"]
         ns = conf.get("checkpoint_ns", "")
+        checkpoint_id = checkpoint["id"]
         type_, body = self.serde.dumps_typed(checkpoint)
         meta = get_checkpoint_metadata(config, metadata)
         try:
-            node_json = json.dumps({"type": type_, "metadata": meta}, ensure_ascii=False)
+            node_json = _JSON_TEXT({"type": type_, "metadata": meta})
         except (TypeError, ValueError) as exc:
             raise InvalidInput("metadata", f"not JSON-serializable: {exc}") from None
         run_id = meta.get("run_id")
         fence = self._fence(thread_id)
-        sid = self.session_id(thread_id, ns)
-        kwargs: dict[str, Any] = {
-            "node_json": node_json,
-            "parent_node_id": conf.get("checkpoint_id"),
-            "run_id": None if run_id is None else str(run_id),
-            "lease_session_id": self.session_id(thread_id),
-            "fence": fence,
-            "renew_ms": self.lease_ttl_ms if fence is not None else None,
-        }
-
-        def op(calls: Any) -> Any:
-            return calls.put_checkpoint_node(sid, checkpoint["id"], body, **kwargs)
-
+        sid, lease_sid = self._sids(thread_id, ns)
+        args = (
+            sid,
+            checkpoint_id,
+            body,
+            node_json,
+            conf.get("checkpoint_id"),
+            None if run_id is None else str(run_id),
+            lease_sid,
+            fence,
+            None if fence is None else self.lease_ttl_ms,
+        )
         saved: RunnableConfig = {
             "configurable": {
                 "thread_id": thread_id,
                 "checkpoint_ns": ns,
-                "checkpoint_id": checkpoint["id"],
+                "checkpoint_id": checkpoint_id,
             }
         }
-        return op, saved
+        return functools.partial(_put_node, args), saved
 
     def _writes_op(
         self,
@@ -326,27 +340,28 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str,
     ) -> tuple[Callable[[Any], Any], bool]:
-        """The put_writes operation, and whether it is fenced (inside ``owning``)."""
+        """The put_writes operation (for :meth:`_one_call`), and whether it is fenced
+        (inside ``owning``)."""
         conf = config["configurable"]
         thread_id = conf["thread_id"]
-        sid = self.session_id(thread_id, conf.get("checkpoint_ns", ""))
-        node_id = conf["checkpoint_id"]
+        sid, lease_sid = self._sids(thread_id, conf.get("checkpoint_ns", ""))
+        dumps = self.serde.dumps_typed
         rows = [
-            PendingWrite(WRITES_IDX_MAP.get(channel, idx), channel, *self.serde.dumps_typed(value))
+            PendingWrite(WRITES_IDX_MAP.get(channel, idx), channel, *dumps(value))
             for idx, (channel, value) in enumerate(writes)
         ]
         fence = self._fence(thread_id)
-        kwargs: dict[str, Any] = {
-            "task_path": task_path,
-            "lease_session_id": self.session_id(thread_id),
-            "fence": fence,
-            "renew_ms": self.lease_ttl_ms if fence is not None else None,
-        }
-
-        def op(calls: Any) -> Any:
-            return calls.put_pending_writes(sid, node_id, task_id, rows, **kwargs)
-
-        return op, fence is not None
+        args = (
+            sid,
+            conf["checkpoint_id"],
+            task_id,
+            rows,
+            task_path,
+            lease_sid,
+            fence,
+            None if fence is None else self.lease_ttl_ms,
+        )
+        return functools.partial(_put_writes, args), fence is not None
 
     def _tuple(self, session_id: str, node: CheckpointNode) -> CheckpointTuple:
         """Decode a stored node; a value that does not decode is SessionCorrupt."""
@@ -722,6 +737,39 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
                 await self._arelease(lease)
             except SessionExecutionLeaseExpired:
                 pass
+
+
+def _put_node(args: tuple[Any, ...], on: Any) -> Any:
+    """``on.checkpoint_nodes.put_checkpoint_node`` with the arguments
+    :meth:`AgentkeepSaver._put_op` made (``on``: see :meth:`AgentkeepSaver._one_call`)."""
+    sid, node_id, body, node_json, parent, run_id, lease_sid, fence, renew_ms = args
+    return on.checkpoint_nodes.put_checkpoint_node(
+        sid,
+        node_id,
+        body,
+        node_json=node_json,
+        parent_node_id=parent,
+        run_id=run_id,
+        lease_session_id=lease_sid,
+        fence=fence,
+        renew_ms=renew_ms,
+    )
+
+
+def _put_writes(args: tuple[Any, ...], on: Any) -> Any:
+    """``on.checkpoint_nodes.put_pending_writes`` with the arguments
+    :meth:`AgentkeepSaver._writes_op` made (``on``: see :meth:`AgentkeepSaver._one_call`)."""
+    sid, node_id, task_id, rows, task_path, lease_sid, fence, renew_ms = args
+    return on.checkpoint_nodes.put_pending_writes(
+        sid,
+        node_id,
+        task_id,
+        rows,
+        task_path=task_path,
+        lease_session_id=lease_sid,
+        fence=fence,
+        renew_ms=renew_ms,
+    )
 
 
 def _settle(again: Callable[[], T], first: CommitOutcomeUnknown) -> T:

@@ -338,17 +338,43 @@ def _row_names(i: int) -> tuple[str, str, str, str]:
 _ROW_NAMES: Final = tuple(_row_names(i) for i in range(32))
 
 
+#: A pending write as checked by ``put_pending_writes``: index, channel, type tag, bytes.
+_Row = tuple[int, str, str, bytes]
+
+
+def _rows_params(shared: Mapping[str, Any], rows: Sequence[_Row]) -> dict[str, Any]:
+    """The parameters of a multi-row insert of ``rows`` (of one task): ``shared``
+    (``sid``, ``nid``, ``task``, ``path``), then ``idx<i>``, ``channel<i>``,
+    ``type<i>``, ``value<i>`` per row (:func:`_add_writes`, :func:`_sqlite_add_writes`;
+    :func:`_write_rows_params` from rows as mappings)."""
+    params = dict(shared)
+    names = _ROW_NAMES
+    for i, (idx, channel, type_, value) in enumerate(rows):
+        n_idx, n_channel, n_type, n_value = names[i] if i < len(names) else _row_names(i)
+        params[n_idx] = idx
+        params[n_channel] = channel
+        params[n_type] = type_
+        params[n_value] = value
+    return params
+
+
+def _row_params(shared: Mapping[str, Any], row: _Row) -> dict[str, Any]:
+    """The parameters of :data:`_ADD_WRITE` / :data:`_REPLACE_WRITE` for one row."""
+    idx, channel, type_, value = row
+    return {**shared, "idx": idx, "channel": channel, "type": type_, "value": value}
+
+
 def _add_write_statements(
-    rows: Sequence[Mapping[str, Any]],
+    shared: Mapping[str, Any], rows: Sequence[_Row]
 ) -> list[tuple[Statement, Mapping[str, Any]]]:
     """``rows`` (of one task) as multi-row inserts of at most ``_ROWS_PER_INSERT``."""
     out: list[tuple[Statement, Mapping[str, Any]]] = []
     for start in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[start : start + _ROWS_PER_INSERT]
         if len(chunk) == 1:
-            out.append((_ADD_WRITE, chunk[0]))
+            out.append((_ADD_WRITE, _row_params(shared, chunk[0])))
             continue
-        out.append((_ADD_WRITES[len(chunk)], _write_rows_params(chunk)))
+        out.append((_ADD_WRITES[len(chunk)], _rows_params(shared, chunk)))
     return out
 
 
@@ -1013,10 +1039,11 @@ class CheckpointNodeRepository:
         lease_session_id: str | None,
         fence: LeaseFence | None,
         renew_ms: int | None,
-        add: Sequence[Mapping[str, Any]],
-        replace: Sequence[Mapping[str, Any]],
+        shared: Mapping[str, Any],
+        rows: Sequence[_Row],
     ) -> None:
-        """Pending writes on SQLite: one guarded insert of them all (:data:`_SQLITE_ADD_WRITES`),
+        """Pending writes on SQLite (``rows``; ``shared``: their session, node, task and
+        path parameters): one guarded insert of them all (:data:`_SQLITE_ADD_WRITES`),
         with the unit's ``BEGIN IMMEDIATE`` and ``COMMIT`` three statements; in a
         one-call unit that opened no transaction (the LangGraph saver's unfenced
         put_writes, ``Store._call_operation(begin=False)``) that insert alone, in
@@ -1048,11 +1075,10 @@ class CheckpointNodeRepository:
             db.begin(write=True)
             autocommit = False
         now = begin_session_write(db, self._clock, self._writable, session_id)
-        rows = [*add, *replace]
         if len(rows) <= _SQLITE_ROWS:
             guard = _sqlite_guard_params(lease_sid, fence, now, renew_ms)
             if guard is not None:
-                params = _write_rows_params(rows)
+                params = _rows_params(shared, rows)
                 params.update(guard)
                 stmt = _SQLITE_ADD_WRITES[fence is not None, len(rows)]
                 if db.execute(stmt, params).rowcount > 0:
@@ -1061,8 +1087,8 @@ class CheckpointNodeRepository:
             db.begin(write=True)
             now = begin_session_write(db, self._clock, self._writable, session_id)
         guard_session_write(db, lease_sid, fence, now, renew_ms)
-        db.executemany(_ADD_WRITE, add)
-        db.executemany(_REPLACE_WRITE, replace)
+        db.executemany(_ADD_WRITE, [_row_params(shared, row) for row in rows if row[0] >= 0])
+        db.executemany(_REPLACE_WRITE, [_row_params(shared, row) for row in rows if row[0] < 0])
 
     @staticmethod
     def _check_guard(lease_session_id: object, renew_ms: object) -> None:
@@ -1176,31 +1202,31 @@ class CheckpointNodeRepository:
             isinstance(writes, str | bytes) or not isinstance(writes, Sequence)
         ):
             raise InvalidInput("writes", "expected a sequence of PendingWrite")
-        add: list[dict[str, Any]] = []
-        replace: list[dict[str, Any]] = []
+        rows: list[_Row] = []
         for i, w in enumerate(writes):
             if not isinstance(w, PendingWrite) or type(w.idx) is not int:
                 raise InvalidInput(f"writes[{i}]", "expected a PendingWrite with an int idx")
-            row = {
-                "sid": session_id,
-                "nid": node_id,
-                "task": task_id,
-                "idx": w.idx,
-                "channel": _check_str(w.channel, f"writes[{i}].channel"),
-                "type": _check_str(w.value_type, f"writes[{i}].value_type"),
-                "value": _check_bytes(w.value, f"writes[{i}].value"),
-                "path": task_path,
-            }
-            (add if w.idx >= 0 else replace).append(row)
+            # _check_str and _check_bytes, their common case inline: the field
+            # names are built only for a value that is not that case
+            channel, type_, value = w.channel, w.value_type, w.value
+            if type(channel) is not str or not channel.isascii() or "\x00" in channel:
+                channel = _check_str(channel, f"writes[{i}].channel")
+            if type(type_) is not str or not type_.isascii() or "\x00" in type_:
+                type_ = _check_str(type_, f"writes[{i}].value_type")
+            if type(value) is not bytes:
+                value = _check_bytes(value, f"writes[{i}].value")
+            rows.append((w.idx, channel, type_, value))
         if fence is not None:
             fence = check_fence(fence, "fence")
-        if not add and not replace:
+        if not rows:
             return
+        shared = {"sid": session_id, "nid": node_id, "task": task_id, "path": task_path}
         if self._db.postgres:  # pipelined on psycopg (see _guarded)
-            rows = _add_write_statements(add) + [(_REPLACE_WRITE, row) for row in replace]
-            self._guarded(session_id, lease_session_id, fence, renew_ms, rows, blobs=False)
+            stmts = _add_write_statements(shared, [row for row in rows if row[0] >= 0])
+            stmts += [(_REPLACE_WRITE, _row_params(shared, row)) for row in rows if row[0] < 0]
+            self._guarded(session_id, lease_session_id, fence, renew_ms, stmts, blobs=False)
         else:
-            self._writes_sqlite(session_id, lease_session_id, fence, renew_ms, add, replace)
+            self._writes_sqlite(session_id, lease_session_id, fence, renew_ms, shared, rows)
 
     def delete_nodes_for_runs(self, run_ids: Sequence[str]) -> int:
         """Delete every checkpoint node written by one of ``run_ids``, with its pending writes.
