@@ -302,7 +302,7 @@ _STAMP: Final = Statement(
     .returning(*INPUT_COLUMNS),
     name="turn_inputs.stamp_claim",
 )
-#: The most rows one :data:`_STAMP_ROWS` statement stamps (a longer claim takes several).
+#: The most rows one :data:`_STAMP_MANY` statement stamps (a longer claim takes several).
 _STAMP_ROWS: Final = 16
 
 
