@@ -472,6 +472,62 @@ class RawReplay:
                         cur.fetchall()
                 pending = None
 
+    def cost_by_statement(
+        self, events: list[tuple[Any, ...]], turns: int
+    ) -> dict[str, tuple[float, float]]:
+        """Per kind of event (:func:`statement_label`): thread CPU µs per turn and
+        events per turn, replaying ``events`` one at a time (SQLite only: no pipelines),
+        the cost of the timing itself taken off."""
+        assert not self.postgres
+        cost: dict[str, tuple[float, float]] = {}
+        gc.collect()
+        gc.disable()
+        try:
+            # The timing itself (two clock reads, one call): taken off every event.
+            t0 = time.thread_time_ns()
+            for _ in range(1000):
+                t1 = time.thread_time_ns()
+                self.run([])
+                time.thread_time_ns() - t1
+            timing = (time.thread_time_ns() - t0) / 1000
+            for e in events:
+                t0 = time.thread_time_ns()
+                self.run([e])
+                spent = max(0.0, time.thread_time_ns() - t0 - timing)
+                label = statement_label(e)
+                us, n = cost.get(label, (0.0, 0.0))
+                cost[label] = (us + spent / 1e3 / turns, n + 1 / turns)
+        finally:
+            gc.enable()
+        return cost
+
+
+def statement_label(event: tuple[Any, ...]) -> str:
+    """``COMMIT``, or the statement's verb and its (first) table: ``INSERT graph_nodes``."""
+    if event[0] != "execute":
+        return str(event[0]).upper()
+    words = str(event[1]).replace("(", " ").split()
+    upper = [w.upper() for w in words]
+    if upper[0] == "UPDATE":
+        table = words[1]
+    elif "INTO" in upper:
+        table = words[upper.index("INTO") + 1]
+    elif "FROM" in upper:
+        table = words[upper.index("FROM") + 1]
+    else:
+        return " ".join(upper[:2])
+    verb = "SELECT" if upper[0] == "WITH" else upper[0]  # a recursive walk: WITH ... SELECT
+    return f"{verb} {table.strip(chr(34))}"
+
+
+def breakdown_line(name: str, cost: dict[str, tuple[float, float]]) -> str:
+    """``name  total µs = COMMIT 60.1 + INSERT graph_nodes 15.6 + ...``, largest first."""
+    parts = " + ".join(
+        f"{'' if round(n) == 1 else f'{n:g}x '}{label} {us:.1f}"
+        for label, (us, n) in sorted(cost.items(), key=lambda x: -x[1][0])
+    )
+    return f"    {name:<24} {sum(us for us, _ in cost.values()):6.1f} µs = {parts}"
+
 
 def python_calls(turn: Callable[[int], None], start: int, count: int) -> float:
     """Python function calls per turn (cProfile's count, builtins included)."""
@@ -490,15 +546,24 @@ def python_calls(turn: Callable[[int], None], start: int, count: int) -> float:
 CALL_TURNS = 10
 
 
+#: What one loop's turn spends per kind of statement (:meth:`RawReplay.cost_by_statement`).
+Breakdown = dict[str, tuple[float, float]]
+#: Turns replayed for a breakdown: enough for the WAL checkpoints (one per 1,000 pages
+#: written, each a few ms) to fall on every loop's COMMITs in proportion.
+BREAKDOWN_TURNS = 400
+
+
 def raw_floor(
     backend: str, rec_url: str, raw_conn: Any, lengths: list[int], count: int
-) -> tuple[dict[tuple[str, int], float], dict[str, TurnCounts]]:
-    """Thread CPU ms per turn of the raw replay of the head and tail=32 turns, and
-    the counts of one turn, at each length.
+) -> tuple[dict[tuple[str, int], float], dict[str, TurnCounts], dict[str, Breakdown]]:
+    """Thread CPU ms per turn of the raw replay of the head and tail=32 turns, the
+    counts of one turn at each length and, on SQLite, the cost of each kind of
+    statement at the last length.
 
     A recording store (its own database) runs each loop as the growth table
     does; the log of every unit, from the lease claim on, is replayed on
     ``raw_conn`` (a fresh database of the same schema), the window's turns timed.
+    The breakdown replays :data:`BREAKDOWN_TURNS` turns more, one statement at a time.
     """
     upgrade(rec_url)
     log: list[tuple[Any, ...]] = []
@@ -506,6 +571,7 @@ def raw_floor(
     replay = RawReplay(raw_conn, backend == "Postgres")
     floors: dict[tuple[str, int], float] = {}
     counts: dict[str, TurnCounts] = {}
+    breakdowns: dict[str, Breakdown] = {}
     try:
         for j, (name, scope) in enumerate(_scopes()):
             if name == "full path":
@@ -525,9 +591,54 @@ def raw_floor(
                 floors[name, length] = timed / count * 1e3
                 done = len(log)
                 counts[name] = turn_counts(window_events, count)
+            if not replay.postgres:
+                for i in range(loop.turns, loop.turns + BREAKDOWN_TURNS):
+                    loop.turn(i)
+                breakdowns[name] = replay.cost_by_statement(log[done:], BREAKDOWN_TURNS)
+                done = len(log)
     finally:
         store.close()
-    return floors, counts
+    return floors, counts, breakdowns
+
+
+def langgraph_raw_floor(
+    tmp: Path, lengths: list[int], count: int
+) -> tuple[dict[int, float], Breakdown]:
+    """LangGraph's own floor on SQLite: its ``SqliteSaver`` statements, replayed bare.
+
+    A ``SqliteSaver`` on a recording connection runs the LangGraph loop of the
+    growth table; its log is replayed by ``sqlite3`` on a fresh database set up
+    by ``SqliteSaver`` (same PRAGMAs, same implicit transactions), the window's
+    turns timed: thread CPU ms per turn at each length, and the cost of each
+    kind of statement over :data:`BREAKDOWN_TURNS` more turns at the last length.
+    """
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    log: list[tuple[Any, ...]] = []
+    floors: dict[int, float] = {}
+    with (
+        sqlite_saver(tmp / "langgraph-recorded.db") as recorded,
+        sqlite_saver(tmp / "langgraph-raw.db") as bare,
+    ):
+        saver = SqliteSaver(_RecordingConnection(recorded.conn, log))  # type: ignore[arg-type]
+        saver.is_setup = True
+        loop = LangGraphLoop(saver, "thread-raw")
+        replay = RawReplay(bare.conn, False)
+        done = 0
+        for length in lengths:
+            loop.grow(length)
+            start = len(log)
+            for i in range(length, length + count):
+                loop.turn(i)
+            replay.run(log[done:start])
+            events = log[start:]
+            timed = cpu_timed(lambda _s, _n, ev=events: replay.run(ev), 0, 1)  # type: ignore[misc]
+            floors[length] = timed / count * 1e3
+            done = len(log)
+        for i in range(loop.turns, loop.turns + BREAKDOWN_TURNS):
+            loop.turn(i)
+        breakdown = replay.cost_by_statement(log[done:], BREAKDOWN_TURNS)
+    return floors, breakdown
 
 
 # --------------------------------------------------------------------------
@@ -541,11 +652,14 @@ def growth(
     lengths: list[int],
     count: int,
     floor: tuple[str, Any] | None = None,
+    langgraph_floor: Path | None = None,
 ) -> list[str]:
     """Per-turn cost at each length: every agentkeep scope and the LangGraph saver.
 
     ``floor``: (recording store URL, raw connection) for :func:`raw_floor`,
     whose figures are printed next to the store's (None: skipped).
+    ``langgraph_floor``: a directory for :func:`langgraph_raw_floor`'s two
+    SQLite files (None: skipped).
     """
     upgrade(ak_url)
     store = Store.open(ak_url)
@@ -571,7 +685,12 @@ def growth(
                 )
     finally:
         store.close()
-    floors, counts = raw_floor(backend, *floor, lengths, count) if floor else ({}, {})
+    floors, counts, breakdowns = (
+        raw_floor(backend, *floor, lengths, count) if floor else ({}, {}, {})
+    )
+    if langgraph_floor is not None:
+        lg_floors, breakdowns["langgraph"] = langgraph_raw_floor(langgraph_floor, lengths, count)
+        floors.update({("langgraph", n): ms for n, ms in lg_floors.items()})
     lines = [
         f"{backend}: ms per turn over turns L..L+{count - 1} (thread CPU / wall); "
         "ratio = agentkeep CPU / langgraph CPU; raw = the same turn's statements replayed "
@@ -601,6 +720,12 @@ def growth(
             else ""
         )
         lines.append(f"    {name:<24} {calls[name, lengths[-1]]:7.0f} calls{sent}")
+    if breakdowns:
+        lines.append(
+            f"  the raw floor by statement (from L={lengths[-1]:,}, {BREAKDOWN_TURNS} turns more, "
+            "replayed one statement at a time): thread CPU µs per turn"
+        )
+        lines += [breakdown_line(name, cost) for name, cost in breakdowns.items()]
     return lines
 
 
@@ -1012,7 +1137,7 @@ def main() -> None:
                 raw = raw_connect(tmp / "raw.db")
                 try:
                     floor = (f"sqlite:///{tmp / 'recorded.db'}", raw)
-                    out += growth("SQLite", ak, lg, lengths, args.window, floor) + [""]
+                    out += growth("SQLite", ak, lg, lengths, args.window, floor, tmp) + [""]
                 finally:
                     raw.close()
         if not args.no_postgres and not args.no_growth:
