@@ -19,7 +19,9 @@ The operations are those of the speed issue's table: ``runs.get``,
 renew, release: three operations), a renew and a release alone, a small
 fenced turn commit (one node, a checkpoint and a usage row under a lease),
 ``load_session`` of the active path, and ``runtime.atomic_apply`` (a ~10 KiB
-snapshot, a receipt, 4 inputs).
+snapshot, a receipt, 4 inputs); later rows add the session store's queue,
+turn-input, catalog, runtime and saver operations, and operations run inside
+``store.call_write(fn)``, where each runs in a SAVEPOINT.
 No timing: the figure is the same on every run of the same code.
 """
 
@@ -258,6 +260,30 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
             lambda st: st.turn_inputs.complete_turn_input_claim(lease, claim.completion())
         )
 
+    def in_call_write(fn: Callable[[Any], Any]) -> Any:
+        """``fn(repositories)`` in a ``store.call_write`` unit: each operation in a SAVEPOINT."""
+        return call(lambda st: st.call_write(fn))
+
+    def prep_nested_enqueue() -> Callable[[], Any]:
+        sid = s.fresh("S")
+        return lambda: in_call_write(lambda r: r.queue.enqueue_queued_work(queue_draft(sid, 1)))
+
+    def prep_nested_input_claim() -> Callable[[], Any]:
+        sid, lease = leased("S")
+        call(lambda st: st.turn_inputs.enqueue_pending_turn_input(input_draft(sid)))
+        return lambda: in_call_write(
+            lambda r: r.turn_inputs.claim_next_turn_inputs(sid, lease, OWNER, 1)
+        )
+
+    def prep_nested_enqueue_and_claim() -> Callable[[], Any]:
+        sid, lease = leased("S")
+
+        def both(r: Any) -> Any:
+            r.turn_inputs.enqueue_pending_turn_input(input_draft(sid))
+            return r.turn_inputs.claim_next_turn_inputs(sid, lease, OWNER, 1)
+
+        return lambda: in_call_write(both)
+
     def prep_list_queue() -> Callable[[], Any]:
         sid = s.fresh("S")
         draft = QueuedWorkDraft(
@@ -369,6 +395,9 @@ def operations(s: Subject) -> list[tuple[str, Callable[[], Callable[[], Any] | N
         ("turn_inputs.claim_next_turn_inputs (1 input)", lambda: prep_input_claim(1)),
         ("turn_inputs.claim_next_turn_inputs (2 inputs)", lambda: prep_input_claim(2)),
         ("turn_inputs.complete_turn_input_claim", prep_input_complete),
+        ("call_write(queue.enqueue_queued_work, 1 item)", prep_nested_enqueue),
+        ("call_write(turn_inputs.claim_next_turn_inputs, 1 input)", prep_nested_input_claim),
+        ("call_write(enqueue_pending_turn_input + claim 1 input)", prep_nested_enqueue_and_claim),
         ("queue.list_queued_work", prep_list_queue),
         ("turn_inputs.list_pending_turn_inputs", prep_list_inputs),
         ("catalog.delete_session", prep_delete_session),

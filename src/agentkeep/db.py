@@ -1154,6 +1154,18 @@ class Driver:
     transaction. Driver errors come out as :class:`~agentkeep.errors.StoreBusy`
     (retryable) or :class:`~agentkeep.errors.DatabaseError`.
 
+    What waits for the unit's next round trip (psycopg, sync and async;
+    docs/architecture.md#one-round-trip-commit), sent at its head in this
+    order: a lean unit's ``BEGIN`` (:meth:`begin`, with a lock wait limit);
+    a ``RELEASE SAVEPOINT`` of a lean unit's ended :meth:`savepoint` block;
+    the ``SAVEPOINT`` of a block that has sent nothing yet; writes queued by
+    :meth:`defer`. A statement failing in that round trip raises its typed
+    error as if it had gone alone (a failed ``BEGIN``, ``SAVEPOINT`` or
+    ``RELEASE`` stops the round trip there: its error is the one raised).
+    At :meth:`commit`, a pending ``RELEASE`` goes with ``COMMIT`` and fails
+    as ``COMMIT`` does (:meth:`commit_failure`); a unit that sent nothing
+    sends nothing, savepoints included.
+
     Attributes:
         raw: the DBAPI connection (``sqlite3.Connection`` or ``psycopg.Connection``).
         postgres: True on Postgres.
@@ -1173,10 +1185,12 @@ class Driver:
         "_merge_begin",
         "_multi_rowcount",
         "_pending_begin",
+        "_pending_sp",
         "_pipeline",
         "_asyncpg_simple",
         "_prefetch",
         "_prefetched",
+        "_release_later",
         "_text_bounds",
         "_byte_bounds",
         "_sync_psycopg",
@@ -1240,6 +1254,12 @@ class Driver:
             and target.dialect.driver == "psycopg"
             and getattr(raw, "_connection", None) is None
         )
+        # psycopg: SAVEPOINT / RELEASE SAVEPOINT statements that go out at the head of
+        # the next round trip (after a pending BEGIN), each with the savepoint it
+        # opens (None for a RELEASE). See savepoint.
+        self._pending_sp: list[tuple[str, _Savepoint | None]] = []
+        # ... RELEASE included: a lean unit's (its transaction is the Driver's alone)
+        self._release_later = self._lean and self._pipeline
         self._deferred: list[_Deferred] = []
         self._prefetch: list[tuple[Statement, Mapping[str, Any], Statement, Mapping[str, Any]]] = []
         self._prefetched: list[tuple[Statement, Mapping[str, Any], _Fetched]] = []
@@ -1276,8 +1296,9 @@ class Driver:
         against the text rule (:mod:`agentkeep.text`), every written value
         against its column's limit (:mod:`agentkeep.limits`).
 
-        On psycopg, a lean unit's pending ``BEGIN`` (and any prefetched
-        reads: :meth:`prefetching`) go out with the statement in one
+        On psycopg, a lean unit's pending ``BEGIN``, a pending ``SAVEPOINT``
+        or ``RELEASE SAVEPOINT`` (:meth:`savepoint`) and any prefetched
+        reads (:meth:`prefetching`) go out with the statement in one
         pipelined round trip; the result is then already read (``fetchone``
         / ``fetchall`` / ``rowcount`` as on a cursor).
 
@@ -1296,9 +1317,11 @@ class Driver:
         if (
             self._prefetch
             or self._commit_ahead
+            or self._pending_sp
             or (self._pending_begin is not None and self._pipeline)
         ):
-            # psycopg: a pending BEGIN goes out with the statement, one round trip.
+            # psycopg: a pending BEGIN, SAVEPOINT or RELEASE goes out with the
+            # statement, one round trip.
             return self._execute_with_prefetch(*self._sent(form, params, pipelined=True))
         if form.raw is None:  # _sent and _new_cursor of the common case, without the calls
             sql, bound = form.sql, params if form.plain else form.bind(params)
@@ -1306,7 +1329,7 @@ class Driver:
             sql, bound = self._sent(form, params, pipelined=False)
         try:
             if self._pending_begin is not None:
-                self._send_begin()
+                self._send_ahead()
             cur = self._cursor = self._new_cursor(bound) if form.raw else self.raw.cursor()
             cur.execute(sql, bound)
         except self._error as exc:
@@ -1369,8 +1392,8 @@ class Driver:
             self.flush()
         rows: Any = params if form.plain else [form.bind(p) for p in params]
         try:
-            if self._pending_begin is not None:
-                self._send_begin()
+            if self._pending_begin is not None or self._pending_sp:
+                self._send_ahead()
             cur = self.raw.cursor()
         except self._error as exc:
             raise self.translate(exc) from exc
@@ -1487,6 +1510,16 @@ class Driver:
         see :func:`watch_commit`) before COMMIT is sent: from then on the
         async facade lets a cancelled caller's operation finish instead of
         interrupting it, so its outcome is never left unknown.
+
+        A ``RELEASE SAVEPOINT`` still pending (psycopg, a lean unit whose
+        last statement was in a :meth:`savepoint` block) goes with
+        ``COMMIT``, as one simple query: one round trip, whose failure is a
+        failed COMMIT's (:meth:`commit_failure`: the server's error, nothing
+        committed, or ``CommitOutcomeUnknown`` for a connection lost with it
+        in flight). A connection the server closed since the unit's last
+        round trip (:meth:`closed_while_idle`) sends the RELEASE alone first,
+        so that it fails as a statement does (``ConnectionLost``: nothing
+        committed).
         """
         if self._deferred:
             self.flush()
@@ -1497,12 +1530,22 @@ class Driver:
             return
         if self._pending_begin is not None:  # the unit sent nothing: nothing to commit
             self._pending_begin = None
+            self._pending_sp = []
             return
+        release = ""
+        if self._pending_sp:
+            if self.closed_while_idle():
+                self._send_pending_alone()
+            else:
+                release = "; ".join(sql for sql, _ in self._pending_sp)
+                self._pending_sp = []
         watch = _COMMIT_WATCH.get()
         if watch is not None:
             watch.committing = True
         try:
-            if self._asyncpg_simple:  # the adapter is in autocommit mode: COMMIT is ours
+            if release:  # psycopg: RELEASE SAVEPOINT and COMMIT, one simple query
+                self._simple(f"{release}; COMMIT")
+            elif self._asyncpg_simple:  # the adapter is in autocommit mode: COMMIT is ours
                 self._asyncpg_end("COMMIT")
             else:
                 self.raw.commit()
@@ -1550,6 +1593,7 @@ class Driver:
     def rollback(self) -> None:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
         self._pending_begin = None
+        self._pending_sp = []
         self._deferred, self._prefetch, self._prefetched = [], [], []
         self._commit_ahead = self._implicit = self._committed = False
         if self._asyncpg_simple:
@@ -1597,6 +1641,7 @@ class Driver:
                 must discard the connection, never pool it in autocommit mode.
         """
         self._pending_begin = None
+        self._pending_sp = []
         self._deferred, self._prefetch, self._prefetched = [], [], []
         self._commit_ahead = self._implicit = self._committed = False
         if self._asyncpg_simple and _asyncpg_in_transaction(self.raw):
@@ -1617,6 +1662,8 @@ class Driver:
             self.close_cursor()
         self._pending_begin = self._began = None
         self._commit_ahead = self._implicit = self._committed = False
+        if self._pending_sp:
+            self._pending_sp = []
         if self._deferred or self._prefetch or self._prefetched:
             self._deferred, self._prefetch, self._prefetched = [], [], []
 
@@ -1647,10 +1694,18 @@ class Driver:
         locks): they are written into the text, so that ``BEGIN`` and the
         statement go out as one simple query. The caller runs ``stmt`` as
         usual when this returns False: also when reads are to go with it or
-        writes are deferred (:meth:`execute` sends them first, with the BEGIN).
+        writes are deferred (:meth:`execute` sends them first, with the BEGIN), or
+        when a ``SAVEPOINT`` waits (:meth:`savepoint`: :meth:`execute` sends it
+        with the BEGIN in a pipeline, which tells whether it was established).
         """
         pending = self._pending_begin
-        if pending is None or self._prefetch or self._deferred or self._commit_ahead:
+        if (
+            pending is None
+            or self._prefetch
+            or self._deferred
+            or self._commit_ahead
+            or self._pending_sp
+        ):
             return False
         form = stmt.compiled(self.target)
         bound = params if form.plain else form.bind(params)
@@ -1679,8 +1734,8 @@ class Driver:
         unit that sends nothing more commits nothing). Returns the cursor, or
         None when the statement cannot run alone: SQLite, a ``store.write()``
         unit, a unit that has sent a statement, or one whose lock wait is
-        limited (a retry near its deadline); the caller then runs its usual
-        locked path.
+        limited (a retry near its deadline), or inside a :meth:`savepoint`
+        block; the caller then runs its usual locked path.
 
         A write (``writes``) is its own COMMIT: the operation's
         :class:`CommitWatch` is marked before it is sent, and a connection
@@ -1695,7 +1750,13 @@ class Driver:
             ConnectionLost: a read's connection was lost.
             StoreBusy, DatabaseError: the server refused it (nothing was written).
         """
-        if not self._lean or self._prefetch or self._deferred or self._prefetched:
+        if (
+            not self._lean
+            or self._prefetch
+            or self._deferred
+            or self._prefetched
+            or self._pending_sp
+        ):
             return None
         # Every lean Postgres unit begins explicitly (_merge_begin): the
         # connection is in autocommit mode until its pending BEGIN goes out,
@@ -1827,14 +1888,15 @@ class Driver:
         """True when ``prefetching(commit=True)`` would send COMMIT in the round trip.
 
         psycopg with pipelining, in a one-call (lean) unit, which begins
-        explicitly, that has sent nothing yet (its ``BEGIN`` is pending): so
-        the round trip holds the whole unit, and :meth:`restart` after a
-        refused check loses nothing but it.
+        explicitly, that has sent nothing yet (its ``BEGIN`` is pending) and
+        is not in a :meth:`savepoint` block: so the round trip holds the whole
+        unit, and :meth:`restart` after a refused check loses nothing but it.
         """
         return (
             self._pipeline
             and self._merge_begin
             and self._pending_begin is not None
+            and not self._pending_sp
             and not self.closed_while_idle()
         )
 
@@ -1865,14 +1927,16 @@ class Driver:
         """True when :meth:`execute_checking` may end a failed check with :meth:`restart`.
 
         A one-call (lean) unit on Postgres (psycopg or asyncpg) that has sent
-        nothing yet: its transaction is the operation's own, so rolling it
-        back and beginning again loses nothing else.
+        nothing yet, outside any :meth:`savepoint` block: its transaction is
+        the operation's own, so rolling it back and beginning again loses
+        nothing else.
         """
         return (
             self._merge_begin
             and self._pending_begin is not None
             and not self._committed
             and not self._deferred
+            and not self._pending_sp
         )
 
     def execute_checking(self, stmt: Statement, params: Mapping[str, Any]) -> Any:
@@ -2106,24 +2170,32 @@ class Driver:
 
     def _implicit_commit_fits(self) -> bool:
         """True when a one-round-trip commit may go as an implicit transaction (prefetching)."""
-        if self._pending_begin != _BEGIN_WRITE_PG or self._pg_read_committed:
-            return False
+        if self._pending_begin != _BEGIN_WRITE_PG or self._pg_read_committed or self._pending_sp:
+            return False  # (a SAVEPOINT needs a transaction block)
         conn = getattr(self.raw, "_connection", None) or self.raw
         return getattr(conn, "autocommit", False) is True
 
     def _round_trip(self, items: list[tuple[str, Any]], out: list[_Fetched | None]) -> None:
-        """Run ``items`` (after a pending BEGIN) in one pipelined round trip.
+        """Run ``items`` (after a pending BEGIN, SAVEPOINT, RELEASE) in one pipelined round trip.
 
         Appends one result per item to ``out``, None for an item the server
         did not run (it came after a failing one); driver errors propagate
-        (the results before the failing item are in ``out``).
+        (the results before the failing item are in ``out``). A pending
+        ``SAVEPOINT`` the server ran is marked established (``opened``),
+        failure or not, so that :meth:`savepoint` rolls back to it only then.
         """
         batch: list[tuple[str, Any]] = []
         if self._pending_begin is not None:
             batch = [(part, None) for part in self._pending_begin.split("; ")]
             self._began, self._pending_begin = self._pending_begin, None
+        ahead = self._pending_sp
+        first = len(batch)
+        if ahead:
+            self._pending_sp = []
+            batch.extend((sql, None) for sql, _ in ahead)
         skip = len(batch)
         batch.extend(items)
+        ran: list[bool] = []
         raw = self.raw
         conn = getattr(raw, "_connection", None)  # SQLAlchemy's adapter of an async connection
         if conn is None:
@@ -2135,6 +2207,9 @@ class Driver:
                         curs.append(cur)
                         cur.execute(sql, params)
             finally:
+                if ahead:
+                    ran.extend(_ran(cur) for cur in curs[first:skip])
+                    _mark_opened(ahead, ran)
                 for cur in curs[skip:]:
                     if cur.pgresult is None:
                         out.append(None)
@@ -2144,7 +2219,32 @@ class Driver:
                         out.append(_Fetched(rows, cur.rowcount))
                         cur.close()
         else:
-            await_(_async_round_trip(conn, batch, skip, out))
+            try:
+                await_(_async_round_trip(conn, batch, skip, out, first, ran))
+            finally:
+                if ahead:
+                    _mark_opened(ahead, ran)
+
+    def _send_ahead(self) -> None:
+        """Send what waits for the unit's next statement, alone (a statement that cannot carry it).
+
+        A pending ``SAVEPOINT`` or ``RELEASE`` (after a pending ``BEGIN``) in
+        one pipelined round trip, which tells which were established
+        (:meth:`_round_trip`); a ``BEGIN`` alone as one simple query.
+        Called inside the callers' try blocks: a driver error is translated there.
+        """
+        if self._pending_sp:
+            self._round_trip([], [])
+        else:
+            self._send_begin()
+
+    def _send_pending_alone(self) -> None:
+        """:meth:`_send_ahead`, its driver error translated (``ConnectionLost`` when the
+        connection is gone: nothing was committed)."""
+        try:
+            self._send_ahead()
+        except self._error as exc:
+            raise self.translate(exc) from exc
 
     def _send_begin(self) -> None:
         # Called inside the callers' try blocks: a driver error is translated there.
@@ -2192,19 +2292,85 @@ class Driver:
         the exception propagates; the rest of the unit of work is untouched.
         A repository that decides "lost the race → None" raises a private
         exception inside the block and turns it into its return value outside.
+
+        SQLite and asyncpg send ``SAVEPOINT`` when the block starts and
+        ``RELEASE SAVEPOINT`` when it ends, each alone. On psycopg (sync and
+        async) the block costs no round trip of its own:
+
+        * writes deferred before the block go out first (:meth:`flush`);
+        * ``SAVEPOINT`` waits for the block's first statement and goes out at
+          the head of its pipelined round trip (after the unit's pending
+          ``BEGIN``, if any). A block that sends nothing sends neither
+          ``SAVEPOINT`` nor ``RELEASE``;
+        * ``RELEASE SAVEPOINT`` then waits, in a one-call (lean) unit, for the
+          unit's next statement, at the head of its round trip, or for the
+          unit's :meth:`commit`, with which it goes as one simple query; in a
+          ``store.write()`` or joined unit (whose transaction the host's
+          connection shares) it goes when the block ends, alone;
+        * when the block raises after its ``SAVEPOINT`` was established,
+          ``ROLLBACK TO SAVEPOINT`` and ``RELEASE SAVEPOINT`` go as one simple
+          query (releases still pending from blocks inside it are dropped:
+          the rollback ends those savepoints). When the round trip that
+          carried the ``SAVEPOINT`` failed before the server ran it (a lost
+          connection, an already failed transaction), nothing of the block
+          ran and nothing is sent: the block's error (the round trip's,
+          translated as :meth:`execute` translates it) propagates as it is.
+
+        So a statement failing in the round trip that carries the
+        ``SAVEPOINT`` raises the same typed error as before, and the rollback
+        to the savepoint still leaves the unit usable. A pending ``RELEASE``
+        that fails makes the statement it went with (or the COMMIT) fail:
+        the server runs nothing after it in that round trip.
         """
         name = f"ak_sp_{next(_SAVEPOINTS)}"
-        self._plain(f"SAVEPOINT {name}")
+        if not self._pipeline:
+            self._plain(f"SAVEPOINT {name}")
+            try:
+                with self.deferred_first():
+                    yield
+                    self.flush()  # the block's deferred writes, checked inside its savepoint
+            except BaseException:
+                self._deferred = []  # the block's unsent writes: rolled back by not sending them
+                self._plain(f"ROLLBACK TO SAVEPOINT {name}")
+                self._plain(f"RELEASE SAVEPOINT {name}")
+                raise
+            self._plain(f"RELEASE SAVEPOINT {name}")
+            return
+        if self._committed:
+            raise RuntimeError(f"SAVEPOINT {name}: a statement after the unit's pipelined COMMIT")
+        if self._deferred:
+            self.flush()  # writes queued before the block stay outside its savepoint
+        sp = _Savepoint()
+        entry = (f"SAVEPOINT {name}", sp)
+        self._pending_sp.append(entry)
         try:
             with self.deferred_first():
                 yield
                 self.flush()  # the block's deferred writes, checked inside its savepoint
         except BaseException:
             self._deferred = []  # the block's unsent writes: rolled back by not sending them
-            self._plain(f"ROLLBACK TO SAVEPOINT {name}")
-            self._plain(f"RELEASE SAVEPOINT {name}")
+            if self._unsent(entry) or not sp.opened:
+                raise  # nothing of the block ran: nothing to roll back
+            self._pending_sp = []  # RELEASEs of savepoints inside the block: ended by the rollback
+            self._plain(f"ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}")
             raise
-        self._plain(f"RELEASE SAVEPOINT {name}")
+        if self._unsent(entry) or not sp.opened:
+            return  # the block sent nothing: neither SAVEPOINT nor RELEASE
+        release = f"RELEASE SAVEPOINT {name}"
+        if self._release_later:
+            if self._committed:
+                raise RuntimeError(f"{release}: a statement after the unit's pipelined COMMIT")
+            self._pending_sp.append((release, None))
+        else:
+            self._plain(release)
+
+    def _unsent(self, entry: tuple[str, _Savepoint | None]) -> bool:
+        """True (and ``entry`` dropped) when ``entry`` still waits for a round trip."""
+        for i, pending in enumerate(self._pending_sp):
+            if pending is entry:
+                del self._pending_sp[i]
+                return True
+        return False
 
     def _plain(self, sql: str) -> None:
         if self._committed:
@@ -2212,11 +2378,38 @@ class Driver:
         if self._deferred:
             self.flush()
         try:
-            if self._pending_begin is not None:
-                self._send_begin()
+            if self._pending_begin is not None or self._pending_sp:
+                self._send_ahead()
             self.raw.execute(sql)
         except self._error as exc:
             raise self.translate(exc) from exc
+
+
+class _Savepoint:
+    """A :meth:`Driver.savepoint` block's savepoint: ``opened`` once the server ran its
+    ``SAVEPOINT`` (:meth:`Driver._round_trip`)."""
+
+    __slots__ = ("opened",)
+
+    def __init__(self) -> None:
+        self.opened = False
+
+
+#: libpq's ``PGRES_COMMAND_OK`` (psycopg's ``pq.ExecStatus.COMMAND_OK``).
+_PGRES_COMMAND_OK: Final = 1
+
+
+def _ran(cur: Any) -> bool:
+    """True when the server ran ``cur``'s statement (no rows) in a pipeline without error."""
+    result = cur.pgresult
+    return result is not None and result.status == _PGRES_COMMAND_OK
+
+
+def _mark_opened(ahead: list[tuple[str, _Savepoint | None]], ran: list[bool]) -> None:
+    """Mark the savepoints whose pending ``SAVEPOINT`` ran (``ran``: one flag per statement)."""
+    for (_, sp), done in zip(ahead, ran, strict=False):
+        if sp is not None and done:
+            sp.opened = True
 
 
 def _after_commit(stmt: Statement) -> RuntimeError:
@@ -2304,9 +2497,18 @@ def _asyncpg_in_transaction(adapter: Any) -> bool:
 
 
 async def _async_round_trip(
-    conn: Any, batch: list[tuple[str, Any]], skip: int, out: list[_Fetched | None]
+    conn: Any,
+    batch: list[tuple[str, Any]],
+    skip: int,
+    out: list[_Fetched | None],
+    first: int,
+    ran: list[bool],
 ) -> None:
-    """:meth:`Driver._round_trip` on a psycopg ``AsyncConnection``."""
+    """:meth:`Driver._round_trip` on a psycopg ``AsyncConnection``.
+
+    ``ran`` gets, for ``batch[first:skip]`` (the pending savepoint statements),
+    whether each ran (:func:`_ran`).
+    """
     curs = []
     try:
         async with conn.pipeline():
@@ -2317,6 +2519,8 @@ async def _async_round_trip(
                 curs.append(cur)
                 await cur.execute(sql, params)
     finally:
+        if skip > first:
+            ran.extend(_ran(cur) for cur in curs[first:skip])
         for cur in curs[skip:]:
             if cur.pgresult is None:
                 out.append(None)
@@ -2541,8 +2745,9 @@ def atomic(driver: Driver, nested: bool) -> AbstractContextManager[None]:
     (``store.write()``, ``store.call_write(fn)``). The block then runs in a
     SAVEPOINT, so an error leaves nothing of it. False in a one-call unit,
     whose transaction belongs to this operation alone: its error ends and
-    rolls back the whole unit, so no SAVEPOINT is sent (two statements, and
-    on Postgres a round trip each, saved). Either way the checks of writes
+    rolls back the whole unit, so no SAVEPOINT is sent (two statements saved;
+    on asyncpg a round trip each, on psycopg they ride with other statements:
+    :meth:`Driver.savepoint`). Either way the checks of writes
     deferred in the block come before an error raised in it
     (:meth:`Driver.deferred_first`).
     """

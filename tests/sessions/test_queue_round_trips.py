@@ -15,7 +15,10 @@ round trip of its own, once per connection):
   needs no ``now``) go out with the lock; the UPDATE, ``COMMIT``: 3 (was 5);
 * ``complete_queued_work_claim`` and ``complete_turn_input_claim``: the lease
   read and the owned-rows read go with the lock; the write, ``COMMIT``: 3
-  (was 5).
+  (was 5);
+* ``claim_next_turn_inputs`` of two inputs: as of one, its UPDATE in a
+  savepoint whose ``SAVEPOINT`` goes with the UPDATE and whose ``RELEASE``
+  goes with ``COMMIT`` (``Driver.savepoint``): 3 (was 5).
 
 The batch insert and its items are one unit: a trigger aborting an item's
 INSERT leaves no batch and no item, on both backends (inside a unit of work,
@@ -96,12 +99,26 @@ def _cycles(call: Call, trace: Trace, prefix: str) -> dict[str, list[int]]:
             "input complete",
             lambda st, c=taken: st.turn_inputs.complete_turn_input_claim(lease, c.completion()),
         )
+        for _ in range(2):
+            call(lambda st: st.turn_inputs.enqueue_pending_turn_input(_input(sid)))
+        taken = counted(
+            "input claim 2", lambda st: st.turn_inputs.claim_next_turn_inputs(sid, lease, OWNER, 2)
+        )
+        assert taken is not None and len(taken.inputs) == 2
+        call(lambda st, c=taken: st.turn_inputs.complete_turn_input_claim(lease, c.completion()))
     assert call(lambda st: st.queue.list_queued_work(sid)) == []
     assert call(lambda st: st.turn_inputs.list_pending_turn_inputs(sid)) == []
     return counts
 
 
-EXPECTED = {"enqueue": 3, "claim": 4, "complete": 3, "input claim": 3, "input complete": 3}
+EXPECTED = {
+    "enqueue": 3,
+    "claim": 4,
+    "complete": 3,
+    "input claim": 3,
+    "input complete": 3,
+    "input claim 2": 3,
+}
 
 
 def _steady(counts: dict[str, list[int]]) -> dict[str, int]:
