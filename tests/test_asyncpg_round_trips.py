@@ -26,7 +26,7 @@ from sqlalchemy import make_url
 
 from agentkeep.aio import AsyncStore
 from agentkeep.db import _LOCK_SQL as _LOCK
-from agentkeep.errors import DatabaseError, HeadRevisionConflict
+from agentkeep.errors import HeadRevisionConflict, TransactionAborted
 from agentkeep.sessions.domain import Acquired
 from agentkeep.sessions.records import ActivePathScope
 from tests.sessions.test_round_trips import OWNER, SID, TURNS, _commit, _turns
@@ -172,7 +172,7 @@ def test_asyncpg_commit_of_a_failed_transaction_is_a_definite_error(pg_url: str)
     """A lean unit that swallowed a statement's error: COMMIT (turned ROLLBACK) raises.
 
     The server answers COMMIT of an aborted transaction with ROLLBACK: the
-    unit reports a definite DatabaseError (nothing written), never success.
+    unit reports a definite TransactionAborted (nothing written), never success.
     """
     with asyncpg_calls(pg_url) as (call, _tap):
 
@@ -184,7 +184,7 @@ def test_asyncpg_commit_of_a_failed_transaction_is_a_definite_error(pg_url: str)
             except Exception:  # noqa: BLE001 - the test swallows it on purpose
                 pass
 
-        with pytest.raises(DatabaseError, match="COMMIT of a failed transaction"):
+        with pytest.raises(TransactionAborted, match="COMMIT of a failed transaction"):
             call(lambda st: st.call_write(fn))
         assert call(lambda st: st.leases.get_session_execution_lease("nobody")) is None
 

@@ -80,6 +80,7 @@ from agentkeep.errors import (
     JoinedTransactionStale,
     MissingDependency,
     StoreBusy,
+    TransactionAborted,
 )
 from agentkeep.limits import DEFAULT_LIMITS, ColumnKind, Limits
 from agentkeep.observability import current_operation
@@ -541,6 +542,44 @@ def _create_sqlite_engine(
 
     event.listen(engine, "begin", _sqlite_begin_hook("DEFERRED"))
     return made
+
+
+#: ``Connection.info`` key: a statement of the current unit, run through SQLAlchemy on
+#: this connection, failed (asyncpg; see watch_failed_statements).
+_FAILED_STATEMENT: Final = "agentkeep_failed_statement"
+
+
+def _note_failed_statement(context: Any) -> None:
+    """``handle_error`` hook: mark the connection a statement failed on."""
+    conn = context.connection
+    if conn is not None:
+        try:
+            conn.info[_FAILED_STATEMENT] = True
+        except Exception:  # noqa: BLE001 - an invalidated connection: its unit fails anyway
+            pass
+
+
+def watch_failed_statements(conn: Connection) -> None:
+    """Start a write unit's record of statements that failed through ``conn`` (asyncpg).
+
+    asyncpg keeps no failed-transaction state of its own, so
+    :meth:`Driver.check_not_aborted` asks the server only after a statement
+    of the unit failed: the unit's own statements tell the Driver, the
+    statements of the code in the unit (``uow.connection``, ``uow.session``)
+    are seen by a ``handle_error`` hook on the engine. Forgets failures of
+    earlier units on the same pooled connection. Other drivers: nothing.
+    """
+    if conn.dialect.driver != "asyncpg":
+        return
+    engine = conn.engine
+    if not event.contains(engine, "handle_error", _note_failed_statement):
+        event.listen(engine, "handle_error", _note_failed_statement)
+    conn.info.pop(_FAILED_STATEMENT, None)
+
+
+def failed_statements(conn: Connection) -> bool:
+    """True when a statement failed through ``conn`` since :func:`watch_failed_statements`."""
+    return bool(conn.info.get(_FAILED_STATEMENT, False))
 
 
 def _sqlite_pragmas(dbapi_conn: Any, busy_timeout_ms: int, synchronous: str | None) -> None:
@@ -1142,6 +1181,7 @@ def watch_commit(watch: CommitWatch) -> Iterator[CommitWatch]:
 
 #: libpq's ``PQTRANS_IDLE`` (psycopg's ``pq.TransactionStatus.IDLE``).
 _PQTRANS_IDLE: Final = 0
+_PQTRANS_INERROR: Final = 3  # libpq's PQTRANS_INERROR: the transaction failed
 
 
 class Driver:
@@ -1175,6 +1215,8 @@ class Driver:
 
     __slots__ = (
         "_began",
+        "_sqlite_began",
+        "_failed",
         "_commit_ahead",
         "_committed",
         "_implicit",
@@ -1269,6 +1311,12 @@ class Driver:
         self._implicit = False  # ... as the pipeline's implicit transaction (prefetching)
         self._committed = False
         self._began: str | None = None  # the BEGIN last sent in a round trip (restart)
+        # SQLite: this write unit sent BEGIN IMMEDIATE (begin); its COMMIT checks the
+        # transaction is still there (check_not_aborted).
+        self._sqlite_began = False
+        # A statement of this unit failed (translate): on asyncpg, whose connection keeps
+        # no failed-transaction state, check_not_aborted asks the server.
+        self._failed = False
 
     @classmethod
     def of(
@@ -1500,6 +1548,7 @@ class Driver:
                     self.raw.execute(_READ_COMMITTED_PG)
             else:
                 self.raw.execute(_BEGIN_SQL["IMMEDIATE" if write else "DEFERRED"])
+                self._sqlite_began = write
         except self._error as exc:
             raise self.translate(exc) from exc
 
@@ -1520,6 +1569,11 @@ class Driver:
         round trip (:meth:`closed_while_idle`) sends the RELEASE alone first,
         so that it fails as a statement does (``ConnectionLost``: nothing
         committed).
+
+        Raises:
+            TransactionAborted: the database already ended the unit's
+                transaction (:meth:`check_not_aborted`); COMMIT is not sent.
+            DatabaseError: the failure of COMMIT (:meth:`commit_failure`).
         """
         if self._deferred:
             self.flush()
@@ -1532,6 +1586,9 @@ class Driver:
             self._pending_begin = None
             self._pending_sp = []
             return
+        if self._sqlite_began or (self.postgres and not self._asyncpg_simple):
+            self.check_not_aborted()  # asyncpg lean units: _asyncpg_end checks COMMIT's answer
+        self._sqlite_began = self._failed = False
         release = ""
         if self._pending_sp:
             if self.closed_while_idle():
@@ -1558,10 +1615,68 @@ class Driver:
         :class:`~agentkeep.errors.ConnectionLost` when the connection is gone
         (nothing of the unit was written), :class:`~agentkeep.errors.StoreBusy`
         when transient, :class:`~agentkeep.errors.DatabaseError` otherwise.
+        Notes the failure for :meth:`check_not_aborted`.
         """
+        self._failed = True
         if _is_disconnect(exc, self.raw, self.target):
             return ConnectionLost(f"{_prefix(exc)}: {exc}")
         return _translate_driver_error(exc)
+
+    def check_not_aborted(self, *, failed_outside: bool = False) -> None:
+        """The fence against acknowledging a write unit the database already rolled back.
+
+        Called just before a write unit sends COMMIT. A statement that failed
+        inside the unit's transaction (its error caught by the code in the
+        unit) leaves a Postgres transaction aborted, and COMMIT then rolls
+        everything back while the driver reports success; SQLite rolls a
+        transaction back by itself on some errors (a trigger's
+        ``RAISE(ROLLBACK, ...)``, a full disk, an I/O error), and COMMIT then
+        has nothing to commit. Either way the unit's writes are gone, and
+        acknowledging it would lose them silently. How the state is read:
+
+        * SQLite (a unit whose ``BEGIN`` was sent): the connection is no
+          longer in a transaction;
+        * psycopg, sync or async: libpq reports the transaction failed (its
+          own state, no round trip);
+        * asyncpg, whose connection keeps no such state: only when a
+          statement of the unit failed (on this driver, or ``failed_outside``:
+          through the unit's SQLAlchemy connection), one ``SELECT 1``, which
+          an aborted transaction refuses.
+
+        Raises:
+            TransactionAborted: the transaction was ended; nothing of the unit
+                is stored, and the caller rolls the connection back.
+            DatabaseError: (asyncpg) the check itself failed otherwise.
+        """
+        if not self.postgres:
+            if not sqlite_in_transaction(self.raw):
+                self._sqlite_began = False
+                raise TransactionAborted(
+                    "sqlite: the unit's transaction was rolled back by the database after an "
+                    "error inside it (caught in the unit); nothing of the unit was written"
+                )
+            return
+        conn = getattr(self.raw, "_connection", None) or self.raw
+        pgconn = getattr(conn, "pgconn", None)
+        if pgconn is not None:  # psycopg: libpq's own transaction status
+            if pgconn.transaction_status == _PQTRANS_INERROR:
+                raise TransactionAborted(
+                    "postgres: the unit's transaction was aborted by a statement that failed "
+                    "inside it (its error was caught in the unit); COMMIT would roll it back: "
+                    "nothing of the unit was written"
+                )
+            return
+        if not (self._failed or failed_outside):
+            return
+        try:
+            await_(_asyncpg_query(self.raw, "SELECT 1"))
+        except self._error as exc:
+            if "aborted" in str(exc):  # in_failed_sql_transaction (25P02)
+                raise TransactionAborted(
+                    "postgres: the unit's transaction was aborted by a statement that failed "
+                    "inside it (its error was caught in the unit); nothing of the unit was written"
+                ) from exc
+            raise self.translate(exc) from exc
 
     def commit_failure(self, exc: BaseException) -> DatabaseError:
         """The typed error for a failed COMMIT: definite when provable, else unknown.
@@ -1592,6 +1707,7 @@ class Driver:
 
     def rollback(self) -> None:
         """Roll the unit's transaction back (errors while rolling back are not masked)."""
+        self._sqlite_began = self._failed = False
         self._pending_begin = None
         self._pending_sp = []
         self._deferred, self._prefetch, self._prefetched = [], [], []
@@ -1662,6 +1778,7 @@ class Driver:
             self.close_cursor()
         self._pending_begin = self._began = None
         self._commit_ahead = self._implicit = self._committed = False
+        self._sqlite_began = self._failed = False
         if self._pending_sp:
             self._pending_sp = []
         if self._deferred or self._prefetch or self._prefetched:
@@ -2276,7 +2393,11 @@ class Driver:
             return
         status = self._simple(sql)
         if sql == "COMMIT" and status != "COMMIT":
-            raise DatabaseError(f"postgres: COMMIT of a failed transaction: {status}")
+            raise TransactionAborted(
+                f"postgres: COMMIT of a failed transaction was answered {status}: the unit's "
+                "transaction was aborted by a statement that failed inside it; nothing of the "
+                "unit was written"
+            )
 
     def _autocommit(self, on: bool) -> None:
         try:

@@ -88,6 +88,7 @@ __all__ = [
     "SessionSnapshotSuperseded",
     "SessionStoreError",
     "StoreBusy",
+    "TransactionAborted",
     "TranscriptRevisionConflict",
     "TurnInputClaimSuperseded",
     "TurnInputDuplicate",
@@ -346,6 +347,23 @@ class CommitOutcomeUnknown(DatabaseError):
             f"before the answer arrived); read back before running it again"
             + (f": {detail}" if detail else "")
         )
+
+
+class TransactionAborted(DatabaseError):
+    """A write unit's transaction was already ended by the database: nothing of it was written.
+
+    A statement that failed inside the unit (its error caught by the code in
+    the block) leaves a Postgres transaction aborted, and a COMMIT of an
+    aborted transaction rolls it back while psycopg and asyncpg report
+    success; SQLite rolls the whole transaction back by itself on some errors
+    (a trigger's ``RAISE(ROLLBACK, ...)``, a full disk, an I/O error), after
+    which COMMIT has nothing to commit. Instead of acknowledging such a unit,
+    agentkeep refuses it with this error: none of the unit's writes, those
+    before the failed statement included, were stored. Let the error
+    propagate (the unit rolls back), or run a statement that may fail in a
+    savepoint (``uow.connection.begin_nested()``), whose failure leaves the
+    rest of the unit intact.
+    """
 
 
 class ConcurrentModification(DatabaseError):

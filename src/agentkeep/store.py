@@ -555,9 +555,13 @@ class Store:
                     driver=self._driver(conn.connection.dbapi_connection),
                     oauth_codec=self.oauth_codec,
                 )
+                if writable:
+                    db.watch_failed_statements(conn)
                 try:
                     yield uow
                     uow._flush()
+                    if writable:  # never acknowledge a transaction the database ended
+                        uow.driver.check_not_aborted(failed_outside=db.failed_statements(conn))
                     try:
                         conn.commit()
                     except sa_exc.DBAPIError as exc:
