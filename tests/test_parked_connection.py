@@ -409,3 +409,37 @@ def test_no_parking_when_the_pool_recycles_or_pre_pings(
         assert store.engine.pool.checkedout() == 0
     finally:
         store.close()
+
+
+def test_two_concurrent_one_call_units_both_park_and_a_third_goes_back(db_url: str) -> None:
+    """Up to ``_PARKED_MAX`` (two) connections stay parked: units that ran at once (a
+    LangGraph saver's put and put_writes) both find one next time; one more goes back
+    to the pool."""
+    store = Store.open(db_url)
+    pool = store.engine.pool
+    try:
+        store.runs.create(RunRecord.new("R-1", "T-1", 10))
+        assert len(store._parked) == 1
+        seen: list[Any] = []
+
+        def nested(depth: int) -> Any:
+            def read(r: Any) -> Any:
+                seen.append(r.runs._db.raw)  # the unit's connection, held while nested runs
+                if depth > 1:
+                    nested(depth - 1)
+                return r.runs.get("R-1")
+
+            return store.call_read(read)
+
+        nested(3)  # three units at once: three connections
+        assert len({id(c) for c in seen}) == 3
+        assert len(store._parked) == store_module._PARKED_MAX == 2
+        assert pool.checkedout() == 2  # the third went back to the pool
+        parked = {id(p.dbapi_connection) for p, _ in store._parked}
+        nested(2)  # two at once: both take a parked connection, no checkout
+        assert {id(p.dbapi_connection) for p, _ in store._parked} == parked
+        assert pool.checkedout() == 2
+    finally:
+        store.close()
+    assert store._parked == []
+    assert pool.checkedout() == 0

@@ -421,8 +421,11 @@ class Store:
         Postgres on psycopg (sync), a one-call unit that ends cleanly
         (committed or rolled back, connection valid, outside any
         transaction) parks its connection and driver on the store instead,
-        and the next one-call unit takes them back; at most one connection
-        stays parked (the others go back to the pool as before). A parked
+        and the next one-call unit takes them back; at most
+        :data:`_PARKED_MAX` (two) stay parked, the others go back to the pool
+        as before (two: a LangGraph saver's put and put_writes of one step
+        run at once, on two threads; with one parked connection about a third
+        of those units checked one out of the pool). A parked
         connection holds no transaction and no statement in progress, so it
         holds no lock and no snapshot: other connections and processes see
         no difference. A parked Postgres connection stays in the lean units'
@@ -1120,13 +1123,18 @@ class _PooledDriver:
             mutex.__exit__(None, None, None)
 
 
+#: Connections a store parks at most (``Store._park_connections``).
+_PARKED_MAX = 2
+
+
 def _park_or_return(store: Store, pooled: Any, driver: db.Driver) -> None:
     """End a one-call unit's use of its connection on a store that parks (its unit ended).
 
-    Parks a valid connection outside any transaction when none is parked (a
-    failed end of the unit discards the connection, which is then not
-    valid) and the pool is below its limit (``Store._park_limit``); returns
-    it to the pool otherwise (:func:`_return_to_pool`).
+    Parks a valid connection outside any transaction when fewer than
+    :data:`_PARKED_MAX` are parked (a failed end of the unit discards the
+    connection, which is then not valid) and the pool is below its limit
+    (``Store._park_limit``); returns it to the pool otherwise
+    (:func:`_return_to_pool`).
 
     At the pool's limit every connection it may open is checked out: a unit
     may then be waiting for one (``store.write()``, or a one-call unit that
@@ -1139,7 +1147,7 @@ def _park_or_return(store: Store, pooled: Any, driver: db.Driver) -> None:
     limit = store._park_limit
     if (
         pooled.is_valid
-        and not parked
+        and len(parked) < _PARKED_MAX
         and driver.outside_transaction()
         and (limit is None or _below_limit(store.engine.pool, limit))
     ):

@@ -313,17 +313,23 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
         run_id = meta.get("run_id")
         fence = self._fence(thread_id)
         sid, lease_sid = self._sids(thread_id, ns)
-        args = (
-            sid,
-            checkpoint_id,
-            body,
-            node_json,
-            conf.get("checkpoint_id"),
-            None if run_id is None else str(run_id),
-            lease_sid,
-            fence,
-            None if fence is None else self.lease_ttl_ms,
-        )
+        parent = conf.get("checkpoint_id")
+        run = None if run_id is None else str(run_id)
+        renew_ms = None if fence is None else self.lease_ttl_ms
+
+        def op(on: Any) -> Any:
+            return on.checkpoint_nodes.put_checkpoint_node(
+                sid,
+                checkpoint_id,
+                body,
+                node_json=node_json,
+                parent_node_id=parent,
+                run_id=run,
+                lease_session_id=lease_sid,
+                fence=fence,
+                renew_ms=renew_ms,
+            )
+
         saved: RunnableConfig = {
             "configurable": {
                 "thread_id": thread_id,
@@ -331,7 +337,7 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
                 "checkpoint_id": checkpoint_id,
             }
         }
-        return functools.partial(_put_node, args), saved
+        return op, saved
 
     def _writes_op(
         self,
@@ -351,17 +357,22 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
             for idx, (channel, value) in enumerate(writes)
         ]
         fence = self._fence(thread_id)
-        args = (
-            sid,
-            conf["checkpoint_id"],
-            task_id,
-            rows,
-            task_path,
-            lease_sid,
-            fence,
-            None if fence is None else self.lease_ttl_ms,
-        )
-        return functools.partial(_put_writes, args), fence is not None
+        checkpoint_id = conf["checkpoint_id"]
+        renew_ms = None if fence is None else self.lease_ttl_ms
+
+        def op(on: Any) -> Any:
+            return on.checkpoint_nodes.put_pending_writes(
+                sid,
+                checkpoint_id,
+                task_id,
+                rows,
+                task_path=task_path,
+                lease_session_id=lease_sid,
+                fence=fence,
+                renew_ms=renew_ms,
+            )
+
+        return op, fence is not None
 
     def _tuple(self, session_id: str, node: CheckpointNode) -> CheckpointTuple:
         """Decode a stored node; a value that does not decode is SessionCorrupt."""
@@ -737,39 +748,6 @@ class AgentkeepSaver(BaseCheckpointSaver[str]):
                 await self._arelease(lease)
             except SessionExecutionLeaseExpired:
                 pass
-
-
-def _put_node(args: tuple[Any, ...], on: Any) -> Any:
-    """``on.checkpoint_nodes.put_checkpoint_node`` with the arguments
-    :meth:`AgentkeepSaver._put_op` made (``on``: see :meth:`AgentkeepSaver._one_call`)."""
-    sid, node_id, body, node_json, parent, run_id, lease_sid, fence, renew_ms = args
-    return on.checkpoint_nodes.put_checkpoint_node(
-        sid,
-        node_id,
-        body,
-        node_json=node_json,
-        parent_node_id=parent,
-        run_id=run_id,
-        lease_session_id=lease_sid,
-        fence=fence,
-        renew_ms=renew_ms,
-    )
-
-
-def _put_writes(args: tuple[Any, ...], on: Any) -> Any:
-    """``on.checkpoint_nodes.put_pending_writes`` with the arguments
-    :meth:`AgentkeepSaver._writes_op` made (``on``: see :meth:`AgentkeepSaver._one_call`)."""
-    sid, node_id, task_id, rows, task_path, lease_sid, fence, renew_ms = args
-    return on.checkpoint_nodes.put_pending_writes(
-        sid,
-        node_id,
-        task_id,
-        rows,
-        task_path=task_path,
-        lease_session_id=lease_sid,
-        fence=fence,
-        renew_ms=renew_ms,
-    )
 
 
 def _settle(again: Callable[[], T], first: CommitOutcomeUnknown) -> T:
