@@ -606,7 +606,10 @@ def sqlite_in_transaction(dbapi_conn: Any) -> bool:
     """True if the SQLite DBAPI connection (pysqlite or aiosqlite's adapter) is in a transaction."""
     if isinstance(dbapi_conn, sqlite3.Connection):
         return dbapi_conn.in_transaction
-    return bool(dbapi_conn._connection.in_transaction)  # aiosqlite.Connection's own property
+    inner = getattr(dbapi_conn, "_connection", None)
+    if inner is None:  # a wrapper around a sqlite3 connection (instrumentation, a recorder)
+        return bool(dbapi_conn.in_transaction)
+    return bool(inner.in_transaction)  # aiosqlite.Connection's own property
 
 
 def _sqlite_total_changes(dbapi_conn: Any) -> int:
