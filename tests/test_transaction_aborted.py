@@ -146,3 +146,56 @@ def test_an_async_unit_whose_transaction_the_database_ended_raises(
     nothing_stored, kept = asyncio.run(scenario())
     assert nothing_stored
     assert kept is not None
+
+
+def test_asyncpg_tells_an_aborted_transaction_by_its_sqlstate_not_its_message(
+    async_url: str, async_driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncpg keeps no failed-transaction state, so the fence asks the server (``SELECT 1``).
+
+    A server set to another language (``lc_messages``) answers in its own
+    words; the refusal is still ``in_failed_sql_transaction`` (SQLSTATE
+    25P02) and the unit must still be TransactionAborted, not a generic
+    DatabaseError. Here the server's answer is translated on the way back.
+    """
+    if async_driver != "asyncpg":
+        pytest.skip("asyncpg only: psycopg reads libpq's transaction state, SQLite its own")
+    import asyncpg
+
+    from agentkeep import db
+
+    real = db._asyncpg_query
+
+    async def translated(adapter: Any, sql: str) -> Any:
+        try:
+            return await real(adapter, sql)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, translated or as it came
+            if getattr(exc, "sqlstate", None) != "25P02":
+                raise
+            try:
+                raise asyncpg.exceptions.InFailedSQLTransactionError(
+                    "aktuelle Transaktion wurde abgebrochen, Befehle werden bis zum Ende "
+                    "der Transaktion ignoriert"
+                ) from None
+            except asyncpg.exceptions.InFailedSQLTransactionError as german:
+                adapter._handle_exception(german)
+
+    monkeypatch.setattr(db, "_asyncpg_query", translated)
+
+    async def scenario() -> bool:
+        store = await AsyncStore.open(async_url)
+        try:
+            with pytest.raises(TransactionAborted):
+                async with store.write() as uow:
+                    claimed = await uow.leases.try_claim_session_execution_lease(
+                        "s-translated", OWNER, TTL
+                    )
+                    assert isinstance(claimed, Acquired)
+                    with pytest.raises(DBAPIError):
+                        await uow.session.execute(text(_ENDS_TRANSACTION["postgres"]))
+            async with store.read() as uow:
+                return await uow.leases.get_session_execution_lease("s-translated") is None
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario())

@@ -1644,7 +1644,8 @@ class Driver:
         * asyncpg, whose connection keeps no such state: only when a
           statement of the unit failed (on this driver, or ``failed_outside``:
           through the unit's SQLAlchemy connection), one ``SELECT 1``, which
-          an aborted transaction refuses.
+          an aborted transaction refuses with SQLSTATE 25P02
+          (``in_failed_sql_transaction``).
 
         Raises:
             TransactionAborted: the transaction was ended; nothing of the unit
@@ -1674,7 +1675,7 @@ class Driver:
         try:
             await_(_asyncpg_query(self.raw, "SELECT 1"))
         except self._error as exc:
-            if "aborted" in str(exc):  # in_failed_sql_transaction (25P02)
+            if getattr(exc, "sqlstate", None) == _PG_IN_FAILED_TRANSACTION:
                 raise TransactionAborted(
                     "postgres: the unit's transaction was aborted by a statement that failed "
                     "inside it (its error was caught in the unit); nothing of the unit was written"
@@ -2939,6 +2940,10 @@ def _translate_driver_error(orig: BaseException) -> DatabaseError:
     msg = f"{_prefix(orig)}: {orig}"
     return StoreBusy(msg) if is_transient(orig) else DatabaseError(msg)
 
+
+#: Postgres SQLSTATE ``in_failed_sql_transaction``: a statement sent in a transaction that
+#: an earlier failure aborted (the server's message text may be translated; this is not).
+_PG_IN_FAILED_TRANSACTION: Final = "25P02"
 
 #: Postgres SQLSTATEs of a connection that is gone: class 08 (connection
 #: exception) and the operator-intervention codes of a terminated backend.
