@@ -472,6 +472,33 @@ class RawReplay:
                         cur.fetchall()
                 pending = None
 
+    def follow(
+        self, loop: Any, log: list[tuple[Any, ...]], lengths: list[int], count: int
+    ) -> Iterator[tuple[int, list[tuple[Any, ...]], float]]:
+        """Grow ``loop`` (recording into ``log``, which starts empty) to each length and
+        run ``count`` turns there; replay everything the loop sent, the window's turns
+        timed. Yields ``(length, the window's events, thread CPU ms per turn of their
+        replay)``; the database replayed on is then in the recorded one's state."""
+        done = 0
+        for length in lengths:
+            loop.grow(length)
+            start = len(log)
+            for i in range(length, length + count):
+                loop.turn(i)
+            self.run(log[done:start])
+            events = log[start:]
+            timed = cpu_timed(lambda _s, _n, ev=events: self.run(ev), 0, 1)  # type: ignore[misc]
+            done = len(log)
+            yield length, events, timed / count * 1e3
+
+    def breakdown(self, loop: Any, log: list[tuple[Any, ...]]) -> Breakdown:
+        """After :meth:`follow`: :data:`BREAKDOWN_TURNS` more turns of ``loop``, their
+        cost per kind of statement (:meth:`cost_by_statement`)."""
+        done = len(log)
+        for i in range(loop.turns, loop.turns + BREAKDOWN_TURNS):
+            loop.turn(i)
+        return self.cost_by_statement(log[done:], BREAKDOWN_TURNS)
+
     def cost_by_statement(
         self, events: list[tuple[Any, ...]], turns: int
     ) -> dict[str, tuple[float, float]]:
@@ -579,23 +606,11 @@ def raw_floor(
             name = f"agentkeep {name}"
             del log[:]
             loop = AgentkeepLoop(store, f"s-{j}", scope)
-            done = 0
-            for length in lengths:
-                loop.grow(length)
-                start = len(log)
-                for i in range(length, length + count):
-                    loop.turn(i)
-                replay.run(log[done:start])
-                window_events = log[start:]
-                timed = cpu_timed(lambda _s, _n, ev=window_events: replay.run(ev), 0, 1)  # type: ignore[misc]
-                floors[name, length] = timed / count * 1e3
-                done = len(log)
-                counts[name] = turn_counts(window_events, count)
+            for length, events, ms in replay.follow(loop, log, lengths, count):
+                floors[name, length] = ms
+                counts[name] = turn_counts(events, count)
             if not replay.postgres:
-                for i in range(loop.turns, loop.turns + BREAKDOWN_TURNS):
-                    loop.turn(i)
-                breakdowns[name] = replay.cost_by_statement(log[done:], BREAKDOWN_TURNS)
-                done = len(log)
+                breakdowns[name] = replay.breakdown(loop, log)
     finally:
         store.close()
     return floors, counts, breakdowns
@@ -624,20 +639,9 @@ def langgraph_raw_floor(
         saver.is_setup = True
         loop = LangGraphLoop(saver, "thread-raw")
         replay = RawReplay(bare.conn, False)
-        done = 0
-        for length in lengths:
-            loop.grow(length)
-            start = len(log)
-            for i in range(length, length + count):
-                loop.turn(i)
-            replay.run(log[done:start])
-            events = log[start:]
-            timed = cpu_timed(lambda _s, _n, ev=events: replay.run(ev), 0, 1)  # type: ignore[misc]
-            floors[length] = timed / count * 1e3
-            done = len(log)
-        for i in range(loop.turns, loop.turns + BREAKDOWN_TURNS):
-            loop.turn(i)
-        breakdown = replay.cost_by_statement(log[done:], BREAKDOWN_TURNS)
+        for length, _, ms in replay.follow(loop, log, lengths, count):
+            floors[length] = ms
+        breakdown = replay.breakdown(loop, log)
     return floors, breakdown
 
 
