@@ -54,6 +54,17 @@ def _lease_stored(store: Store, session_id: str) -> bool:
         return uow.leases.get_session_execution_lease(session_id) is not None
 
 
+async def _claim_then_end_the_transaction(store: AsyncStore, session_id: str, backend: str) -> None:
+    """An AsyncStore unit that claims a lease, then runs a statement ending its transaction
+    (the error caught in the unit); leaving it must raise TransactionAborted."""
+    with pytest.raises(TransactionAborted):
+        async with store.write() as uow:
+            claimed = await uow.leases.try_claim_session_execution_lease(session_id, OWNER, TTL)
+            assert isinstance(claimed, Acquired)
+            with pytest.raises(DBAPIError):
+                await uow.session.execute(text(_ENDS_TRANSACTION[backend]))
+
+
 def test_a_unit_whose_transaction_the_database_ended_raises_and_stores_nothing(
     store: Store, backend: str
 ) -> None:
@@ -120,14 +131,7 @@ def test_an_async_unit_whose_transaction_the_database_ended_raises(
                 async with store.write() as uow:
                     for sql in _HOST_TABLE:
                         await uow.session.execute(text(sql))
-            with pytest.raises(TransactionAborted):
-                async with store.write() as uow:
-                    claimed = await uow.leases.try_claim_session_execution_lease(
-                        "s-async", OWNER, TTL
-                    )
-                    assert isinstance(claimed, Acquired)
-                    with pytest.raises(DBAPIError):
-                        await uow.session.execute(text(_ENDS_TRANSACTION[backend]))
+            await _claim_then_end_the_transaction(store, "s-async", backend)
             async with store.read() as uow:
                 stored = await uow.leases.get_session_execution_lease("s-async")
             # A failure the transaction survives (Postgres: in a savepoint; SQLite: a
@@ -185,14 +189,7 @@ def test_asyncpg_tells_an_aborted_transaction_by_its_sqlstate_not_its_message(
     async def scenario() -> bool:
         store = await AsyncStore.open(async_url)
         try:
-            with pytest.raises(TransactionAborted):
-                async with store.write() as uow:
-                    claimed = await uow.leases.try_claim_session_execution_lease(
-                        "s-translated", OWNER, TTL
-                    )
-                    assert isinstance(claimed, Acquired)
-                    with pytest.raises(DBAPIError):
-                        await uow.session.execute(text(_ENDS_TRANSACTION["postgres"]))
+            await _claim_then_end_the_transaction(store, "s-translated", "postgres")
             async with store.read() as uow:
                 return await uow.leases.get_session_execution_lease("s-translated") is None
         finally:
