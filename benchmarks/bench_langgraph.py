@@ -30,11 +30,23 @@ Savers, side by side in one run:
 
 Ratios are the stock saver's time over agentkeep's on the same backend:
 above 1.0 agentkeep is faster.
+
+``--replay`` (SQLite) measures the savers alone, without the graph: the
+put / put_writes calls of one ``--steps`` invoke are recorded (an
+``InMemorySaver`` subclass), the serializer's bytes of every value computed
+once and handed back by a caching serializer, and the calls replayed into
+each saver on a fresh thread id, ``--rounds`` times round-robin; it prints
+thread CPU µs per put and per put_writes (best and median). Only the
+saver's own work counts (its Python, its statements, the content hash).
+``--saver NAME --replays N`` replays into one saver only, N times: under
+``valgrind --tool=callgrind``, (instructions with N=5 - with N=1) / 4 /
+(steps + 1) is that saver's cost per step, independent of the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import sqlite3
@@ -49,7 +61,9 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 from langgraph.checkpoint.base import WRITES_IDX_MAP, get_checkpoint_metadata
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -225,6 +239,99 @@ def stock_sqlite(path: Path, normal: bool) -> Iterator[SqliteSaver]:
         conn.close()
 
 
+class _RecordingSaver(InMemorySaver):
+    """An in-memory saver that keeps a deep copy of every put / put_writes call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        self.calls.append(("put", copy.deepcopy((config, checkpoint, metadata, new_versions))))
+        return super().put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+        self.calls.append(("put_writes", copy.deepcopy((config, writes, task_id, task_path))))
+        super().put_writes(config, writes, task_id, task_path)
+
+
+class _CachedSerde:
+    """LangGraph's serializer with every recorded value's bytes computed once (by identity)."""
+
+    def __init__(self, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+        self.real = JsonPlusSerializer()
+        self.bytes: dict[int, tuple[str, bytes]] = {}
+        for kind, args in calls:
+            values = [args[1]] if kind == "put" else [value for _, value in args[1]]
+            for value in values:
+                self.bytes[id(value)] = self.real.dumps_typed(value)
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        hit = self.bytes.get(id(obj))
+        return self.real.dumps_typed(obj) if hit is None else hit
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        return self.real.loads_typed(data)
+
+
+def replay_calls(saver: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> dict[str, int]:
+    """Replay ``calls`` into ``saver`` on a fresh thread id: thread CPU ns per kind of call."""
+    thread = uuid.uuid4().hex
+    spent = {"put": 0, "put_writes": 0}
+    for kind, args in calls:
+        config = {"configurable": {**args[0]["configurable"], "thread_id": thread}}
+        call = saver.put if kind == "put" else saver.put_writes
+        start = time.thread_time_ns()
+        call(config, *args[1:])
+        spent[kind] += time.thread_time_ns() - start
+    return spent
+
+
+def replay_main(args: argparse.Namespace) -> None:
+    """``--replay``: the savers alone, on the recorded calls of one invoke (module docstring)."""
+    recorder = _RecordingSaver()
+    run_graph = build_graph(recorder, args.steps)
+    config = {"configurable": {"thread_id": "recorded"}, "recursion_limit": args.steps + 10}
+    run_graph.invoke({"messages": [("user", "go")]}, config)
+    calls = recorder.calls
+    serde = _CachedSerde(calls)
+    puts = sum(1 for kind, _ in calls if kind == "put")
+    counts = {"put": puts, "put_writes": len(calls) - puts}
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        savers: dict[str, Any] = {}
+        store = stack.enter_context(Store.open(f"sqlite:///{Path(tmp) / 'ak.db'}", migrate=True))
+        savers["AgentkeepSaver"] = AgentkeepSaver(store, serde=serde)  # type: ignore[arg-type]
+        floor_path = Path(tmp) / "floor.db"
+        floor_store = stack.enter_context(Store.open(f"sqlite:///{floor_path}", migrate=True))
+        floor = FloorSaver(floor_store, floor_path)
+        floor.serde = serde  # type: ignore[assignment]
+        stack.callback(floor.conn.close)
+        savers["floor"] = floor
+        stock = stack.enter_context(stock_sqlite(Path(tmp) / "stock.db", True))
+        stock.serde = serde  # type: ignore[assignment]
+        savers["SqliteSaver"] = stock
+        if args.saver:
+            for _ in range(args.replays):
+                replay_calls(savers[args.saver], calls)
+            return
+        for saver in savers.values():
+            replay_calls(saver, calls)  # warm-up: statements compiled, pages cached
+        spent: dict[str, list[dict[str, int]]] = {name: [] for name in savers}
+        for _ in range(args.rounds):
+            for name, saver in savers.items():
+                spent[name].append(replay_calls(saver, calls))
+    print(
+        f"the put / put_writes calls of one {args.steps}-step invoke, replayed (serializer "
+        f"bytes cached), SQLite, {args.rounds} rounds: thread CPU µs per call, best / median"
+    )
+    for name, rounds in spent.items():
+        cells = []
+        for kind in ("put", "put_writes"):
+            per_call = sorted(r[kind] / counts[kind] / 1e3 for r in rounds)
+            cells.append(f"{kind} {per_call[0]:6.1f} / {per_call[len(per_call) // 2]:6.1f}")
+        print(f"  {name:<16} " + "   ".join(cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -236,7 +343,19 @@ def main() -> None:
     ap.add_argument(
         "--floor", action="store_true", help="also FloorSaver: agentkeep's SQLite statements, bare"
     )
+    ap.add_argument(
+        "--replay", action="store_true", help="the savers alone, on one invoke's recorded calls"
+    )
+    ap.add_argument(
+        "--saver",
+        choices=("AgentkeepSaver", "floor", "SqliteSaver"),
+        help="--replay: only this saver, --replays times, nothing printed (for callgrind)",
+    )
+    ap.add_argument("--replays", type=int, default=1)
     args = ap.parse_args()
+    if args.replay:
+        replay_main(args)
+        return
     steps, rounds = args.steps, args.rounds
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         # (backend, name, saver, owning), every saver open at once: the rounds
