@@ -40,6 +40,7 @@ SQLITE_RUNS = [
     ("bench_sessions.py", ["--n", "10", "--rounds", "1", "--scale", "100,1000"]),
     ("bench_commits.py", ["--n", "10", "--rounds", "1", "--scale", "100,1000"]),
     ("bench_langgraph.py", ["--steps", "5", "--rounds", "1", "--no-postgres"]),
+    ("bench_langgraph.py", ["--replay", "--steps", "5", "--rounds", "1"]),
 ]
 
 
@@ -58,10 +59,16 @@ def _run(script: str, args: list[str]) -> str:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("script", "args"), SQLITE_RUNS, ids=[s for s, _ in SQLITE_RUNS])
+@pytest.mark.parametrize(
+    ("script", "args"),
+    SQLITE_RUNS,
+    ids=[f"{s} --replay" if "--replay" in a else s for s, a in SQLITE_RUNS],
+)
 def test_the_benchmark_runs_on_sqlite(script: str, args: list[str]) -> None:
     out = _run(script, args)
     assert out.strip(), f"{script} printed nothing"
+    if "--replay" in args:
+        assert "SqliteSaver" in out and "put_writes" in out, out
 
 
 @pytest.mark.timeout(900)
