@@ -2410,6 +2410,19 @@ class Driver:
             raise self.translate(exc) from exc
 
     @contextmanager
+    def _savepoint_body(self) -> Iterator[None]:
+        """A savepoint block's body (:meth:`savepoint`, both forms): writes deferred in it
+        go out at its end, checked inside its savepoint; when it raises, those not yet
+        sent are dropped (rolled back by not sending them) and the error propagates."""
+        try:
+            with self.deferred_first():
+                yield
+                self.flush()
+        except BaseException:
+            self._deferred = []
+            raise
+
+    @contextmanager
     def savepoint(self) -> Iterator[None]:
         """Run a block that may roll back only its own work (SAVEPOINT on both dialects).
 
@@ -2451,11 +2464,9 @@ class Driver:
         if not self._pipeline:
             self._plain(f"SAVEPOINT {name}")
             try:
-                with self.deferred_first():
+                with self._savepoint_body():
                     yield
-                    self.flush()  # the block's deferred writes, checked inside its savepoint
             except BaseException:
-                self._deferred = []  # the block's unsent writes: rolled back by not sending them
                 self._plain(f"ROLLBACK TO SAVEPOINT {name}")
                 self._plain(f"RELEASE SAVEPOINT {name}")
                 raise
@@ -2469,11 +2480,9 @@ class Driver:
         entry = (f"SAVEPOINT {name}", sp)
         self._pending_sp.append(entry)
         try:
-            with self.deferred_first():
+            with self._savepoint_body():
                 yield
-                self.flush()  # the block's deferred writes, checked inside its savepoint
         except BaseException:
-            self._deferred = []  # the block's unsent writes: rolled back by not sending them
             if self._unsent(entry) or not sp.opened:
                 raise  # nothing of the block ran: nothing to roll back
             self._pending_sp = []  # RELEASEs of savepoints inside the block: ended by the rollback
